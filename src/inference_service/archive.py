@@ -1,0 +1,251 @@
+"""Model archives and the model store.
+
+A model archive is what ``torch-model-archiver`` writes: a zip ``.mar`` (its
+default), a gzipped tar (``--archive-format tgz``), or an unpacked directory
+(``no-archive``), each holding ``MAR-INF/MANIFEST.json`` and the handler,
+weights, extra files and the per-model YAML config named by
+``model.configFile``. Archives are opened only from inside the model store.
+Extraction is the one hardened path: member names must stay inside the
+extraction directory (no ``..``, no absolute paths, no links) and the total
+uncompressed size is capped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import stat
+import tarfile
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import yaml
+
+from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MAR-INF/MANIFEST.json"
+DEFAULT_MAX_ARCHIVE_BYTES = 10 * 1024**3
+
+
+@dataclass
+class ModelArchive:
+    """An opened model archive.
+
+    Attributes:
+        url: the URL it was registered with.
+        model_dir: directory holding its files (extracted copy, or the directory itself).
+        manifest: ``MAR-INF/MANIFEST.json`` as a dict.
+        config: the per-model YAML config (``{}`` without one).
+        extracted: whether ``model_dir`` is a private copy to delete on unregister.
+    """
+
+    url: str
+    model_dir: Path
+    manifest: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    extracted: bool = False
+
+    @property
+    def model_name(self) -> str:
+        """The manifest's ``model.modelName`` ("" if absent)."""
+        return str(self.manifest.get("model", {}).get("modelName", ""))
+
+    @property
+    def version(self) -> str:
+        """The manifest's ``model.modelVersion`` (TorchServe's default "1.0")."""
+        return str(self.manifest.get("model", {}).get("modelVersion") or "1.0")
+
+    @property
+    def handler(self) -> str:
+        """The manifest's handler entry point ("" if absent)."""
+        return str(self.manifest.get("model", {}).get("handler", ""))
+
+    def remove(self) -> None:
+        """Delete the extracted copy (no-op for in-place directories)."""
+        if self.extracted:
+            shutil.rmtree(self.model_dir, ignore_errors=True)
+
+
+def _safe_member(name: str) -> PurePosixPath:
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
+        raise InvalidArgument(f"archive member {name!r} points outside the archive; refusing to extract")
+    return path
+
+
+def _extract_zip(src: Path, dest: Path, max_bytes: int) -> None:
+    with zipfile.ZipFile(src) as zf:
+        infos = zf.infolist()
+        total = 0
+        for info in infos:
+            _safe_member(info.filename)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise InvalidArgument(f"archive member {info.filename!r} is a symbolic link; refusing to extract")
+            total += info.file_size
+            if total > max_bytes:
+                raise InvalidArgument(f"archive {src.name} expands beyond the {max_bytes}-byte limit")
+        for info in infos:
+            target = dest / _safe_member(info.filename)
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as fin, open(target, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+def _extract_tar(src: Path, dest: Path, max_bytes: int) -> None:
+    with tarfile.open(src, "r:*") as tf:
+        members = tf.getmembers()
+        total = 0
+        for member in members:
+            _safe_member(member.name)
+            if not (member.isfile() or member.isdir()):
+                raise InvalidArgument(f"archive member {member.name!r} is not a regular file; refusing to extract")
+            total += member.size
+            if total > max_bytes:
+                raise InvalidArgument(f"archive {src.name} expands beyond the {max_bytes}-byte limit")
+        for member in members:
+            target = dest / _safe_member(member.name)
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fin = tf.extractfile(member)
+            assert fin is not None
+            with fin, open(target, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+def resolve_in_store(url: str, model_store: Path | None) -> Path:
+    """Resolve a RegisterModel ``url`` to a path inside the model store.
+
+    Accepts a file name or relative path in the store, an absolute path inside
+    it, or a ``file://`` URL of either. Percent-encoding, ``..`` and symlinks
+    are resolved before the check.
+
+    Raises:
+        InvalidArgument: empty URL, a remote URL, a workflow archive, or a path
+            outside the model store.
+        FailedPrecondition: the server has no model store.
+        NotFound: nothing exists at that path.
+    """
+    if not url:
+        raise InvalidArgument("url is required: the model archive's file name in the model store")
+    parsed = urlparse(url)
+    if parsed.scheme in ("http", "https", "s3", "ftp"):
+        raise InvalidArgument(
+            f"remote model URLs are not supported ({url}); copy the archive into the model store"
+        )
+    raw = unquote(parsed.path) if parsed.scheme == "file" else url
+    if raw.endswith(".war"):
+        raise InvalidArgument("workflows are not supported: register a model archive (.mar)")
+    if model_store is None:
+        raise FailedPrecondition("the server was started without --model-store")
+    store = model_store.resolve()
+    path = Path(raw)
+    path = (path if path.is_absolute() else store / path).resolve()
+    if path != store and store not in path.parents:
+        raise InvalidArgument(f"model url {url!r} is outside the model store")
+    if not path.exists():
+        raise NotFound(f"model archive {url!r} not found in the model store {store}")
+    return path
+
+
+def open_archive(url: str, model_store: Path | None, extract_root: Path,
+                 max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> ModelArchive:
+    """Open the model archive named by ``url`` (see :func:`resolve_in_store`).
+
+    A zip or tar archive is extracted into a new directory under
+    ``extract_root``; a directory is used in place.
+
+    Raises:
+        InvalidArgument: bad URL, not an archive, unsafe members, too large,
+            or a manifest/config that cannot be parsed.
+        NotFound: no such archive in the store.
+    """
+    path = resolve_in_store(url, model_store)
+    if path.is_dir():
+        return _load_dir(url, path, extracted=False)
+    if zipfile.is_zipfile(path):
+        extract = _extract_zip
+    elif tarfile.is_tarfile(path):
+        extract = _extract_tar
+    else:
+        raise InvalidArgument(f"{path.name} is not a model archive (expected a zip .mar, a tgz or a directory)")
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", path.name.split(".")[0])[:64] or "model"
+    dest = extract_root / f"{stem}-{uuid.uuid4().hex[:12]}"
+    dest.mkdir(parents=True)
+    try:
+        extract(path, dest, max_bytes)
+        return _load_dir(url, dest, extracted=True)
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise InvalidArgument(f"cannot extract {path.name}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def _load_dir(url: str, model_dir: Path, extracted: bool) -> ModelArchive:
+    manifest_path = model_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise InvalidArgument(f"model archive {url!r} has no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{MANIFEST} of {url!r} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("model", {}), dict):
+        raise InvalidArgument(f"{MANIFEST} of {url!r} must be a JSON object with a 'model' object")
+    config: dict[str, Any] = {}
+    config_file = manifest.get("model", {}).get("configFile")
+    if config_file:
+        config_path = (model_dir / _safe_member(str(config_file))).resolve()
+        if not config_path.is_file():
+            raise InvalidArgument(f"model config file {config_file!r} named by the manifest is missing")
+        try:
+            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"model config file {config_file!r} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise InvalidArgument(f"model config file {config_file!r} must be a YAML mapping")
+        config = loaded or {}
+    return ModelArchive(url=url, model_dir=model_dir, manifest=manifest, config=config, extracted=extracted)
+
+
+def install_requirements(archive: ModelArchive, python: str) -> str | None:
+    """Install the archive's ``requirements.txt`` into ``<model_dir>/.deps`` (pip --target).
+
+    Used only when per-model dependency installation is switched on
+    (TorchServe's ``install_py_dep_per_model``); off, the file is ignored with
+    a log line, as TorchServe does.
+
+    Returns:
+        The directory to put on the worker's ``sys.path``, or ``None`` if the
+        archive has no requirements file.
+
+    Raises:
+        FailedPrecondition: pip failed (the message carries pip's output tail).
+    """
+    import subprocess
+
+    req = archive.model_dir / "requirements.txt"
+    if not req.is_file():
+        return None
+    target = archive.model_dir / ".deps"
+    proc = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--target", str(target), "-r", str(req)],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise FailedPrecondition(f"installing requirements.txt failed: {proc.stderr.strip()[-800:]}")
+    return str(target)
+

@@ -1,0 +1,214 @@
+"""Command line: ``inference-service`` (and ``python -m inference_service``).
+
+Accepts the ``torchserve`` flags users' scripts already pass (``--start``,
+``--stop``, ``--foreground``, ``--model-store``, ``--models``, ``--ts-config``,
+``--ncs``, ``--disable-token-auth``, ``--enable-model-api``) plus options of
+its own. ``--start`` (the default) runs the server in the background, logging
+to ``<working dir>/logs/inference_service.log``, and returns once it listens;
+``--foreground`` keeps it attached; ``--stop`` stops the instance of this
+working directory (or ``--run-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from inference_service.config import ConfigError, Settings, apply_properties, read_properties
+
+log = logging.getLogger("inference_service")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (TorchServe's flags first, then this server's)."""
+    p = argparse.ArgumentParser(
+        prog="inference-service",
+        description="gRPC model server, wire-compatible with TorchServe's gRPC APIs.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--start", action="store_true", help="start the server (default), in the background")
+    mode.add_argument("--stop", action="store_true", help="stop the running server of this working directory")
+    p.add_argument("--foreground", action="store_true", help="run in the foreground (logs to stderr)")
+    p.add_argument("--model-store", type=Path, help="directory holding model archives")
+    p.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                   help="models to load at startup: name=archive.mar, archive.mar, or 'all'")
+    p.add_argument("--ts-config", type=Path, help="TorchServe config.properties file")
+    p.add_argument("--ncs", "--no-config-snapshots", action="store_true", dest="ncs",
+                   help="do not write or restore config snapshots")
+    p.add_argument("--disable-token-auth", action="store_true", help="turn token authorization off")
+    p.add_argument("--enable-model-api", action="store_true",
+                   help="allow RegisterModel and UnregisterModel")
+    for name in ("--log-config", "--workflow-store", "--plugins-path", "--cpp-log-config"):
+        p.add_argument(name, help=argparse.SUPPRESS)
+    p.add_argument("--grpc-inference-address", help="inference API bind address (127.0.0.1)")
+    p.add_argument("--grpc-inference-port", type=int, help="inference API port (7070; 0 = any free port)")
+    p.add_argument("--grpc-management-address", help="management API bind address (127.0.0.1)")
+    p.add_argument("--grpc-management-port", type=int, help="management API port (7071; 0 = any free port)")
+    p.add_argument("--run-dir", type=Path,
+                   help="per-instance directory for pid/status files and extracted archives "
+                        "(default <working dir>/.inference_service)")
+    p.add_argument("--workers-per-model", type=int, help="default_workers_per_model")
+    p.add_argument("--worker-threads", type=int, help="torch threads per worker (default cores / workers)")
+    p.add_argument("--drain-timeout", type=float, help="seconds in-flight requests get at shutdown (30)")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (INFO)")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Build :class:`Settings`: defaults < ``--ts-config`` < command line.
+
+    Raises:
+        ConfigError: the config file is unreadable or has a malformed value.
+    """
+    settings = Settings()
+    if args.ts_config is not None:
+        apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))
+    if args.model_store is not None:
+        settings.model_store = args.model_store
+    if settings.model_store is not None:
+        settings.model_store = settings.model_store.resolve()
+    if args.models is not None:
+        settings.load_models = [m for item in args.models for m in item.split(",") if m]
+    overrides = {
+        "inference_address": args.grpc_inference_address,
+        "inference_port": args.grpc_inference_port,
+        "management_address": args.grpc_management_address,
+        "management_port": args.grpc_management_port,
+        "run_dir": args.run_dir.resolve() if args.run_dir else None,
+        "default_workers_per_model": args.workers_per_model,
+        "worker_threads": args.worker_threads,
+        "drain_timeout_s": args.drain_timeout,
+        "log_level": args.log_level,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(settings, key, value)
+    if args.ncs:
+        settings.snapshot = False
+    if args.disable_token_auth:
+        settings.disable_token_auth = True
+    if args.enable_model_api:
+        settings.enable_model_api = True
+    for port in (settings.inference_port, settings.management_port):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port {port} is out of range 0..65535")
+    return settings
+
+
+def _pid_file(settings: Settings) -> Path:
+    return settings.instance_dir / "inference_service.pid"
+
+
+def _running_pid(settings: Settings) -> int | None:
+    try:
+        pid = int(_pid_file(settings).read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def _stop(settings: Settings, timeout: float) -> int:
+    pid = _running_pid(settings)
+    if pid is None:
+        print("inference-service is not running", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            print(f"inference-service (pid {pid}) stopped")
+            return 0
+        time.sleep(0.1)
+    print(f"inference-service (pid {pid}) did not stop within {timeout:.0f}s", file=sys.stderr)
+    return 1
+
+
+def _start_background(argv: list[str], settings: Settings) -> int:
+    pid = _running_pid(settings)
+    if pid is not None:
+        print(f"inference-service is already running (pid {pid}); stop it with --stop", file=sys.stderr)
+        return 1
+    logs = settings.working_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / "inference_service.log"
+    child_argv = [a for a in argv if a != "--start"] + ["--foreground"]
+    with open(log_path, "ab") as out:
+        child = subprocess.Popen([sys.executable, "-m", "inference_service", *child_argv],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 start_new_session=True)
+    status = settings.instance_dir / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            print(f"inference-service failed to start (exit {child.returncode}); see {log_path}",
+                  file=sys.stderr)
+            return 1
+        try:
+            info = json.loads(status.read_text())
+            if info.get("pid") == child.pid:
+                print(f"inference-service started (pid {child.pid}): inference "
+                      f"{info['inference_address']}:{info['inference_port']}, management "
+                      f"{info['management_address']}:{info['management_port']}; log: {log_path}")
+                return 0
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    print(f"inference-service did not report ready within 60s; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def _foreground(settings: Settings) -> int:
+    from inference_service.server import serve
+
+    settings.instance_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = _pid_file(settings)
+    other = _running_pid(settings)
+    if other is not None and other != os.getpid():
+        log.error("another instance (pid %d) uses %s; pass --run-dir to run side by side",
+                  other, settings.instance_dir)
+        return 1
+    pid_file.write_text(str(os.getpid()))
+    try:
+        return asyncio.run(serve(settings))
+    finally:
+        if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    level = (args.log_level or "INFO").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        print(f"inference-service: unknown --log-level {args.log_level!r}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"inference-service: {exc}", file=sys.stderr)
+        return 2
+    for name in ("log_config", "workflow_store", "plugins_path", "cpp_log_config"):
+        if getattr(args, name):
+            log.warning("--%s is not supported by this server; ignored", name.replace("_", "-"))
+    if args.stop:
+        return _stop(settings, settings.drain_timeout_s + 15)
+    if args.foreground:
+        return _foreground(settings)
+    return _start_background(argv, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""``ts.handler_utils`` (TorchServe import path)."""

@@ -1,0 +1,1 @@
+"""``ts.protocol`` (TorchServe import path)."""

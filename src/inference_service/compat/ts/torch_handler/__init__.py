@@ -1,0 +1,1 @@
+"""``ts.torch_handler`` (TorchServe import path)."""

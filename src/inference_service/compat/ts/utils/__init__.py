@@ -1,0 +1,1 @@
+"""``ts.utils`` (TorchServe import path)."""

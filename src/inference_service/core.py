@@ -1,0 +1,423 @@
+"""The serving core shared by both gRPC servicers: model registry, inference and management.
+
+Servicers translate protos to calls on :class:`InferenceCore` and back; every
+failure is an :class:`~inference_service.errors.InferenceError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import inference_service
+from inference_service.archive import install_requirements, open_archive
+from inference_service.errors import (
+    FailedPrecondition,
+    InferenceError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    WorkerLoadError,
+)
+from inference_service.jobs import CHUNK, ERROR, FINAL, Job
+from inference_service.model import ModelConfig, ModelVersion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CoreSettings:
+    """What the core needs from the server configuration.
+
+    Attributes:
+        model_store: directory archives are registered from (``None``: none).
+        extract_dir: per-instance directory for extracted archives.
+        job_queue_size: default job queue bound per model version.
+        default_response_timeout_s: TorchServe's ``default_response_timeout``.
+        default_startup_timeout_s: default startup_timeout.
+        default_workers_per_model: workers for models loaded at startup.
+        worker_threads: torch threads per worker (0: cores / workers).
+        install_py_dep_per_model: install archives' requirements.txt.
+        max_backoff_s: cap of the worker restart back-off.
+    """
+
+    model_store: Path | None
+    extract_dir: Path
+    job_queue_size: int = 100
+    default_response_timeout_s: int = 120
+    default_startup_timeout_s: int = 120
+    default_workers_per_model: int = 1
+    worker_threads: int = 0
+    install_py_dep_per_model: bool = False
+    max_backoff_s: float = 30.0
+
+
+@dataclass
+class RegisterRequest:
+    """RegisterModel's fields (0 / "" mean unset, as in proto3)."""
+
+    url: str
+    model_name: str = ""
+    handler: str = ""
+    runtime: str = ""
+    batch_size: int = 0
+    max_batch_delay: int = 0
+    initial_workers: int = 0
+    response_timeout: int = 0
+    startup_timeout: int = 0
+    synchronous: bool = False
+    loaded_at_startup: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelEntry:
+    """All versions of one model name and which is the default."""
+
+    versions: dict[str, ModelVersion] = field(default_factory=dict)
+    default_version: str = ""
+
+
+class InferenceCore:
+    """Registry of models and the inference / management operations on it.
+
+    Args:
+        settings: core settings.
+        on_health_change: called with ``(model_name | None)`` when readiness may
+            have changed (the health service recomputes).
+    """
+
+    def __init__(self, settings: CoreSettings,
+                 on_health_change: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.models: dict[str, ModelEntry] = {}
+        self._on_health_change = on_health_change or (lambda: None)
+        self._register_lock = asyncio.Lock()
+        self.accepting = True
+
+    # ------------------------------------------------------------------ lookup
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The named version (default when ``version`` is empty).
+
+        Raises:
+            InvalidArgument: empty model name.
+            NotFound: unknown model or version.
+        """
+        if not name:
+            raise InvalidArgument("model_name is required")
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"model {name!r} is not registered")
+        ver = version or entry.default_version
+        model = entry.versions.get(ver)
+        if model is None:
+            raise NotFound(f"model {name!r} has no version {version!r}")
+        return model
+
+    # --------------------------------------------------------------- inference
+    def _submit(self, model: ModelVersion, job: Job) -> None:
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        model.submit(job)
+
+    @staticmethod
+    def _deadline(time_remaining: float | None) -> float | None:
+        return None if time_remaining is None else time.monotonic() + time_remaining
+
+    async def predict(self, name: str, version: str, inputs: dict[str, bytes],
+                      headers: dict[str, str] | None = None,
+                      time_remaining: float | None = None) -> bytes:
+        """Unary inference: the final response, preceded by any intermediate ones, concatenated.
+
+        Args:
+            name: model name. version: "" for the default.
+            inputs: the input map.
+            headers: request headers for the handler.
+            time_remaining: seconds left of the client's deadline (``None``: none).
+
+        Returns:
+            The response bytes.
+
+        Raises:
+            InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
+                handler's error, ...
+        """
+        model = self.get(name, version)
+        job = Job(inputs, headers or {}, stream=False, deadline=self._deadline(time_remaining))
+        self._submit(model, job)
+        parts: list[bytes] = []
+        try:
+            while True:
+                kind, payload = await job.mailbox.get()
+                if kind == CHUNK:
+                    parts.append(payload)  # type: ignore[arg-type]
+                elif kind == FINAL:
+                    parts.append(payload)  # type: ignore[arg-type]
+                    return payload if len(parts) == 1 else b"".join(parts)  # type: ignore[return-value]
+                else:
+                    raise payload  # type: ignore[misc]
+        except BaseException:
+            job.abort()
+            raise
+
+    async def stream(self, name: str, version: str, inputs: dict[str, bytes],
+                     headers: dict[str, str] | None = None,
+                     time_remaining: float | None = None,
+                     sequence_id: str | None = None) -> AsyncIterator[bytes]:
+        """Streaming inference (batch of one): yields each intermediate response, then the final.
+
+        Closing the iterator early (client cancel) aborts the request in the worker.
+
+        Raises:
+            InferenceError: as :meth:`predict`.
+        """
+        model = self.get(name, version)
+        job = Job(inputs, headers or {}, stream=True, sequence_id=sequence_id,
+                  deadline=self._deadline(time_remaining))
+        self._submit(model, job)
+        try:
+            while True:
+                kind, payload = await job.mailbox.get()
+                if kind == ERROR:
+                    raise payload  # type: ignore[misc]
+                yield payload  # type: ignore[misc]
+                if kind == FINAL:
+                    return
+        finally:
+            if not job.finished:
+                job.abort()
+
+    def new_sequence_id(self) -> str:
+        """A fresh sequence id in TorchServe's form ``ts-seq-<uuid>``."""
+        return f"ts-seq-{uuid.uuid4()}"
+
+    def open_sequence(self, name: str, version: str, sequence_id: str) -> ModelVersion:
+        """Start (or continue) a sequence on the model (StreamPredictions2)."""
+        model = self.get(name, version)
+        model.open_sequence(sequence_id)
+        return model
+
+    # -------------------------------------------------------------- management
+    async def register(self, req: RegisterRequest) -> ModelVersion:
+        """Register a model archive from the model store (as TorchServe's RegisterModel).
+
+        Resolves the effective config (request fields over model-config.yaml
+        over defaults), starts ``initial_workers`` workers (waiting for them
+        when ``synchronous``), and makes the version the default if it is the
+        model's first.
+
+        Raises:
+            InvalidArgument: bad URL, archive, manifest or field values.
+            NotFound: no such archive in the store.
+            FailedPrecondition: the version is already registered.
+            WorkerLoadError: synchronous and a worker failed to load (the model
+                is not registered).
+        """
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        if req.runtime and req.runtime != "python":
+            raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)")
+        for field_name in ("batch_size", "max_batch_delay", "initial_workers", "response_timeout",
+                           "startup_timeout"):
+            if getattr(req, field_name) < 0:
+                raise InvalidArgument(f"{field_name} must not be negative")
+        archive = await asyncio.to_thread(open_archive, req.url, self.settings.model_store,
+                                          self.settings.extract_dir)
+        try:
+            name = req.model_name or archive.model_name
+            if not name:
+                raise InvalidArgument("model_name is required (the manifest has no modelName)")
+            if not _valid_name(name):
+                raise InvalidArgument(
+                    f"invalid model name {name!r}: use letters, digits, '_', '-' and '.' (at most 256)")
+            handler = req.handler or archive.handler
+            defaults = {
+                "response_timeout_s": self.settings.default_response_timeout_s,
+                "startup_timeout_s": self.settings.default_startup_timeout_s,
+                "job_queue_size": self.settings.job_queue_size,
+                "max_backoff_s": self.settings.max_backoff_s,
+                "worker_threads": self.settings.worker_threads,
+            }
+            if req.loaded_at_startup and "minWorkers" not in archive.config:
+                defaults["min_workers"] = self.settings.default_workers_per_model
+            overrides = {
+                "batch_size": req.batch_size,
+                "max_batch_delay_ms": req.max_batch_delay,
+                "response_timeout_s": req.response_timeout,
+                "startup_timeout_s": req.startup_timeout,
+                "min_workers": req.initial_workers,
+                **req.extra,
+            }
+            config = ModelConfig.resolve(archive.config, overrides, defaults)
+            extra_paths = []
+            if (archive.model_dir / "requirements.txt").is_file():
+                if self.settings.install_py_dep_per_model:
+                    deps = await asyncio.to_thread(install_requirements, archive, sys.executable)
+                    if deps:
+                        extra_paths.append(deps)
+                else:
+                    log.info("model %s: requirements.txt ignored (install_py_dep_per_model=false)", name)
+            async with self._register_lock:
+                entry = self.models.get(name)
+                if entry is not None and archive.version in entry.versions:
+                    raise FailedPrecondition(
+                        f"model {name!r} version {archive.version!r} is already registered")
+                model = ModelVersion(name, archive, config, handler, inference_service.__version__,
+                                     self._on_health_change, req.loaded_at_startup, extra_paths)
+                entry = self.models.setdefault(name, ModelEntry())
+                entry.versions[model.version] = model
+                if not entry.default_version:
+                    entry.default_version = model.version
+        except BaseException:
+            archive.remove()
+            raise
+        log.info("registered model %s version %s from %s (handler %s, batch_size %d, workers %d)",
+                 name, model.version, req.url, handler, config.batch_size, config.min_workers)
+        try:
+            await model.scale(config.min_workers, config.max_workers, req.synchronous)
+        except WorkerLoadError:
+            await self._remove_version(name, model.version)
+            raise
+        self._on_health_change()
+        return model
+
+    async def _remove_version(self, name: str, version: str) -> None:
+        entry = self.models.get(name)
+        if entry is None:
+            return
+        model = entry.versions.pop(version, None)
+        if not entry.versions:
+            del self.models[name]
+        elif entry.default_version == version:
+            entry.default_version = sorted(entry.versions)[-1]
+        if model is not None:
+            await model.close()
+        self._on_health_change()
+
+    async def unregister(self, name: str, version: str = "") -> str:
+        """Remove a version (the default one when ``version`` is empty), as TorchServe does.
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: it is the default version while others exist.
+        """
+        model = self.get(name, version)
+        entry = self.models[name]
+        if model.version == entry.default_version and len(entry.versions) > 1:
+            raise FailedPrecondition(
+                f"version {model.version} is the default of model {name!r}; set another default "
+                "version first")
+        await self._remove_version(name, model.version)
+        log.info("unregistered model %s version %s", name, model.version)
+        return model.version
+
+    async def scale(self, name: str, version: str, min_worker: int, max_worker: int,
+                    synchronous: bool, timeout: int, number_gpu: int = 0) -> ModelVersion:
+        """ScaleWorker: run ``min_worker`` workers of the version.
+
+        Raises:
+            InvalidArgument: negative or inconsistent counts.
+            NotFound: unknown model or version.
+            WorkerLoadError: synchronous and a new worker failed to load.
+        """
+        if min_worker < 0 or max_worker < 0 or number_gpu < 0:
+            raise InvalidArgument("min_worker, max_worker and number_gpu must not be negative")
+        if min_worker > 64 or max_worker > 64:
+            raise InvalidArgument("at most 64 workers per model version")
+        if max_worker and max_worker < min_worker:
+            raise InvalidArgument(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
+        model = self.get(name, version)
+        stop_timeout = 10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout))
+        stop_timeout = min(stop_timeout, 3600.0)
+        await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout)
+        self._on_health_change()
+        return model
+
+    def set_default(self, name: str, version: str) -> None:
+        """SetDefault: make ``version`` the model's default.
+
+        Raises:
+            InvalidArgument: missing name or version. NotFound: unknown ones.
+        """
+        if not version:
+            raise InvalidArgument("model_version is required")
+        model = self.get(name, version)
+        self.models[name].default_version = model.version
+        log.info("model %s default version is now %s", name, version)
+
+    def describe(self, name: str, version: str = "") -> list[dict[str, Any]]:
+        """DescribeModel: one object per version (all of them when ``version`` is "all")."""
+        if version == "all":
+            self.get(name)
+            entry = self.models[name]
+            return [m.describe(v == entry.default_version) for v, m in sorted(entry.versions.items())]
+        model = self.get(name, version)
+        return [model.describe(model.version == self.models[name].default_version)]
+
+    def list_models(self, limit: int, next_page_token: int) -> dict[str, Any]:
+        """ListModels: ``{"nextPageToken"?, "models": [{"modelName", "modelUrl"}]}`` sorted by name.
+
+        Raises:
+            InvalidArgument: ``limit`` outside 0..1000 or a negative token.
+        """
+        if limit < 0 or limit > 1000:
+            raise InvalidArgument("limit must be between 1 and 1000 (0 means 100)")
+        if next_page_token < 0:
+            raise InvalidArgument("next_page_token must not be negative")
+        limit = limit or 100
+        names = sorted(self.models)
+        page = names[next_page_token : next_page_token + limit]
+        result: dict[str, Any] = {}
+        if next_page_token + limit < len(names):
+            result["nextPageToken"] = str(next_page_token + limit)
+        result["models"] = [
+            {"modelName": n, "modelUrl": self.models[n].versions[self.models[n].default_version].archive.url}
+            for n in page
+        ]
+        return result
+
+    # ------------------------------------------------------------------ health
+    def healthy(self) -> bool:
+        """Every model version has at least its minimum workers ready (TorchServe's Ping rule)."""
+        return all(m.healthy for e in self.models.values() for m in e.versions.values())
+
+    def startup_ready(self) -> bool:
+        """Every model loaded at startup has its minimum workers ready (readiness)."""
+        return all(m.healthy for e in self.models.values() for m in e.versions.values()
+                   if m.loaded_at_startup)
+
+    def model_ready(self, name: str) -> bool:
+        """The model's default version has a ready worker (and its minimum)."""
+        entry = self.models.get(name)
+        if entry is None:
+            return False
+        model = entry.versions[entry.default_version]
+        return model.ready_workers > 0 and model.healthy
+
+    async def shutdown(self) -> None:
+        """Stop accepting, stop every worker, remove extracted archives."""
+        self.accepting = False
+        for name in list(self.models):
+            for version in list(self.models.get(name, ModelEntry()).versions):
+                try:
+                    await self._remove_version(name, version)
+                except InferenceError:  # pragma: no cover - best effort
+                    log.exception("error stopping %s %s", name, version)
+
+
+def _valid_name(name: str) -> bool:
+    return 0 < len(name) <= 256 and all(c.isalnum() or c in "_-." for c in name) and name.isascii()
+
+
+def describe_json(items: list[dict[str, Any]]) -> str:
+    """DescribeModel's ``msg``: the JSON array, indented as TorchServe prints it."""
+    return json.dumps(items, indent=2)

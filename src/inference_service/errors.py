@@ -1,0 +1,126 @@
+"""One error hierarchy for the server, each class carrying its gRPC status code.
+
+Core code raises these; :mod:`inference_service.servicers.base` maps them to
+statuses in one place. Anything else that escapes becomes INTERNAL
+"Internal server error" with the traceback in the log only.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class InferenceError(Exception):
+    """Base of every error a client may see.
+
+    Args:
+        message: what went wrong, in words a user can act on.
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(InferenceError):
+    """Malformed or out-of-range request field (INVALID_ARGUMENT)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(InferenceError):
+    """Unknown model or version (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(InferenceError):
+    """Model version registered twice (ALREADY_EXISTS)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(InferenceError):
+    """Request not valid in the current state (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(InferenceError):
+    """No worker can take the request, or the server is stopping (UNAVAILABLE)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(InferenceError):
+    """Job queue full or size limit exceeded (RESOURCE_EXHAUSTED)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(InferenceError):
+    """The request's deadline or the model's response_timeout passed (DEADLINE_EXCEEDED)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(InferenceError):
+    """The client cancelled the request (CANCELLED)."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class PermissionDenied(InferenceError):
+    """The operation is switched off (PERMISSION_DENIED)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class HandlerError(InferenceError):
+    """The handler raised; the message is the exception's (INTERNAL)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class WorkerLoadError(InferenceError):
+    """A worker failed to load its model; the message says why (INTERNAL)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+# TorchServe's table from an HTTP status a handler sets to a gRPC code.
+_HTTP_TO_GRPC: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    503: grpc.StatusCode.UNAVAILABLE,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def grpc_code_for_http(status: int) -> grpc.StatusCode:
+    """Map an HTTP status set by a handler to a gRPC code, as TorchServe's frontend does.
+
+    400 INVALID_ARGUMENT, 404 NOT_FOUND, 503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED,
+    other 4xx FAILED_PRECONDITION, other 5xx (and anything else) INTERNAL.
+    """
+    if status in _HTTP_TO_GRPC:
+        return _HTTP_TO_GRPC[status]
+    if 400 <= status < 500:
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[InferenceError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
+        ResourceExhausted, DeadlineExceeded, Cancelled, PermissionDenied, HandlerError,
+    )
+}
+
+
+def error_for_code(code: grpc.StatusCode, message: str) -> InferenceError:
+    """The :class:`InferenceError` subclass instance for a gRPC code (INTERNAL -> HandlerError)."""
+    return _BY_CODE.get(code, HandlerError)(message)

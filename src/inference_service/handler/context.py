@@ -1,0 +1,222 @@
+"""The ``context`` object passed to handlers, compatible with TorchServe's ``ts.context.Context``."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any, Protocol
+
+from inference_service.handler.metrics import Metrics
+
+
+class Channel(Protocol):
+    """The worker's transport, as seen by handler-side helpers (private)."""
+
+    def send_intermediate(self, request_id: str, payload: bytes) -> None:
+        """Send one intermediate response of ``request_id`` to the frontend."""
+
+    def is_cancelled(self, request_id: str) -> bool:
+        """Whether the client of ``request_id`` went away."""
+
+
+class RequestProcessor:
+    """Headers in and status/headers out of one request of a batch (TorchServe's name).
+
+    Args:
+        request_header: the request's headers (``str`` keys and values).
+    """
+
+    def __init__(self, request_header: dict[str, str]) -> None:
+        self._request_header = request_header
+        self._status_code = 200
+        self._reason_phrase: str | None = None
+        self._response_header: dict[str, str] = {}
+
+    def get_request_property(self, key: str) -> str | None:
+        """One request header, or ``None``."""
+        return self._request_header.get(key)
+
+    def get_request_properties(self) -> dict[str, str]:
+        """All request headers."""
+        return self._request_header
+
+    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
+        """Set the response status (HTTP code and phrase)."""
+        self._status_code = int(code)
+        self._reason_phrase = reason_phrase
+
+    def get_response_status_code(self) -> int:
+        """The HTTP status the handler set (200 by default)."""
+        return self._status_code
+
+    def get_response_status_phrase(self) -> str | None:
+        """The phrase the handler set with the status, if any."""
+        return self._reason_phrase
+
+    def add_response_property(self, key: str, value: str) -> None:
+        """Set one response header."""
+        self._response_header[key] = value
+
+    def get_response_headers(self) -> dict[str, str]:
+        """All response headers set by the handler."""
+        return self._response_header
+
+    def get_response_header(self, key: str) -> str | None:
+        """One response header, or ``None``."""
+        return self._response_header.get(key)
+
+
+class Context:
+    """What a handler learns of its model and of the current batch.
+
+    Attribute and method names are TorchServe's, so existing handlers run
+    unchanged: ``model_name``, ``manifest``, ``system_properties`` (``model_dir``,
+    ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
+    ``limit_max_image_pixels``), ``request_ids`` (index -> request id),
+    ``model_yaml_config``, ``metrics`` and the request/response accessors.
+    Added here: :meth:`is_cancelled`.
+
+    Args:
+        model_name: registered model name.
+        model_dir: directory the archive was extracted to.
+        manifest: the archive's ``MAR-INF/MANIFEST.json`` as a dict.
+        batch_size: the model's batch_size.
+        gpu: GPU id of the worker, or ``None`` on CPU.
+        server_version: this server's version string.
+        limit_max_image_pixels: TorchServe's Pillow image-size guard flag.
+        metrics: the handler metrics object (``context.metrics``).
+        model_yaml_config: the parsed per-model YAML config (``{}`` if none).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        model_dir: str,
+        manifest: dict[str, Any],
+        batch_size: int,
+        gpu: int | None,
+        server_version: str,
+        limit_max_image_pixels: bool = True,
+        metrics: Metrics | None = None,
+        model_yaml_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.manifest = manifest
+        self._system_properties: dict[str, Any] = {
+            "model_dir": model_dir,
+            "gpu_id": gpu,
+            "batch_size": batch_size,
+            "server_name": "MMS",
+            "server_version": server_version,
+            "limit_max_image_pixels": limit_max_image_pixels,
+        }
+        self.request_ids: dict[int, str] = {}
+        self.request_processor: list[RequestProcessor] = []
+        self._metrics = metrics if metrics is not None else Metrics(model_name)
+        self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
+        self._sequence_ids: dict[int, str] = {}
+        self._channel: Channel | None = None
+        self.cl_socket = None  # TorchServe's attribute; handlers must not write to it here.
+
+    # --- TorchServe's properties -------------------------------------------------
+    @property
+    def system_properties(self) -> dict[str, Any]:
+        """``model_dir``, ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
+        ``limit_max_image_pixels``."""
+        return self._system_properties
+
+    @property
+    def metrics(self) -> Metrics:
+        """The handler metrics API (``add_time``, ``add_counter``, ...)."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    # --- per-request accessors (``idx`` is the index in the batch) -----------------
+    def get_request_id(self, idx: int = 0) -> str | None:
+        """The request id of batch entry ``idx``."""
+        return self.request_ids.get(idx)
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        """One header of batch entry ``idx`` (TorchServe passes the input map's
+        non-body entries and gRPC metadata as headers)."""
+        return self.request_processor[idx].get_request_property(key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        """All headers of batch entry ``idx``."""
+        return self.request_processor[idx].get_request_properties()
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        """Set the content type of batch entry ``idx``'s response."""
+        self.set_response_header(idx, "Content-Type", value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        """The content type set for batch entry ``idx``."""
+        return self.get_response_headers(idx).get("Content-Type")
+
+    def get_response_status(self, idx: int) -> int:
+        """The HTTP status set for batch entry ``idx`` (200 unless the handler set one)."""
+        return self.request_processor[idx].get_response_status_code()
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        """Set an HTTP status for batch entry ``idx``.
+
+        A status >= 400 turns that request into an error; its gRPC code comes
+        from TorchServe's table (400 INVALID_ARGUMENT, 404 NOT_FOUND,
+        503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, other 4xx FAILED_PRECONDITION,
+        other 5xx INTERNAL) and ``phrase`` becomes the message.
+        """
+        if idx < len(self.request_processor):
+            self.request_processor[idx].report_status(code, phrase)
+
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        """Set the same HTTP status for every request of the batch."""
+        for processor in self.request_processor:
+            processor.report_status(code, phrase)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        """All response headers set for batch entry ``idx``."""
+        return self.request_processor[idx].get_response_headers()
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        """Set one response header for batch entry ``idx``."""
+        self.request_processor[idx].add_response_property(key, value)
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        """The sequence id of batch entry ``idx`` (StreamPredictions2), else ``None``."""
+        return self._sequence_ids.get(idx)
+
+    # --- added by inference-service ----------------------------------------------
+    def is_cancelled(self, idx: int = 0) -> bool:
+        """Whether the client of batch entry ``idx`` cancelled or its deadline passed.
+
+        Long-running handlers may poll this between steps and stop early.
+        """
+        request_id = self.request_ids.get(idx)
+        if request_id is None or self._channel is None:
+            return False
+        return self._channel.is_cancelled(request_id)
+
+    def _begin_batch(
+        self,
+        request_ids: list[str],
+        headers: list[dict[str, str]],
+        sequence_ids: list[str | None],
+    ) -> None:
+        """Reset the per-batch state (called by the worker before each batch)."""
+        self.request_ids = dict(enumerate(request_ids))
+        self.request_processor = [RequestProcessor(h) for h in headers]
+        self._sequence_ids = {i: s for i, s in enumerate(sequence_ids) if s is not None}
+        self._metrics.request_ids = self.request_ids
+
+    def __repr__(self) -> str:
+        return f"Context(model_name={self.model_name!r}, model_dir={self.system_properties['model_dir']!r})"
+
+
+def status_phrase(code: int) -> str:
+    """The standard reason phrase of an HTTP status code ("" if unknown)."""
+    try:
+        return HTTPStatus(code).phrase
+    except ValueError:
+        return ""

@@ -1,0 +1,708 @@
+"""Token-by-token text generation for causal LMs: request parsing, sampling, streaming decode.
+
+The pieces, bottom-up:
+
+- :class:`GenerationParams` / :func:`params_from_config` / :func:`parse_request`:
+  the per-request options and their validation (every problem raises
+  :class:`InvalidRequest`, whose message is meant for the client).
+- :func:`build_prompt_ids`: prompt text or chat messages -> token ids.
+- :func:`sample_next_token`: greedy or temperature / top-p sampling from one logits row.
+- :class:`IncrementalDecoder`: token ids in, newly stable text out, such that the
+  concatenation of everything it returns (plus :meth:`IncrementalDecoder.flush`)
+  equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
+- :class:`StopStringFilter`: cuts the text at the first stop string, holding back
+  only a tail that could still become one.
+- :func:`generate_pieces`: the generation loop with the KV cache, a generator of
+  text pieces whose return value is a :class:`GenerationResult`.
+
+Request body (JSON object, UTF-8)::
+
+    {"prompt": "Once upon a time"}                          # or
+    {"messages": [{"role": "user", "content": "Hi"}],       # chat template applied
+     "max_new_tokens": 64,      # int, 1..4096 (and prompt + this <= model context)
+     "temperature": 0.7,        # number, 0..5; 0 = greedy
+     "top_p": 0.9,              # number, 0 < p <= 1
+     "seed": 1234,              # int, 0 <= seed < 2**64 (same seed -> same text)
+     "stop": ["\\n\\n"],          # string or list of up to 16 non-empty strings
+     "ignore_eos": false,       # bool: keep going past the end-of-sequence token
+     "include_usage": false}    # bool: final message becomes a JSON object (see handler)
+
+A field set to ``null`` counts as absent. A body that is not a JSON object (plain
+text, or JSON such as a bare string or number) is used verbatim as the prompt
+with the default options; a body starting with ``{`` that is not valid JSON is
+rejected rather than fed to the model.
+
+torch is imported inside the functions that need it; this module imports
+without it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import secrets
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: Upper bound of ``max_new_tokens`` accepted from a request or config.
+MAX_NEW_TOKENS_LIMIT = 4096
+#: Upper bound of ``temperature``.
+MAX_TEMPERATURE = 5.0
+#: Most stop strings one request may give.
+MAX_STOP_STRINGS = 16
+#: Longest stop string accepted (characters).
+MAX_STOP_LENGTH = 256
+#: Fields a JSON request body may carry.
+REQUEST_FIELDS = frozenset(
+    {"prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop",
+     "ignore_eos", "include_usage"}
+)
+#: Generation defaults the handler config (``handler:`` section) may override.
+CONFIG_FIELDS = ("max_new_tokens", "temperature", "top_p")
+
+_REPLACEMENT = "\ufffd"
+
+
+class InvalidRequest(ValueError):
+    """A request (or config value) is malformed; the message explains it to the client."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Options of one generation.
+
+    Attributes:
+        max_new_tokens: most tokens to generate (1..4096).
+        temperature: sampling temperature, 0 (greedy) to 5.
+        top_p: nucleus mass in (0, 1]; 1 disables the cut.
+        seed: seed of the sampling ``torch.Generator``; ``None`` draws a random one.
+        stop: stop strings; generation ends when the text contains one, which
+            is not emitted.
+        ignore_eos: if true, the end-of-sequence token does not end generation.
+        include_usage: if true, the handler's final message is a JSON object
+            with finish reason and token counts.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A parsed request: exactly one of ``prompt`` / ``messages`` is set, plus its params."""
+
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    params: GenerationParams
+
+
+@dataclass
+class GenerationResult:
+    """How a generation ended (the return value of :func:`generate_pieces`).
+
+    Attributes:
+        remaining_text: text released only at the end (a held-back tail that
+            turned out not to be a stop string, or an incomplete character);
+            not yielded as a piece. May be empty.
+        finish_reason: ``"stop"`` (end-of-sequence token or stop string),
+            ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``
+            (``should_stop`` returned true).
+        prompt_tokens: number of prompt tokens.
+        completion_tokens: number of tokens sampled (an end-of-sequence token
+            that ended generation counts).
+        token_ids: the sampled token ids, in order (including such an
+            end-of-sequence token).
+        stop_string: the stop string that ended generation, if any.
+    """
+
+    remaining_text: str = ""
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    stop_string: str | None = None
+
+
+# --------------------------------------------------------------------------------------
+# parameters and request parsing
+# --------------------------------------------------------------------------------------
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{name}' must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}")
+    return value
+
+
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"'{name}' must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidRequest(f"'{name}' must be a finite number, got {value}")
+    return number
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false, got {type(value).__name__}")
+    return value
+
+
+def _check_temperature(value: Any) -> float:
+    temperature = _check_number("temperature", value)
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise InvalidRequest(f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
+    return temperature
+
+
+def _check_top_p(value: Any) -> float:
+    top_p = _check_number("top_p", value)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest(f"'top_p' must be greater than 0 and at most 1, got {value}")
+    return top_p
+
+
+def _check_stop(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise InvalidRequest(f"'stop' must be a string or a list of strings, got {type(value).__name__}")
+    if len(items) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}")
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidRequest(f"'stop' entries must be strings, got {type(item).__name__}")
+        if not item:
+            raise InvalidRequest("'stop' entries must not be empty")
+        if len(item) > MAX_STOP_LENGTH:
+            raise InvalidRequest(f"'stop' entries must be at most {MAX_STOP_LENGTH} characters")
+    return tuple(dict.fromkeys(items))  # drop duplicates, keep order
+
+
+def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
+    """Build the default :class:`GenerationParams` from a handler config section.
+
+    Args:
+        config: the ``handler`` section of the model YAML config; reads
+            ``max_new_tokens`` (default 256), ``temperature`` (default 0) and
+            ``top_p`` (default 1.0). Other keys are ignored here.
+
+    Returns:
+        The defaults every request starts from.
+
+    Raises:
+        InvalidRequest: a value has the wrong type or is out of range (the
+            message says "handler config" and names the key).
+    """
+    params = GenerationParams()
+    try:
+        if config.get("max_new_tokens") is not None:
+            params = replace(params, max_new_tokens=_check_int(
+                "max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT))
+        if config.get("temperature") is not None:
+            params = replace(params, temperature=_check_temperature(config["temperature"]))
+        if config.get("top_p") is not None:
+            params = replace(params, top_p=_check_top_p(config["top_p"]))
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"handler config: {exc}") from None
+    return params
+
+
+def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("'messages' must be a non-empty list of {\"role\", \"content\"} objects")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
+        extra = set(message) - {"role", "content"}
+        if extra:
+            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
+        if not isinstance(content, str):
+            raise InvalidRequest(f"'messages[{i}].content' must be a string")
+        messages.append({"role": role, "content": content})
+    return tuple(messages)
+
+
+def _body_text(body: bytes | bytearray | memoryview | str) -> str:
+    if isinstance(body, str):
+        return body
+    try:
+        return bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+
+
+def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
+    """Parse one request body into a :class:`GenerationRequest`.
+
+    Args:
+        body: the request payload: ``bytes``/``bytearray`` (UTF-8), ``str``, or
+            an already-decoded ``dict``. See the module docstring for the fields.
+        defaults: the params used for fields the request leaves out.
+
+    Returns:
+        The request with validated params.
+
+    Raises:
+        InvalidRequest: invalid UTF-8, malformed JSON object, unknown field,
+            both or neither of ``prompt``/``messages``, a wrong type or an
+            out-of-range value; the message names the field.
+    """
+    if isinstance(body, dict):
+        obj: Any = body
+    elif isinstance(body, (bytes, bytearray, memoryview, str)):
+        text = _body_text(body)
+        stripped = text.strip()
+        obj = None
+        if stripped.startswith("{"):
+            try:
+                obj = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            if not text:
+                raise InvalidRequest("request body is empty; send a prompt")
+            return GenerationRequest(prompt=text, messages=None, params=defaults)
+    else:
+        raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
+
+    unknown = set(obj) - REQUEST_FIELDS
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; "
+            f"allowed: {', '.join(sorted(REQUEST_FIELDS))}"
+        )
+    fields = {k: v for k, v in obj.items() if v is not None}
+    prompt = fields.get("prompt")
+    messages = None
+    if ("prompt" in fields) == ("messages" in fields):
+        raise InvalidRequest("exactly one of 'prompt' and 'messages' must be given")
+    if "prompt" in fields:
+        if not isinstance(prompt, str):
+            raise InvalidRequest(f"'prompt' must be a string, got {type(prompt).__name__}")
+        if not prompt:
+            raise InvalidRequest("'prompt' must not be empty")
+    else:
+        messages = _parse_messages(fields["messages"])
+
+    params = defaults
+    if "max_new_tokens" in fields:
+        params = replace(params, max_new_tokens=_check_int(
+            "max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT))
+    if "temperature" in fields:
+        params = replace(params, temperature=_check_temperature(fields["temperature"]))
+    if "top_p" in fields:
+        params = replace(params, top_p=_check_top_p(fields["top_p"]))
+    if "seed" in fields:
+        params = replace(params, seed=_check_int("seed", fields["seed"], 0, 2**64 - 1))
+    if "stop" in fields:
+        params = replace(params, stop=_check_stop(fields["stop"]))
+    if "ignore_eos" in fields:
+        params = replace(params, ignore_eos=_check_bool("ignore_eos", fields["ignore_eos"]))
+    if "include_usage" in fields:
+        params = replace(params, include_usage=_check_bool("include_usage", fields["include_usage"]))
+    return GenerationRequest(prompt=prompt, messages=messages, params=params)
+
+
+def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
+    """Parse one entry of a handler's ``data`` batch (the gRPC input map of one request).
+
+    Args:
+        row: a dict holding the body under ``"data"`` or ``"body"`` (bytes,
+            bytearray, str or an already-decoded dict), or the body itself.
+        defaults: see :func:`parse_request`.
+
+    Returns:
+        The parsed request.
+
+    Raises:
+        InvalidRequest: no ``data``/``body`` entry, or the body is invalid.
+    """
+    if isinstance(row, Mapping):
+        body = row.get("data")
+        if body is None:
+            body = row.get("body")
+        if body is None:
+            raise InvalidRequest("request has no 'data' or 'body' input")
+    else:
+        body = row
+    return parse_request(body, defaults)
+
+
+def model_context_length(model: Any) -> int | None:
+    """The model's maximum sequence length (``config.max_position_embeddings``), or ``None``."""
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length: int | None = None) -> list[int]:
+    """Tokenize the request's prompt (or render its messages with the chat template).
+
+    ``prompt`` is tokenized with the tokenizer's special tokens (e.g. BOS if it
+    adds one); ``messages`` are rendered with ``apply_chat_template(...,
+    add_generation_prompt=True)`` and the result tokenized without adding
+    special tokens again.
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        request: the parsed request.
+        context_length: the model's maximum sequence length; if given,
+            ``len(prompt ids) + max_new_tokens`` must fit in it.
+
+    Returns:
+        The prompt token ids (non-empty).
+
+    Raises:
+        InvalidRequest: the tokenizer has no chat template for ``messages``,
+            the prompt tokenizes to nothing, or prompt + ``max_new_tokens``
+            exceeds ``context_length``.
+    """
+    if request.messages is not None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
+        try:
+            text = tokenizer.apply_chat_template(
+                list(request.messages), add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja errors raised by the template itself (e.g. role order)
+            raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}") from None
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    else:
+        ids = list(tokenizer(request.prompt)["input_ids"])
+    if not ids:
+        raise InvalidRequest("the prompt encodes to no tokens")
+    if context_length is not None and len(ids) + request.params.max_new_tokens > context_length:
+        raise InvalidRequest(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({request.params.max_new_tokens}) "
+            f"exceeds the model's context length ({context_length})"
+        )
+    return ids
+
+
+# --------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------
+def make_generator(seed: int | None) -> Any:
+    """Return a CPU ``torch.Generator`` seeded with ``seed`` (a random seed if ``None``)."""
+    import torch
+
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return generator
+
+
+def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
+    """Choose the next token id from one row of logits.
+
+    Args:
+        logits: float tensor of shape ``[vocab]`` (unnormalized scores).
+        temperature: 0 -> greedy (``argmax``); otherwise logits are divided by it.
+        top_p: keep the smallest set of most likely tokens whose probability
+            mass reaches ``top_p`` (at least one token), renormalize, sample.
+        generator: CPU ``torch.Generator`` used for sampling (ignored when greedy).
+
+    Returns:
+        The chosen token id.
+    """
+    import torch
+
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, sorted_ids = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        # keep tokens whose preceding mass is < top_p (so the first one is always kept)
+        keep = (cumulative - sorted_probs) < top_p
+        kept_probs = sorted_probs[keep]
+        choice = torch.multinomial(kept_probs / kept_probs.sum(), 1, generator=generator)
+        return int(sorted_ids[keep][choice].item())
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+# --------------------------------------------------------------------------------------
+# streaming text
+# --------------------------------------------------------------------------------------
+class IncrementalDecoder:
+    """Turn a growing list of token ids into text pieces that never need retracting.
+
+    Each :meth:`push` decodes the ids generated so far (a suffix window starting
+    at a point where the text was stable, so the cost per token stays bounded)
+    and returns the newly stable text: new text is held back while it ends in
+    U+FFFD (an incomplete multi-byte character split over byte tokens) or while
+    the decoded window no longer extends what was already released.
+    :meth:`flush` releases whatever is left.
+
+    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids,
+    skip_special_tokens=True)`` for tokenizers whose decoding is
+    prefix-stable (byte-level BPE such as GPT-2/Llama-3/SmolLM2, and
+    SentencePiece with ``clean_up_tokenization_spaces=False``).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        skip_special_tokens: passed to ``tokenizer.decode`` (default true).
+    """
+
+    #: window start is moved forward once the stable text is this many tokens behind
+    _WINDOW = 32
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._start = 0  # window start (token index)
+        self._released = ""  # text released since the window start
+        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """All ids pushed so far (a copy)."""
+        return list(self._ids)
+
+    def _decode_window(self) -> str:
+        return self._tokenizer.decode(self._ids[self._start:], skip_special_tokens=self._skip)
+
+    def push(self, token_id: int) -> str:
+        """Add one token id and return the newly stable text (possibly ``""``)."""
+        self._ids.append(int(token_id))
+        text = self._decode_window()
+        if text.endswith(_REPLACEMENT) or not text.startswith(self._released):
+            return ""
+        piece = text[len(self._released):]
+        self._released = text
+        self._released_ids = len(self._ids)
+        self._advance_window()
+        return piece
+
+    def _advance_window(self) -> None:
+        """Move the window start forward to a token boundary where decoding is stable.
+
+        The new start ``s`` is accepted only if decoding ``ids[s:]`` gives
+        exactly the released text after ``decode(ids[start:s])``, so releasing
+        relative to the new window stays equivalent to decoding everything.
+        """
+        if self._released_ids - self._start < 2 * self._WINDOW:
+            return
+        new_start = self._released_ids - self._WINDOW
+        head = self._tokenizer.decode(self._ids[self._start:new_start], skip_special_tokens=self._skip)
+        tail = self._tokenizer.decode(self._ids[new_start:self._released_ids], skip_special_tokens=self._skip)
+        if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
+            self._start = new_start
+            self._released = tail
+
+    def flush(self) -> str:
+        """Return all text not yet released (may end in U+FFFD if generation stopped mid-character)."""
+        text = self._decode_window()
+        # for a decoder that is not prefix-stable the released text cannot be
+        # taken back; release what lies past its length (best effort)
+        piece = text[len(self._released):]
+        self._released = text
+        self._released_ids = len(self._ids)
+        return piece
+
+
+class StopStringFilter:
+    """Cut a text stream at the first occurrence of any stop string.
+
+    :meth:`push` returns the text that can safely be released: everything up to
+    a stop string once one is complete, otherwise everything except the
+    longest tail that is a proper prefix of some stop string (that tail is held
+    back until it is resolved). :meth:`flush` releases a held tail at the end.
+
+    Args:
+        stops: the stop strings (non-empty strings); empty means pass-through.
+    """
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.matched: str | None = None  #: the stop string found, once one was
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string was found (later pushes return ``""``)."""
+        return self.matched is not None
+
+    def push(self, text: str) -> str:
+        """Add text; return what may be released now (possibly ``""``)."""
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        buffer = self._held + text
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            pos = buffer.find(stop)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        if best is not None:
+            self.matched = best[1]
+            self._held = ""
+            return buffer[:best[0]]
+        hold = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(buffer)), hold, -1):
+                if buffer.endswith(stop[:k]):
+                    hold = k
+                    break
+        self._held = buffer[len(buffer) - hold:] if hold else ""
+        return buffer[:len(buffer) - hold]
+
+    def flush(self) -> str:
+        """Release the held-back tail (``""`` after a stop string was found)."""
+        held, self._held = self._held, ""
+        return "" if self.matched is not None else held
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The end-of-sequence token ids: the model's generation config ``eos_token_id``
+    (int or list) plus the tokenizer's ``eos_token_id``."""
+    ids: set[int] = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                   getattr(getattr(model, "config", None), "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def generate_pieces(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    should_stop: Callable[[], bool] | None = None,
+    eos_ids: Iterable[int] | None = None,
+) -> Generator[str, None, GenerationResult]:
+    """Generate text token by token with the KV cache, yielding each new text piece.
+
+    One forward pass over the prompt (prefill), then one pass per new token
+    with ``past_key_values`` and ``use_cache=True``, all under
+    ``torch.inference_mode()``. Each sampled token goes through an
+    :class:`IncrementalDecoder` and a :class:`StopStringFilter`; every
+    non-empty released piece is yielded at once. Generation ends at an
+    end-of-sequence token (unless ``params.ignore_eos``; the token itself is
+    not decoded), when a stop string appears (it and anything after it is not
+    emitted), after ``params.max_new_tokens`` tokens, or when ``should_stop()``
+    returns true (checked before each step).
+
+    Invariant: ``"".join(pieces) + result.remaining_text`` equals
+    ``tokenizer.decode(ids, skip_special_tokens=True)`` of the sampled ids
+    (without a final end-of-sequence token), cut before the first stop string.
+
+    Args:
+        model: a transformers causal LM (``model(input_ids, past_key_values=...,
+            use_cache=True)`` returning ``.logits`` of shape ``[1, seq, vocab]``).
+        tokenizer: its tokenizer.
+        prompt_ids: the prompt token ids (non-empty).
+        params: generation options; sampling uses a ``torch.Generator`` seeded
+            with ``params.seed``.
+        should_stop: polled before each step; true ends generation with
+            finish reason ``"cancelled"``.
+        eos_ids: end-of-sequence ids; ``None`` means :func:`eos_token_ids`.
+
+    Yields:
+        Non-empty text pieces, in order.
+
+    Returns:
+        A :class:`GenerationResult` (``StopIteration.value``).
+
+    Raises:
+        ValueError: ``prompt_ids`` is empty.
+    """
+    import torch
+
+    if not prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    eos = frozenset(eos_ids) if eos_ids is not None else eos_token_ids(model, tokenizer)
+    device = next(model.parameters()).device
+    generator = make_generator(params.seed) if params.temperature > 0 else None
+    decoder = IncrementalDecoder(tokenizer)
+    stop_filter = StopStringFilter(params.stop)
+    result = GenerationResult(prompt_tokens=len(prompt_ids))
+    finish = "length"
+
+    forward_kwargs: dict[str, Any] = {"use_cache": True}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        forward_kwargs["logits_to_keep"] = 1  # prefill: no lm_head over the whole prompt
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    past: Any = None
+    try:
+        for _ in range(params.max_new_tokens):
+            if should_stop is not None and should_stop():
+                finish = "cancelled"
+                break
+            # inference mode only around the step, never across a yield (it is thread state)
+            with torch.inference_mode():
+                out = model(input_ids=input_ids, past_key_values=past, **forward_kwargs)
+                past = out.past_key_values
+                token = sample_next_token(out.logits[0, -1], params.temperature, params.top_p, generator)
+            result.token_ids.append(token)
+            if token in eos and not params.ignore_eos:
+                finish = "stop"
+                break
+            piece = stop_filter.push(decoder.push(token))
+            if piece:
+                yield piece
+            if stop_filter.stopped:
+                finish = "stop"
+                break
+            input_ids = torch.tensor([[token]], dtype=torch.long, device=device)
+    finally:
+        del past  # free the KV cache promptly, also when the consumer closes us
+
+    tail = ""
+    if not stop_filter.stopped:
+        tail = stop_filter.push(decoder.flush())
+        tail += stop_filter.flush()
+        if stop_filter.stopped:
+            finish = "stop"
+    result.remaining_text = tail
+    result.finish_reason = finish
+    result.completion_tokens = len(result.token_ids)
+    result.stop_string = stop_filter.matched
+    return result
+
+
+def generate_text(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[str, GenerationResult]:
+    """Run :func:`generate_pieces` to the end and return ``(full text, result)``."""
+    pieces = generate_pieces(model, tokenizer, prompt_ids, params, should_stop)
+    parts: list[str] = []
+    while True:
+        try:
+            parts.append(next(pieces))
+        except StopIteration as done:
+            result: GenerationResult = done.value
+            return "".join(parts) + result.remaining_text, result
+
+
+def final_message(result: GenerationResult, params: GenerationParams) -> str | dict[str, Any]:
+    """The last message of a stream: the remaining text, or with ``include_usage`` the object
+    ``{"text": remaining, "finish_reason": "stop"|"length"|"cancelled",
+    "usage": {"prompt_tokens": n, "completion_tokens": m}}``."""
+    if not params.include_usage:
+        return result.remaining_text
+    return {
+        "text": result.remaining_text,
+        "finish_reason": result.finish_reason,
+        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+    }

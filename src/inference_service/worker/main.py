@@ -1,0 +1,241 @@
+"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N``.
+
+1. Read the ``INIT`` frame (a :class:`~.protocol.WorkerSpec`) from the inherited socket.
+2. Put the TorchServe import shims (``ts.*``) and the model directory on ``sys.path``.
+3. Load the handler; answer ``READY`` (or ``LOAD_FAILED`` with the cause, then exit 1).
+4. Run batches one at a time on the main thread, while a reader thread takes
+   ``CANCEL`` frames at any moment, so a cancel reaches a running handler:
+   ``send_intermediate_predict_response`` raises :class:`RequestCancelled`,
+   ``context.is_cancelled()`` turns true and a generator handler is closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import traceback
+from http import HTTPStatus
+from typing import Any
+
+import inference_service
+from inference_service.errors import grpc_code_for_http
+from inference_service.handler.context import Context
+from inference_service.handler.encoding import encode_response
+from inference_service.handler.metrics import Metrics
+from inference_service.handler.streaming import RequestCancelled
+from inference_service.handler.util import PredictionException
+from inference_service.worker import protocol
+from inference_service.worker.loader import HandlerLoadError, Service, load_service
+
+log = logging.getLogger("inference_service.worker")
+
+COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compat")
+_CANCELLED = 1  # grpc.StatusCode.CANCELLED
+_INTERNAL = 13
+
+
+def _code_number(status: int) -> int:
+    return int(grpc_code_for_http(status).value[0])
+
+
+class WorkerChannel:
+    """The worker's end of the IPC socket: framed writes under a lock, frame reads, cancel set."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._rfile = sock.makefile("rb")
+        self._lock = threading.Lock()
+        self.cancelled: set[str] = set()
+
+    def read_frame(self) -> tuple[int, bytes] | None:
+        """Next frame ``(kind, body)``, or ``None`` when the frontend closed the channel."""
+        head = self._rfile.read(protocol.HEADER.size)
+        if len(head) < protocol.HEADER.size:
+            return None
+        length, kind = protocol.HEADER.unpack(head)
+        body = self._rfile.read(length - 1)
+        if len(body) < length - 1:
+            return None
+        return kind, body
+
+    def send(self, data: bytes) -> None:
+        """Write one or more encoded frames atomically."""
+        with self._lock:
+            self._sock.sendall(data)
+
+    # Channel protocol used by the handler API
+    def send_intermediate(self, request_id: str, payload: bytes) -> None:
+        """Send one intermediate response (``CHUNK``)."""
+        self.send(protocol.encode_response(protocol.CHUNK, request_id, payload))
+
+    def is_cancelled(self, request_id: str) -> bool:
+        """Whether a ``CANCEL`` arrived for ``request_id``."""
+        return request_id in self.cancelled
+
+
+class Worker:
+    """Runs one loaded :class:`Service` over a :class:`WorkerChannel`."""
+
+    def __init__(self, channel: WorkerChannel, spec: protocol.WorkerSpec) -> None:
+        self.channel = channel
+        self.spec = spec
+        self.context = Context(
+            model_name=spec.model_name,
+            model_dir=spec.model_dir,
+            manifest=spec.manifest,
+            batch_size=spec.batch_size,
+            gpu=spec.gpu,
+            server_version=spec.server_version,
+            limit_max_image_pixels=spec.limit_max_image_pixels,
+            metrics=Metrics(spec.model_name),
+            model_yaml_config=spec.model_yaml_config,
+        )
+        self.context._channel = channel
+        self.service: Service | None = None
+        self.batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def load(self) -> None:
+        """Load the handler. Raises HandlerLoadError with the cause."""
+        self.service = load_service(self.spec.handler, self.spec.model_dir, self.context)
+
+    def read_loop(self) -> None:
+        """Reader thread: queue batches, record cancels, stop on ``STOP`` or EOF."""
+        while True:
+            item = self.channel.read_frame()
+            if item is None or item[0] == protocol.STOP:
+                self.batches.put(None)
+                return
+            kind, body = item
+            if kind == protocol.BATCH:
+                self.batches.put(body)
+            elif kind == protocol.CANCEL:
+                self.channel.cancelled.add(body.decode())
+
+    def serve(self) -> None:
+        """Main thread: run batches until the channel closes."""
+        while (body := self.batches.get()) is not None:
+            self.run_batch(body)
+
+    def run_batch(self, body: bytes) -> None:
+        """Run one batch through the handler and answer every request in it, then ``DONE``."""
+        assert self.service is not None
+        batch = protocol.decode_batch(body)
+        ids = [rid for rid, _, _, _ in batch]
+        self.context._begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
+        data: list[dict[str, Any]] = [inputs for _, _, _, inputs in batch]
+        out: list[bytes] = []
+        cancelled = self.channel.cancelled
+        try:
+            result = self.service.handle(data, self.context)
+            if inspect.isgenerator(result):
+                result = self._drain_generator(result, ids)
+            if result is None:
+                result = [None] * len(ids)
+            if not isinstance(result, (list, tuple)) or len(result) != len(ids):
+                got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+                raise TypeError(f"handler returned {got} results for a batch of {len(ids)} requests")
+            for idx, rid in enumerate(ids):
+                status = self.context.get_response_status(idx)
+                if rid in cancelled:
+                    out.append(protocol.encode_error(rid, _CANCELLED, "request cancelled"))
+                elif status >= 400:
+                    phrase = self.context.request_processor[idx].get_response_status_phrase()
+                    message = phrase or _phrase(status)
+                    out.append(protocol.encode_error(rid, _code_number(status), message))
+                else:
+                    out.append(protocol.encode_response(protocol.FINAL, rid, encode_response(result[idx])))
+        except RequestCancelled:
+            out = [protocol.encode_error(rid, _CANCELLED, "request cancelled") for rid in ids]
+        except PredictionException as exc:
+            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
+            out = [protocol.encode_error(rid, _code_number(exc.error_code), exc.message) for rid in ids]
+        except Exception as exc:  # noqa: BLE001 - a handler bug answers INTERNAL, the worker lives on
+            log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
+            message = str(exc) or type(exc).__name__
+            out = [protocol.encode_error(rid, _INTERNAL, message) for rid in ids]
+        for rid in ids:
+            cancelled.discard(rid)
+        out.append(protocol.frame(protocol.DONE))
+        self.channel.send(b"".join(out))
+
+    def _drain_generator(self, gen: Any, ids: list[str]) -> Any:
+        """Send each yielded list as intermediate responses; return the generator's return value."""
+        cancelled = self.channel.cancelled
+        try:
+            while True:
+                item = next(gen)
+                if not isinstance(item, (list, tuple)) or len(item) != len(ids):
+                    raise TypeError(
+                        f"generator handler yielded {type(item).__name__} instead of a list of "
+                        f"{len(ids)} entries"
+                    )
+                live = 0
+                for rid, value in zip(ids, item):
+                    if rid in cancelled:
+                        continue
+                    live += 1
+                    if value is not None:
+                        self.channel.send_intermediate(rid, encode_response(value))
+                if live == 0:
+                    gen.close()
+                    raise RequestCancelled("all requests of this batch were cancelled")
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            gen.close()
+
+
+def _phrase(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"handler set status {status}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a worker on the socket inherited as ``--fd``. Returns the exit status."""
+    parser = argparse.ArgumentParser(prog="inference_service.worker.main")
+    parser.add_argument("--fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    channel = WorkerChannel(sock)
+    first = channel.read_frame()
+    if first is None or first[0] != protocol.INIT:
+        return 2
+    spec = protocol.WorkerSpec.from_body(first[1])
+    logging.basicConfig(
+        level=os.environ.get("INFERENCE_SERVICE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if COMPAT_PATH not in sys.path:
+        sys.path.insert(0, COMPAT_PATH)
+    for path in reversed(spec.extra_paths):
+        sys.path.insert(0, path)
+    os.environ.setdefault("TS_MODEL_DIR", spec.model_dir)
+    worker = Worker(channel, spec)
+    try:
+        worker.load()
+    except HandlerLoadError as exc:
+        log.error("model %s failed to load: %s", spec.model_name, exc)
+        channel.send(protocol.frame(protocol.LOAD_FAILED, str(exc).encode()))
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - report any load failure, even SystemExit
+        log.error("model %s failed to load:\n%s", spec.model_name, traceback.format_exc())
+        channel.send(protocol.frame(protocol.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
+        return 1
+    channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}}}'.encode()))
+    reader = threading.Thread(target=worker.read_loop, name="ipc-reader", daemon=True)
+    reader.start()
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Frontend side of one worker process: spawn, load, run batches, route responses, stop.
+
+One routing task per worker reads the IPC socket and hands every response to
+its job's mailbox by request id; nothing else reads the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from inference_service.errors import (
+    DeadlineExceeded,
+    InferenceError,
+    Unavailable,
+    WorkerLoadError,
+    error_for_code,
+)
+from inference_service.jobs import CHUNK, FINAL, Job
+from inference_service.worker import protocol
+
+log = logging.getLogger(__name__)
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class WorkerDied(Exception):
+    """The worker process exited while it held requests."""
+
+
+class WorkerProcess:
+    """One worker OS process serving one model version.
+
+    Args:
+        spec: what the worker loads (sent as its ``INIT`` frame).
+        env: environment of the process (thread counts, ``CUDA_VISIBLE_DEVICES``...).
+        log_name: logger name for the worker's stdout/stderr lines.
+    """
+
+    def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str) -> None:
+        self.spec = spec
+        self.env = env
+        self.pid: int | None = None
+        self.start_time = time.time()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._jobs: dict[str, Job] = {}
+        self._ready: asyncio.Future[str | None] | None = None
+        self._batch_done: asyncio.Future[None] | None = None
+        self._progress = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._log = logging.getLogger(log_name)
+        self.exit_code: int | None = None
+        self.on_exit: Callable[[WorkerProcess], None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, startup_timeout: float) -> None:
+        """Spawn the process and wait until its handler is loaded.
+
+        Raises:
+            WorkerLoadError: the handler failed to load (with its message), the
+                process exited, or ``startup_timeout`` seconds passed.
+        """
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno()),
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                start_new_session=False,
+            )
+        finally:
+            child.close()
+        self.pid = self.proc.pid
+        self.start_time = time.time()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._tasks = [
+            asyncio.create_task(self._route(reader), name=f"route-{self.spec.worker_id}"),
+            asyncio.create_task(self._relay(self.proc.stdout, logging.INFO)),
+            asyncio.create_task(self._relay(self.proc.stderr, logging.INFO)),
+        ]
+        self._writer.write(self.spec.to_frame())
+        try:
+            error = await asyncio.wait_for(asyncio.shield(self._ready), startup_timeout)
+        except TimeoutError:
+            await self.kill()
+            raise WorkerLoadError(
+                f"worker of model {self.spec.model_name} did not load within startup_timeout="
+                f"{startup_timeout:g}s"
+            ) from None
+        if error is not None:
+            await self.wait_exit(5.0)
+            raise WorkerLoadError(f"model {self.spec.model_name} failed to load: {error}")
+
+    async def _relay(self, stream: asyncio.StreamReader | None, level: int) -> None:
+        if stream is None:
+            return
+        prefix = f"[{self.spec.model_name} worker-{self.spec.worker_id} pid {self.pid}]"
+        while line := await stream.readline():
+            self._log.log(level, "%s %s", prefix, line.decode("utf-8", "replace").rstrip())
+
+    async def _route(self, reader: asyncio.StreamReader) -> None:
+        """The single reader of the socket: route each frame to its job or future."""
+        jobs = self._jobs
+        header = protocol.HEADER
+        try:
+            while True:
+                head = await reader.readexactly(header.size)
+                length, kind = header.unpack(head)
+                body = await reader.readexactly(length - 1) if length > 1 else b""
+                self._progress.set()
+                if kind == protocol.CHUNK or kind == protocol.FINAL:
+                    rid, payload = protocol.decode_response(body)
+                    job = jobs.get(rid)
+                    if job is None or job.cancelled:
+                        continue
+                    item = (CHUNK, payload)
+                    if kind == protocol.FINAL:
+                        job.finished = True
+                        del jobs[rid]
+                        item = (FINAL, payload)
+                    if job.mailbox.full():  # the client lags: back-pressure the worker
+                        await job.mailbox.put(item)
+                    else:
+                        job.mailbox.put_nowait(item)
+                elif kind == protocol.ERROR:
+                    rid, code, message = protocol.decode_error(body)
+                    job = jobs.pop(rid, None)
+                    if job is not None:
+                        job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
+                elif kind == protocol.DONE:
+                    if self._batch_done is not None and not self._batch_done.done():
+                        self._batch_done.set_result(None)
+                elif kind == protocol.READY:
+                    info = json.loads(body)
+                    self.pid = int(info.get("pid", self.pid))
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_result(None)
+                elif kind == protocol.LOAD_FAILED:
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_result(body.decode("utf-8", "replace"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            await self._on_channel_closed()
+
+    async def _on_channel_closed(self) -> None:
+        code = await self.wait_exit(2.0)
+        reason = f"exit code {code}" if code is not None and code >= 0 else (
+            f"killed by signal {-code}" if code is not None else "channel closed")
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(f"worker process exited during load ({reason})")
+        error = Unavailable(
+            f"worker {self.spec.worker_id} of model {self.spec.model_name} died ({reason}); "
+            "it is being restarted"
+        )
+        self._fail_all(error)
+        if self._batch_done is not None and not self._batch_done.done():
+            self._batch_done.set_exception(WorkerDied(error.message))
+        if self.on_exit is not None:
+            self.on_exit(self)
+
+    def _fail_all(self, error: InferenceError) -> None:
+        jobs, self._jobs = self._jobs, {}
+        for job in jobs.values():
+            job.fail(error)
+
+    async def run_batch(self, jobs: list[Job], response_timeout: float) -> None:
+        """Send ``jobs`` to the worker and wait until it has answered them all.
+
+        Each job's responses reach its mailbox as they arrive. The
+        ``response_timeout`` clock restarts at every response, so a stream
+        that makes progress is never cut.
+
+        Raises:
+            WorkerDied: the process died (its jobs already failed with UNAVAILABLE).
+            DeadlineExceeded: no response for ``response_timeout`` seconds
+                (the jobs failed with DEADLINE_EXCEEDED and the worker is killed).
+        """
+        assert self._writer is not None
+        loop = asyncio.get_running_loop()
+        done = self._batch_done = loop.create_future()
+        requests = []
+        for job in jobs:
+            job.worker = self
+            self._jobs[job.request_id] = job
+            requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
+        self._writer.write(protocol.encode_batch(requests))
+        for job in jobs:
+            if job.cancelled:
+                self.cancel(job.request_id)
+        while not done.done():
+            self._progress.clear()
+            progress = asyncio.ensure_future(self._progress.wait())
+            finished, _ = await asyncio.wait({done, progress}, timeout=response_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            progress.cancel()
+            if not finished:
+                error = DeadlineExceeded(
+                    f"model {self.spec.model_name} gave no response within response_timeout="
+                    f"{response_timeout:g}s; its worker was replaced"
+                )
+                self._fail_all(error)
+                await self.kill()
+                raise error
+        done.result()
+
+    def cancel(self, request_id: str) -> None:
+        """Tell the worker that the client of ``request_id`` went away."""
+        if self._writer is not None and not self._writer.is_closing() and request_id in self._jobs:
+            self._writer.write(protocol.frame(protocol.CANCEL, request_id.encode()))
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` s for the process to exit; its exit code or ``None``."""
+        if self.proc is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            self.exit_code = await asyncio.wait_for(self.proc.wait(), timeout)
+        return self.proc.returncode
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit (``STOP``), killing it after ``timeout`` seconds."""
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(protocol.frame(protocol.STOP))
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+        if await self.wait_exit(timeout) is None:
+            await self.kill()
+        await self._close()
+
+    async def kill(self) -> None:
+        """SIGKILL the process and wait for it."""
+        if self.alive and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            await self.wait_exit(5.0)
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(task, 2.0)
+
+    def memory_usage(self) -> int:
+        """Resident memory of the process in bytes (0 if it is gone)."""
+        if not self.alive or self.pid is None:
+            return 0
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
