@@ -1,0 +1,246 @@
+"""Shared fixtures: build model archives, run the real server as a subprocess.
+
+Every test talks to a real ``inference-service`` process (started with
+``--foreground --ncs`` on ephemeral ports in a temporary working directory)
+whose models run in real worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from inference_service._proto import (
+    inference_pb2,
+    inference_pb2_grpc,
+    management_pb2,
+    management_pb2_grpc,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+HANDLERS = Path(__file__).resolve().parent / "handlers"
+BIN = Path(sys.executable).parent
+ARCHIVER = str(BIN / "torch-model-archiver")
+
+
+def build_mar(store: Path, name: str, handler: str, *, version: str = "1.0", extra_files: list[str] = (),
+              serialized: str | None = None, model_file: str | None = None, config: str | None = None,
+              archive_format: str = "default") -> str:
+    """Archive handler files from tests/handlers with torch-model-archiver 0.12.0; returns the url."""
+    # module:function entry points are passed as-is: the archiver copies module.py
+    # from its working directory (tests/handlers).
+    handler_arg = handler if ":" in handler else str(HANDLERS / handler)
+    cmd = [ARCHIVER, "--model-name", name, "--version", version, "--handler", handler_arg,
+           "--export-path", str(store), "--force", "--archive-format", archive_format]
+    if extra_files:
+        cmd += ["--extra-files", ",".join(str(HANDLERS / f) if (HANDLERS / f).exists() else f for f in extra_files)]
+    if serialized:
+        cmd += ["--serialized-file", serialized]
+    if model_file:
+        cmd += ["--model-file", str(HANDLERS / model_file)]
+    if config:
+        cmd += ["--config-file", config]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60, cwd=HANDLERS)
+    suffix = {"default": ".mar", "tgz": ".tar.gz", "no-archive": ""}[archive_format]
+    return name + suffix
+
+
+def build_dir(store: Path, dirname: str, handler_file: str, *, model_name: str, version: str = "1.0",
+              config_yaml: str | None = None, handler_entry: str | None = None) -> str:
+    """An unpacked (no-archive) model directory in the store; returns the url."""
+    target = store / dirname
+    if target.exists():
+        shutil.rmtree(target)
+    (target / "MAR-INF").mkdir(parents=True)
+    shutil.copy(HANDLERS / handler_file, target / handler_file)
+    model: dict[str, Any] = {"modelName": model_name, "handler": handler_entry or handler_file,
+                             "modelVersion": version}
+    if config_yaml is not None:
+        (target / "model-config.yaml").write_text(config_yaml)
+        model["configFile"] = "model-config.yaml"
+    (target / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"runtime": "python", "model": model}))
+    return dirname
+
+
+def _descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for child in map(int, children):
+        out |= {child} | _descendants(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class ServerProcess:
+    """A real server subprocess and gRPC stubs to it."""
+
+    def __init__(self, workdir: Path, store: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.store = store
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / "server.log"
+        cmd = [sys.executable, "-m", "inference_service", "--foreground", "--ncs",
+               "--grpc-inference-port", "0", "--grpc-management-port", "0",
+               "--model-store", str(store), *args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self.status = self._wait_status(30.0)
+        self.inference_port = self.status["inference_port"]
+        self.management_port = self.status["management_port"]
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.inference_port}")
+        self.mchannel = grpc.insecure_channel(f"127.0.0.1:{self.management_port}")
+        self.inference = inference_pb2_grpc.InferenceAPIsServiceStub(self.channel)
+        self.management = management_pb2_grpc.ManagementAPIsServiceStub(self.mchannel)
+        self.worker_pids_seen: set[int] = set()
+
+    def _wait_status(self, timeout: float) -> dict[str, Any]:
+        path = self.workdir / ".inference_service" / "status.json"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                data = json.loads(path.read_text())
+                if data.get("pid") == self.proc.pid:
+                    return data
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        """The server's output so far."""
+        return self.log_path.read_text(errors="replace")
+
+    # --- helpers -------------------------------------------------------------
+    def predict(self, model: str, body: bytes | str, version: str = "", timeout: float = 30,
+                **inputs: bytes) -> bytes:
+        data = body.encode() if isinstance(body, str) else body
+        req = inference_pb2.PredictionsRequest(model_name=model, model_version=version,
+                                               input={"data": data, **inputs})
+        return self.inference.Predictions(req, timeout=timeout).prediction
+
+    def stream(self, model: str, body: bytes | str, timeout: float = 30) -> list[bytes]:
+        data = body.encode() if isinstance(body, str) else body
+        req = inference_pb2.PredictionsRequest(model_name=model, input={"data": data})
+        return [r.prediction for r in self.inference.StreamPredictions(req, timeout=timeout)]
+
+    def register(self, url: str, timeout: float = 120, **fields: Any) -> str:
+        fields.setdefault("synchronous", True)
+        fields.setdefault("initial_workers", 1)
+        req = management_pb2.RegisterModelRequest(url=url, **fields)
+        return self.management.RegisterModel(req, timeout=timeout).msg
+
+    def unregister(self, name: str, version: str = "") -> str:
+        req = management_pb2.UnregisterModelRequest(model_name=name, model_version=version)
+        return self.management.UnregisterModel(req, timeout=30).msg
+
+    def describe(self, name: str, version: str = "") -> list[dict[str, Any]]:
+        req = management_pb2.DescribeModelRequest(model_name=name, model_version=version)
+        return json.loads(self.management.DescribeModel(req, timeout=30).msg)
+
+    def scale(self, name: str, min_worker: int, version: str = "", synchronous: bool = True) -> str:
+        req = management_pb2.ScaleWorkerRequest(model_name=name, model_version=version, min_worker=min_worker,
+                                                max_worker=min_worker, synchronous=synchronous)
+        return self.management.ScaleWorker(req, timeout=60).msg
+
+    def wait_workers(self, name: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+        """Wait until ``count`` workers of the model are READY; returns them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = [w for w in self.describe(name)[0]["workers"] if w["status"] == "READY"]
+            if len(workers) == count:
+                return workers
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: {len(workers)} ready workers, wanted {count}")
+            time.sleep(0.05)
+
+    def worker_pids(self) -> set[int]:
+        return _descendants(self.proc.pid)
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, wait for exit; asserts no worker process outlives the server."""
+        pids = self.worker_pids()
+        self.channel.close()
+        self.mchannel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        finally:
+            self._log.close()
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        orphans = [p for p in pids if _alive(p)]
+        assert not orphans, f"worker processes outlived the server: {orphans}"
+        return code
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store with the test handlers archived by torch-model-archiver and as directories."""
+    path = tmp_path_factory.mktemp("model_store")
+    build_mar(path, "echo", "echo_handler.py")
+    build_mar(path, "echo_tgz", "echo_handler.py", archive_format="tgz")
+    build_mar(path, "fn", "function_handler:handle")
+    build_mar(path, "gen", "generator_handler.py")
+    build_mar(path, "broken", "failing_handler.py")
+    (path / "seq-config.yaml").write_text("sequenceBatching: true\nmaxNumSequence: 8\nminWorkers: 2\nmaxWorkers: 2\n")
+    build_mar(path, "seq", "sequence_handler.py", config=str(path / "seq-config.yaml"))
+    build_mar(path, "echo_v2", "echo_handler.py", version="2.0")
+    build_dir(path, "echo_dir", "echo_handler.py", model_name="echo_dir",
+              config_yaml="batchSize: 4\nmaxBatchDelay: 2000\nminWorkers: 1\nmaxWorkers: 1\ncustom:\n  answer: 42\n")
+    import torch  # the BaseHandler test model: y = 2x
+    sys.path.insert(0, str(HANDLERS))
+    try:
+        from doubler_model import Doubler
+    finally:
+        sys.path.remove(str(HANDLERS))
+    model = Doubler()
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.eye(2) * 2)
+    weights = path / "doubler.pt"
+    torch.save(model.state_dict(), weights)
+    build_mar(path, "doubler", "base_subclass_handler.py", serialized=str(weights), model_file="doubler_model.py")
+    weights.unlink()
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with the model API enabled and the echo model (2 workers) loaded at startup."""
+    srv = ServerProcess(tmp_path_factory.mktemp("server"), store,
+                        ["--enable-model-api", "--models", "echo=echo.mar", "--workers-per-model", "2"])
+    try:
+        srv.wait_workers("echo", 2)
+        yield srv
+    finally:
+        code = srv.stop()
+        assert code == 0, srv.log()

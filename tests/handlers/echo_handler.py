@@ -1,0 +1,53 @@
+"""Test handler written only against TorchServe's documented API: a module with one class.
+
+Body commands: ``stream:N[:DELAY]`` sends N intermediate responses DELAY seconds
+apart, ``pid`` answers the worker's pid, ``boom`` raises, ``sleep:S`` sleeps,
+``status:CODE`` sets a response status, ``exit`` kills the worker process,
+``headers`` answers the request headers as JSON; anything else is echoed.
+"""
+import json
+import os
+import time
+
+from ts.handler_utils.utils import send_intermediate_predict_response
+
+
+class EchoHandler:
+    def initialize(self, context):
+        self.context = context
+        self.initialized = True
+
+    def handle(self, data, context):
+        out = []
+        for idx, row in enumerate(data):
+            body = bytes(row.get("data") or row.get("body") or b"")
+            text = body.decode("utf-8", "replace")
+            if text.startswith("stream:"):
+                parts = text.split(":")
+                delay = float(parts[2]) if len(parts) > 2 else 0.0
+                for i in range(int(parts[1])):
+                    send_intermediate_predict_response(
+                        [f"part{i};" for _ in data], context.request_ids, "Intermediate Prediction success", 200,
+                        context)
+                    if delay:
+                        time.sleep(delay)
+                out.append("end")
+            elif text == "pid":
+                out.append(str(os.getpid()))
+            elif text == "boom":
+                raise ValueError("boom: the handler failed")
+            elif text.startswith("sleep:"):
+                time.sleep(float(text.split(":")[1]))
+                out.append("slept")
+            elif text.startswith("status:"):
+                context.set_response_status(int(text.split(":")[1]), "handler says no", idx)
+                out.append("")
+            elif text == "exit":
+                os._exit(3)
+            elif text == "headers":
+                out.append(context.get_all_request_header(idx))
+            elif text == "batch":
+                out.append(len(data))
+            else:
+                out.append(text)
+        return out
