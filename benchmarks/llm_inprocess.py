@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from inference_service.llm.generation import (  # noqa: E402
+from inference_service.llm.generation import (
     GenerationParams,
     GenerationRequest,
     GenerationResult,
@@ -43,12 +43,14 @@ from inference_service.llm.generation import (  # noqa: E402
     generate_pieces,
     model_context_length,
 )
-from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
+from inference_service.llm.model import load_model, prepare_gguf
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 
 
-def time_generation(model: Any, tokenizer: Any, prompt_ids: list[int], params: GenerationParams) -> dict[str, float]:
+def time_generation(
+    model: Any, tokenizer: Any, prompt_ids: list[int], params: GenerationParams
+) -> dict[str, float]:
     """Run one generation with :func:`generate_pieces` and time it.
 
     Returns:
@@ -124,29 +126,50 @@ def measure_inprocess(
         "max_new_tokens": max_new_tokens,
         "runs": len(detail),
         "ttft_s": round(statistics.median(d["ttft_s"] for d in detail), 4),
-        "tokens_per_s": round(statistics.median(d["completion_tokens"] / d["total_s"] for d in detail), 2),
-        "decode_tokens_per_s": round(statistics.median(
-            (d["completion_tokens"] - 1) / (d["total_s"] - d["ttft_s"]) for d in detail
-            if d["total_s"] > d["ttft_s"]
-        ), 2) if any(d["total_s"] > d["ttft_s"] for d in detail) else None,
+        "tokens_per_s": round(
+            statistics.median(d["completion_tokens"] / d["total_s"] for d in detail), 2
+        ),
+        "decode_tokens_per_s": round(
+            statistics.median(
+                (d["completion_tokens"] - 1) / (d["total_s"] - d["ttft_s"])
+                for d in detail
+                if d["total_s"] > d["ttft_s"]
+            ),
+            2,
+        )
+        if any(d["total_s"] > d["ttft_s"] for d in detail)
+        else None,
         "runs_detail": [{k: round(v, 4) for k, v in d.items()} for d in detail],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run :func:`measure_inprocess`, print its JSON."""
-    parser = argparse.ArgumentParser(description="In-process LLM generation benchmark (TTFT, tokens/s).")
-    parser.add_argument("--model-path", default=None, help="transformers model dir (default: converted SmolLM2)")
+    parser = argparse.ArgumentParser(
+        description="In-process LLM generation benchmark (TTFT, tokens/s)."
+    )
+    parser.add_argument(
+        "--model-path", default=None, help="transformers model dir (default: converted SmolLM2)"
+    )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
+    parser.add_argument(
+        "--raw", action="store_true", help="use the prompt as is, without the chat template"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = measure_inprocess(args.model_path, args.prompt, args.max_new_tokens, args.runs,
-                               args.warmup, not args.raw, args.threads)
+    result = measure_inprocess(
+        args.model_path,
+        args.prompt,
+        args.max_new_tokens,
+        args.runs,
+        args.warmup,
+        not args.raw,
+        args.threads,
+    )
     print(json.dumps(result, indent=2))
     return 0
 

@@ -52,6 +52,7 @@ class ModelArchive:
     manifest: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
     extracted: bool = False
+    cleanup_dir: Path | None = None
 
     @property
     def model_name(self) -> str:
@@ -71,7 +72,7 @@ class ModelArchive:
     def remove(self) -> None:
         """Delete the extracted copy (no-op for in-place directories)."""
         if self.extracted:
-            shutil.rmtree(self.model_dir, ignore_errors=True)
+            shutil.rmtree(self.cleanup_dir or self.model_dir, ignore_errors=True)
 
 
 def _safe_member(name: str) -> PurePosixPath:
@@ -186,7 +187,13 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
     dest.mkdir(parents=True)
     try:
         extract(path, dest, max_bytes)
-        return _load_dir(url, dest, extracted=True)
+        root = dest
+        entries = list(dest.iterdir())
+        if not (dest / MANIFEST).is_file() and len(entries) == 1 and (entries[0] / MANIFEST).is_file():
+            root = entries[0]  # torch-model-archiver's tgz format wraps the files in <model-name>/
+        archive = _load_dir(url, root, extracted=True)
+        archive.cleanup_dir = dest
+        return archive
     except (zipfile.BadZipFile, tarfile.TarError, EOFError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise InvalidArgument(f"cannot extract {path.name}: {exc}") from exc

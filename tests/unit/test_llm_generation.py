@@ -19,11 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")  # hard requirement of the project; never skipped in its venv
 transformers = pytest.importorskip("transformers")
 
-from inference_service.handler import Context, RequestProcessor  # noqa: E402
-from inference_service.llm.generation import (  # noqa: E402
+from inference_service.handler import Context, RequestProcessor
+from inference_service.llm.generation import (
     MAX_NEW_TOKENS_LIMIT,
     GenerationParams,
-    GenerationRequest,
     IncrementalDecoder,
     InvalidRequest,
     StopStringFilter,
@@ -39,7 +38,7 @@ from inference_service.llm.generation import (  # noqa: E402
     parse_request,
     sample_next_token,
 )
-from inference_service.llm.model import (  # noqa: E402
+from inference_service.llm.model import (
     DEFAULT_MODEL_NAME,
     converted_model_dir,
     default_cache_root,
@@ -72,9 +71,17 @@ def tiny_model(tokenizer: Any) -> Any:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
         initializer_range=0.5,
     )
     return LlamaForCausalLM(config).eval()
@@ -95,10 +102,16 @@ def run(gen: Any) -> tuple[list[str], Any]:
             return pieces, done.value
 
 
-def sampled(model: Any, tokenizer: Any, ids: list[int], n: int = 24, seed: int = 7) -> tuple[str, Any]:
+def sampled(
+    model: Any, tokenizer: Any, ids: list[int], n: int = 24, seed: int = 7
+) -> tuple[str, Any]:
     """Reference run: temperature 1 with a fixed seed, ignoring EOS (varied, deterministic text)."""
-    return generate_text(model, tokenizer, ids, GenerationParams(
-        max_new_tokens=n, temperature=1.0, seed=seed, ignore_eos=True))
+    return generate_text(
+        model,
+        tokenizer,
+        ids,
+        GenerationParams(max_new_tokens=n, temperature=1.0, seed=seed, ignore_eos=True),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -119,7 +132,9 @@ def test_incremental_decoder_multibyte_one_token_at_a_time(tokenizer: Any) -> No
 
 
 def test_incremental_decoder_long_text_windowed(tokenizer: Any) -> None:
-    text = (" ".join(["Ünïcödé façade — naïve café, 東京タワー, Привет мир! 🚀🎉 x²+y²"] * 12)).strip()
+    text = (
+        " ".join(["Ünïcödé façade — naïve café, 東京タワー, Привет мир! 🚀🎉 x²+y²"] * 12)
+    ).strip()
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > 3 * IncrementalDecoder._WINDOW  # exercises moving the decode window
     decoder = IncrementalDecoder(tokenizer)
@@ -185,24 +200,43 @@ def test_stop_filter_passthrough_without_stops() -> None:
 # request parsing and validation
 # --------------------------------------------------------------------------------------
 def test_parse_prompt_with_all_fields() -> None:
-    body = json.dumps({
-        "prompt": "Hi", "max_new_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 42,
-        "stop": ["\n", "END", "\n"], "ignore_eos": True, "include_usage": True,
-    }).encode()
+    body = json.dumps(
+        {
+            "prompt": "Hi",
+            "max_new_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 42,
+            "stop": ["\n", "END", "\n"],
+            "ignore_eos": True,
+            "include_usage": True,
+        }
+    ).encode()
     req = parse_request(bytearray(body))
     assert req.prompt == "Hi" and req.messages is None
     assert req.params == GenerationParams(
-        max_new_tokens=7, temperature=0.5, top_p=0.9, seed=42, stop=("\n", "END"),
-        ignore_eos=True, include_usage=True,
+        max_new_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        seed=42,
+        stop=("\n", "END"),
+        ignore_eos=True,
+        include_usage=True,
     )
 
 
 def test_parse_uses_defaults_and_null_means_absent() -> None:
     defaults = GenerationParams(max_new_tokens=11, temperature=0.3, top_p=0.8)
-    req = parse_request(b'{"prompt": "x", "stop": null, "seed": null, "temperature": null}', defaults)
+    req = parse_request(
+        b'{"prompt": "x", "stop": null, "seed": null, "temperature": null}', defaults
+    )
     assert req.params == defaults
     req = parse_request(b'{"prompt": "x", "stop": "###", "temperature": 0}', defaults)
-    assert req.params.stop == ("###",) and req.params.temperature == 0.0 and req.params.max_new_tokens == 11
+    assert (
+        req.params.stop == ("###",)
+        and req.params.temperature == 0.0
+        and req.params.max_new_tokens == 11
+    )
 
 
 def test_parse_messages() -> None:
@@ -211,14 +245,17 @@ def test_parse_messages() -> None:
     assert req.prompt is None and list(req.messages) == msgs
 
 
-@pytest.mark.parametrize("body, prompt", [
-    (b"Tell me a joke", "Tell me a joke"),
-    ("  plain str body ", "  plain str body "),
-    (b"42", "42"),
-    (b'"quoted"', '"quoted"'),
-    (b"[1, 2]", "[1, 2]"),
-    ("héllo 日本語".encode(), "héllo 日本語"),
-])
+@pytest.mark.parametrize(
+    "body, prompt",
+    [
+        (b"Tell me a joke", "Tell me a joke"),
+        ("  plain str body ", "  plain str body "),
+        (b"42", "42"),
+        (b'"quoted"', '"quoted"'),
+        (b"[1, 2]", "[1, 2]"),
+        ("héllo 日本語".encode(), "héllo 日本語"),
+    ],
+)
 def test_plain_text_is_a_prompt(body: Any, prompt: str) -> None:
     req = parse_request(body, GenerationParams(max_new_tokens=9))
     assert req.prompt == prompt and req.params == GenerationParams(max_new_tokens=9)
@@ -235,48 +272,60 @@ def test_parse_input_row_keys() -> None:
 MESSAGES_OK = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"\xff\xfe bad", "not valid UTF-8"),
-    (b"", "empty"),
-    (b'{"prompt": "x",', "not valid JSON"),
-    (b"{}", "exactly one of 'prompt' and 'messages'"),
-    (json.dumps({"prompt": "x", "messages": MESSAGES_OK}).encode(), "exactly one of"),
-    (b'{"prompt": 5}', "'prompt' must be a string"),
-    (b'{"prompt": ""}', "'prompt' must not be empty"),
-    (b'{"prompt": "x", "max_tokens": 5}', "unknown field(s): max_tokens"),
-    (b'{"prompt": "x", "max_new_tokens": 0}', "'max_new_tokens' must be between 1 and 4096"),
-    (b'{"prompt": "x", "max_new_tokens": 4097}', "'max_new_tokens' must be between 1 and 4096"),
-    (b'{"prompt": "x", "max_new_tokens": 2.5}', "'max_new_tokens' must be an integer"),
-    (b'{"prompt": "x", "max_new_tokens": "5"}', "'max_new_tokens' must be an integer"),
-    (b'{"prompt": "x", "max_new_tokens": true}', "'max_new_tokens' must be an integer"),
-    (b'{"prompt": "x", "temperature": -0.1}', "'temperature' must be between 0 and 5"),
-    (b'{"prompt": "x", "temperature": 5.5}', "'temperature' must be between 0 and 5"),
-    (b'{"prompt": "x", "temperature": "hot"}', "'temperature' must be a number"),
-    (b'{"prompt": "x", "temperature": false}', "'temperature' must be a number"),
-    (b'{"prompt": "x", "temperature": NaN}', "'temperature' must be a finite number"),
-    (b'{"prompt": "x", "top_p": 0}', "'top_p' must be greater than 0"),
-    (b'{"prompt": "x", "top_p": 1.01}', "'top_p' must be greater than 0"),
-    (b'{"prompt": "x", "top_p": [0.5]}', "'top_p' must be a number"),
-    (b'{"prompt": "x", "seed": -1}', "'seed' must be between 0"),
-    (b'{"prompt": "x", "seed": 18446744073709551616}', "'seed' must be between 0"),
-    (b'{"prompt": "x", "seed": 1.5}', "'seed' must be an integer"),
-    (b'{"prompt": "x", "stop": 5}', "'stop' must be a string or a list of strings"),
-    (b'{"prompt": "x", "stop": [""]}', "'stop' entries must not be empty"),
-    (b'{"prompt": "x", "stop": ""}', "'stop' entries must not be empty"),
-    (b'{"prompt": "x", "stop": ["a", 3]}', "'stop' entries must be strings"),
-    (json.dumps({"prompt": "x", "stop": ["s"] * 17}).encode(), "at most 16 strings"),
-    (json.dumps({"prompt": "x", "stop": "s" * 257}).encode(), "at most 256 characters"),
-    (b'{"prompt": "x", "ignore_eos": "yes"}', "'ignore_eos' must be true or false"),
-    (b'{"prompt": "x", "ignore_eos": 1}', "'ignore_eos' must be true or false"),
-    (b'{"prompt": "x", "include_usage": 0}', "'include_usage' must be true or false"),
-    (b'{"messages": "hi"}', "'messages' must be a non-empty list"),
-    (b'{"messages": []}', "'messages' must be a non-empty list"),
-    (b'{"messages": ["hi"]}', "'messages[0]' must be an object"),
-    (b'{"messages": [{"role": "user"}]}', "'messages[0].content' must be a string"),
-    (b'{"messages": [{"role": "user", "content": 5}]}', "'messages[0].content' must be a string"),
-    (b'{"messages": [{"role": "", "content": "x"}]}', "'messages[0].role' must be a non-empty string"),
-    (b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}', "'messages[0]' has unknown field(s): name"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"\xff\xfe bad", "not valid UTF-8"),
+        (b"", "empty"),
+        (b'{"prompt": "x",', "not valid JSON"),
+        (b"{}", "exactly one of 'prompt' and 'messages'"),
+        (json.dumps({"prompt": "x", "messages": MESSAGES_OK}).encode(), "exactly one of"),
+        (b'{"prompt": 5}', "'prompt' must be a string"),
+        (b'{"prompt": ""}', "'prompt' must not be empty"),
+        (b'{"prompt": "x", "max_tokens": 5}', "unknown field(s): max_tokens"),
+        (b'{"prompt": "x", "max_new_tokens": 0}', "'max_new_tokens' must be between 1 and 4096"),
+        (b'{"prompt": "x", "max_new_tokens": 4097}', "'max_new_tokens' must be between 1 and 4096"),
+        (b'{"prompt": "x", "max_new_tokens": 2.5}', "'max_new_tokens' must be an integer"),
+        (b'{"prompt": "x", "max_new_tokens": "5"}', "'max_new_tokens' must be an integer"),
+        (b'{"prompt": "x", "max_new_tokens": true}', "'max_new_tokens' must be an integer"),
+        (b'{"prompt": "x", "temperature": -0.1}', "'temperature' must be between 0 and 5"),
+        (b'{"prompt": "x", "temperature": 5.5}', "'temperature' must be between 0 and 5"),
+        (b'{"prompt": "x", "temperature": "hot"}', "'temperature' must be a number"),
+        (b'{"prompt": "x", "temperature": false}', "'temperature' must be a number"),
+        (b'{"prompt": "x", "temperature": NaN}', "'temperature' must be a finite number"),
+        (b'{"prompt": "x", "top_p": 0}', "'top_p' must be greater than 0"),
+        (b'{"prompt": "x", "top_p": 1.01}', "'top_p' must be greater than 0"),
+        (b'{"prompt": "x", "top_p": [0.5]}', "'top_p' must be a number"),
+        (b'{"prompt": "x", "seed": -1}', "'seed' must be between 0"),
+        (b'{"prompt": "x", "seed": 18446744073709551616}', "'seed' must be between 0"),
+        (b'{"prompt": "x", "seed": 1.5}', "'seed' must be an integer"),
+        (b'{"prompt": "x", "stop": 5}', "'stop' must be a string or a list of strings"),
+        (b'{"prompt": "x", "stop": [""]}', "'stop' entries must not be empty"),
+        (b'{"prompt": "x", "stop": ""}', "'stop' entries must not be empty"),
+        (b'{"prompt": "x", "stop": ["a", 3]}', "'stop' entries must be strings"),
+        (json.dumps({"prompt": "x", "stop": ["s"] * 17}).encode(), "at most 16 strings"),
+        (json.dumps({"prompt": "x", "stop": "s" * 257}).encode(), "at most 256 characters"),
+        (b'{"prompt": "x", "ignore_eos": "yes"}', "'ignore_eos' must be true or false"),
+        (b'{"prompt": "x", "ignore_eos": 1}', "'ignore_eos' must be true or false"),
+        (b'{"prompt": "x", "include_usage": 0}', "'include_usage' must be true or false"),
+        (b'{"messages": "hi"}', "'messages' must be a non-empty list"),
+        (b'{"messages": []}', "'messages' must be a non-empty list"),
+        (b'{"messages": ["hi"]}', "'messages[0]' must be an object"),
+        (b'{"messages": [{"role": "user"}]}', "'messages[0].content' must be a string"),
+        (
+            b'{"messages": [{"role": "user", "content": 5}]}',
+            "'messages[0].content' must be a string",
+        ),
+        (
+            b'{"messages": [{"role": "", "content": "x"}]}',
+            "'messages[0].role' must be a non-empty string",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
+            "'messages[0]' has unknown field(s): name",
+        ),
+    ],
+)
 def test_parse_errors(body: bytes, message: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(body)
@@ -289,11 +338,25 @@ def test_parse_rejects_non_body_type() -> None:
 
 
 def test_params_from_config() -> None:
-    assert params_from_config({}) == GenerationParams(max_new_tokens=256, temperature=0.0, top_p=1.0)
-    cfg = {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.95, "model_path": "/x", "torch_threads": 2}
-    assert params_from_config(cfg) == GenerationParams(max_new_tokens=32, temperature=0.7, top_p=0.95)
-    for bad, name in [({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": "a"}, "temperature"),
-                      ({"top_p": 2}, "top_p"), ({"max_new_tokens": MAX_NEW_TOKENS_LIMIT + 1}, "max_new_tokens")]:
+    assert params_from_config({}) == GenerationParams(
+        max_new_tokens=256, temperature=0.0, top_p=1.0
+    )
+    cfg = {
+        "max_new_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "model_path": "/x",
+        "torch_threads": 2,
+    }
+    assert params_from_config(cfg) == GenerationParams(
+        max_new_tokens=32, temperature=0.7, top_p=0.95
+    )
+    for bad, name in [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": "a"}, "temperature"),
+        ({"top_p": 2}, "top_p"),
+        ({"max_new_tokens": MAX_NEW_TOKENS_LIMIT + 1}, "max_new_tokens"),
+    ]:
         with pytest.raises(InvalidRequest, match=f"handler config: '{name}'"):
             params_from_config(bad)
 
@@ -323,7 +386,9 @@ def test_build_prompt_ids_without_chat_template(tokenizer: Any) -> None:
     tokenizer.chat_template = None
     try:
         with pytest.raises(InvalidRequest, match="no chat template"):
-            build_prompt_ids(tokenizer, parse_request(json.dumps({"messages": MESSAGES_OK}).encode()))
+            build_prompt_ids(
+                tokenizer, parse_request(json.dumps({"messages": MESSAGES_OK}).encode())
+            )
     finally:
         tokenizer.chat_template = saved
 
@@ -335,7 +400,9 @@ def test_sample_next_token() -> None:
     logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
     assert sample_next_token(logits, 0.0, 1.0) == 1
     gen = make_generator(0)
-    assert {sample_next_token(logits, 1.0, 0.01, gen) for _ in range(50)} == {1}  # top_p keeps one token
+    assert {sample_next_token(logits, 1.0, 0.01, gen) for _ in range(50)} == {
+        1
+    }  # top_p keeps one token
     draws = {sample_next_token(logits, 1.0, 1.0, gen) for _ in range(200)}
     assert {1, 2} <= draws <= {0, 1, 2, 3}
     a = [sample_next_token(logits, 2.0, 0.9, make_generator(5)) for _ in range(1)]
@@ -346,71 +413,106 @@ def test_sample_next_token() -> None:
 # --------------------------------------------------------------------------------------
 # generation loop
 # --------------------------------------------------------------------------------------
-def test_greedy_uses_kv_cache_correctly(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids,
-                                         GenerationParams(max_new_tokens=12, ignore_eos=True)))
+def test_greedy_uses_kv_cache_correctly(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
+    pieces, result = run(
+        generate_pieces(
+            tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=12, ignore_eos=True)
+        )
+    )
     # reference: full forward over the whole sequence every step, no cache
     ids = list(prompt_ids)
     with torch.inference_mode():
         for _ in range(12):
             logits = tiny_model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
             ids.append(int(logits.argmax()))
-    assert result.token_ids == ids[len(prompt_ids):]
+    assert result.token_ids == ids[len(prompt_ids) :]
     assert len(set(result.token_ids)) > 3  # the tiny model's text is not degenerate
-    assert "".join(pieces) + result.remaining_text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert "".join(pieces) + result.remaining_text == tokenizer.decode(
+        result.token_ids, skip_special_tokens=True
+    )
     assert result.finish_reason == "length" and result.completion_tokens == 12
     assert result.prompt_tokens == len(prompt_ids)
     assert all(pieces)  # no empty piece is yielded
 
 
 def test_seed_determinism(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    params = GenerationParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
+    params = GenerationParams(
+        max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True
+    )
     text1, r1 = generate_text(tiny_model, tokenizer, prompt_ids, params)
     text2, r2 = generate_text(tiny_model, tokenizer, prompt_ids, params)
-    text3, r3 = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(
-        max_new_tokens=16, temperature=0.9, top_p=0.95, seed=4321, ignore_eos=True))
+    text3, r3 = generate_text(
+        tiny_model,
+        tokenizer,
+        prompt_ids,
+        GenerationParams(
+            max_new_tokens=16, temperature=0.9, top_p=0.95, seed=4321, ignore_eos=True
+        ),
+    )
     assert r1.token_ids == r2.token_ids and text1 == text2
     assert r1.token_ids != r3.token_ids and text1 != text3
     assert text1 == tokenizer.decode(r1.token_ids, skip_special_tokens=True)
 
 
-def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    text, result = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=5))
+def test_max_new_tokens_bounds_generation(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
+    _, result = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=5))
     assert result.completion_tokens <= 5 and len(result.token_ids) <= 5
-    text, result = generate_text(tiny_model, tokenizer, prompt_ids,
-                                 GenerationParams(max_new_tokens=5, temperature=1.0, seed=3, ignore_eos=True))
+    _, result = generate_text(
+        tiny_model,
+        tokenizer,
+        prompt_ids,
+        GenerationParams(max_new_tokens=5, temperature=1.0, seed=3, ignore_eos=True),
+    )
     assert result.completion_tokens == 5 and result.finish_reason == "length"
 
 
-def test_stop_string_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
+def test_stop_string_ends_generation(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
     full, ref = sampled(tiny_model, tokenizer, prompt_ids)
     # a stop string straddling the boundary between the 8th and 9th token
     boundary = len(tokenizer.decode(ref.token_ids[:8], skip_special_tokens=True))
-    stop = full[boundary - 2:boundary + 2]
+    stop = full[boundary - 2 : boundary + 2]
     assert len(stop) == 4 and "\ufffd" not in stop
-    expected = full[:full.index(stop)]
-    params = GenerationParams(max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True, stop=("\x00never", stop))
+    expected = full[: full.index(stop)]
+    params = GenerationParams(
+        max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True, stop=("\x00never", stop)
+    )
     pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params))
     assert "".join(pieces) + result.remaining_text == expected
     assert stop not in "".join(pieces) + result.remaining_text
     assert result.finish_reason == "stop" and result.stop_string == stop
     assert result.completion_tokens < 24
-    assert result.token_ids == ref.token_ids[:result.completion_tokens]
+    assert result.token_ids == ref.token_ids[: result.completion_tokens]
 
 
-def test_stop_string_at_very_end_is_not_emitted(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    full, ref = sampled(tiny_model, tokenizer, prompt_ids, n=6)
+def test_stop_string_at_very_end_is_not_emitted(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
+    full, _ = sampled(tiny_model, tokenizer, prompt_ids, n=6)
     stop = full[-3:]
-    params = GenerationParams(max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,))
+    params = GenerationParams(
+        max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,)
+    )
     text, result = generate_text(tiny_model, tokenizer, prompt_ids, params)
-    assert text == full[:full.index(stop)]
+    assert text == full[: full.index(stop)]
     assert result.finish_reason == "stop"
 
 
-def test_unmatched_stop_prefix_is_released_at_end(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
+def test_unmatched_stop_prefix_is_released_at_end(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
     full, _ = sampled(tiny_model, tokenizer, prompt_ids, n=6)
-    stop = full[-2:] + "\x00"  # the text ends with a prefix of the stop string, which never completes
-    params = GenerationParams(max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,))
+    stop = (
+        full[-2:] + "\x00"
+    )  # the text ends with a prefix of the stop string, which never completes
+    params = GenerationParams(
+        max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,)
+    )
     pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params))
     assert "".join(pieces) + result.remaining_text == full
     assert result.remaining_text.endswith(full[-2:])  # held back until the end, then released
@@ -419,16 +521,18 @@ def test_unmatched_stop_prefix_is_released_at_end(tiny_model: Any, tokenizer: An
 
 def test_eos_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     assert eos_token_ids(tiny_model, tokenizer) == frozenset({tokenizer.eos_token_id})
-    full, ref = sampled(tiny_model, tokenizer, prompt_ids, n=12)
+    _, ref = sampled(tiny_model, tokenizer, prompt_ids, n=12)
     eos = ref.token_ids[5]
     first = ref.token_ids.index(eos)
     params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=7)
     pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, eos_ids={eos}))
     assert result.finish_reason == "stop"
-    assert result.token_ids == ref.token_ids[:first + 1]  # the EOS token counts ...
+    assert result.token_ids == ref.token_ids[: first + 1]  # the EOS token counts ...
     assert result.completion_tokens == first + 1
     text = "".join(pieces) + result.remaining_text
-    assert text == tokenizer.decode(ref.token_ids[:first], skip_special_tokens=True)  # ... but is not decoded
+    assert text == tokenizer.decode(
+        ref.token_ids[:first], skip_special_tokens=True
+    )  # ... but is not decoded
     # ignore_eos keeps going past it
     params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, eos_ids={eos}))
@@ -441,7 +545,9 @@ def test_real_eos_token_is_special_and_hidden(tokenizer: Any) -> None:
     assert "".join(decoder.push(i) for i in ids) + decoder.flush() == "Paris."
 
 
-def test_cancellation_stops_before_next_token(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
+def test_cancellation_stops_before_next_token(
+    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
+) -> None:
     polls = []
 
     def should_stop() -> bool:
@@ -449,13 +555,19 @@ def test_cancellation_stops_before_next_token(tiny_model: Any, tokenizer: Any, p
         return len(polls) > 3
 
     params = GenerationParams(max_new_tokens=50, temperature=1.0, seed=1, ignore_eos=True)
-    _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, should_stop=should_stop))
+    _, result = run(
+        generate_pieces(tiny_model, tokenizer, prompt_ids, params, should_stop=should_stop)
+    )
     assert result.finish_reason == "cancelled" and result.completion_tokens == 3
 
 
 def test_close_stops_generator(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    gen = generate_pieces(tiny_model, tokenizer, prompt_ids,
-                          GenerationParams(max_new_tokens=50, temperature=1.0, seed=1, ignore_eos=True))
+    gen = generate_pieces(
+        tiny_model,
+        tokenizer,
+        prompt_ids,
+        GenerationParams(max_new_tokens=50, temperature=1.0, seed=1, ignore_eos=True),
+    )
     assert next(gen)
     gen.close()
     with pytest.raises(StopIteration):
@@ -466,11 +578,19 @@ def test_close_stops_generator(tiny_model: Any, tokenizer: Any, prompt_ids: list
 def test_final_message_with_usage() -> None:
     from inference_service.llm.generation import GenerationResult
 
-    result = GenerationResult(remaining_text="!", finish_reason="length", prompt_tokens=4,
-                              completion_tokens=9, token_ids=[1] * 9)
+    result = GenerationResult(
+        remaining_text="!",
+        finish_reason="length",
+        prompt_tokens=4,
+        completion_tokens=9,
+        token_ids=[1] * 9,
+    )
     assert final_message(result, GenerationParams()) == "!"
     assert final_message(result, GenerationParams(include_usage=True)) == {
-        "text": "!", "finish_reason": "length", "usage": {"prompt_tokens": 4, "completion_tokens": 9}}
+        "text": "!",
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 4, "completion_tokens": 9},
+    }
 
 
 def test_model_context_length(tiny_model: Any) -> None:
@@ -484,10 +604,16 @@ def test_cache_root_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -
     monkeypatch.delenv("INFERENCE_SERVICE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_root() == tmp_path / "xdg" / "inference-service"
-    assert converted_model_dir(find_default_gguf()) == tmp_path / "xdg" / "inference-service" / "models" / DEFAULT_MODEL_NAME
+    assert (
+        converted_model_dir(find_default_gguf())
+        == tmp_path / "xdg" / "inference-service" / "models" / DEFAULT_MODEL_NAME
+    )
     monkeypatch.setenv("INFERENCE_SERVICE_CACHE", str(tmp_path / "env"))
     assert default_cache_root() == tmp_path / "env"
-    assert converted_model_dir(find_default_gguf(), tmp_path / "cfg") == tmp_path / "cfg" / "models" / DEFAULT_MODEL_NAME
+    assert (
+        converted_model_dir(find_default_gguf(), tmp_path / "cfg")
+        == tmp_path / "cfg" / "models" / DEFAULT_MODEL_NAME
+    )
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF")
     name = converted_model_dir(other, tmp_path).name
@@ -499,7 +625,9 @@ def test_cache_root_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -
 # request id the streamed pieces are folded into the final message)
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_model_dir(tiny_model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+def tiny_model_dir(
+    tiny_model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     path = tmp_path_factory.mktemp("tiny-llm")
     tiny_model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
@@ -508,17 +636,28 @@ def tiny_model_dir(tiny_model: Any, tokenizer: Any, tmp_path_factory: pytest.Tem
 
 def _context(model_dir: str, batch: int) -> Context:
     context = Context(
-        model_name="tiny", model_dir=model_dir, manifest={"model": {"modelName": "tiny"}},
-        batch_size=batch, gpu=None, server_version="test",
-        model_yaml_config={"handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0}},
+        model_name="tiny",
+        model_dir=model_dir,
+        manifest={"model": {"modelName": "tiny"}},
+        batch_size=batch,
+        gpu=None,
+        server_version="test",
+        model_yaml_config={
+            "handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0}
+        },
     )
     context.request_processor = [RequestProcessor({}) for _ in range(batch)]
     return context
 
 
 @pytest.mark.parametrize("generator_form", [False, True])
-def test_handler_batch_of_two(tiny_model_dir: str, tiny_model: Any, tokenizer: Any,
-                              prompt_ids: list[int], generator_form: bool) -> None:
+def test_handler_batch_of_two(
+    tiny_model_dir: str,
+    tiny_model: Any,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    generator_form: bool,
+) -> None:
     from inference_service.llm.generator_handler import LLMGeneratorHandler
     from inference_service.llm.handler import LLMHandler
 
@@ -527,12 +666,17 @@ def test_handler_batch_of_two(tiny_model_dir: str, tiny_model: Any, tokenizer: A
     handler.initialize(context)
     assert handler.defaults.max_new_tokens == 6 and handler.context_length == 256
     data = [
-        {"data": bytearray(b'{"prompt": "Once upon a time", "ignore_eos": true, "include_usage": true}')},
+        {
+            "data": bytearray(
+                b'{"prompt": "Once upon a time", "ignore_eos": true, "include_usage": true}'
+            )
+        },
         {"body": bytearray(b'{"prompt": "x", "top_p": 0}')},
         {"data": bytearray(b"Once upon a time")},
     ]
-    expected, ref = generate_text(tiny_model, tokenizer, prompt_ids,
-                                  GenerationParams(max_new_tokens=6, ignore_eos=True))
+    expected, _ = generate_text(
+        tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True)
+    )
     if generator_form:
         gen = handler.handle(data, context)
         streamed: dict[int, str] = {0: "", 2: ""}
@@ -554,7 +698,10 @@ def test_handler_batch_of_two(tiny_model_dir: str, tiny_model: Any, tokenizer: A
     assert results[0]["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 6}
     assert context.get_response_status(0) == 200 and context.get_response_status(2) == 200
     assert context.get_response_status(1) == 400
-    assert "'top_p' must be greater than 0" in context.request_processor[1].get_response_status_phrase()
+    assert (
+        "'top_p' must be greater than 0"
+        in context.request_processor[1].get_response_status_phrase()
+    )
     # request 2 is plain text with the config defaults (greedy, 6 tokens, EOS honoured)
     text2 = streamed[2] + results[2] if generator_form else results[2]
     assert expected.startswith(text2) and isinstance(results[2], str)

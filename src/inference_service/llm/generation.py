@@ -56,8 +56,17 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 #: Fields a JSON request body may carry.
 REQUEST_FIELDS = frozenset(
-    {"prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "stop",
-     "ignore_eos", "include_usage"}
+    {
+        "prompt",
+        "messages",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "ignore_eos",
+        "include_usage",
+    }
 )
 #: Generation defaults the handler config (``handler:`` section) may override.
 CONFIG_FIELDS = ("max_new_tokens", "temperature", "top_p")
@@ -159,7 +168,9 @@ def _check_bool(name: str, value: Any) -> bool:
 def _check_temperature(value: Any) -> float:
     temperature = _check_number("temperature", value)
     if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise InvalidRequest(f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
+        raise InvalidRequest(
+            f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}"
+        )
     return temperature
 
 
@@ -173,9 +184,13 @@ def _check_top_p(value: Any) -> float:
 def _check_stop(value: Any) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
-        raise InvalidRequest(f"'stop' must be a string or a list of strings, got {type(value).__name__}")
+        raise InvalidRequest(
+            f"'stop' must be a string or a list of strings, got {type(value).__name__}"
+        )
     if len(items) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}")
+        raise InvalidRequest(
+            f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}"
+        )
     for item in items:
         if not isinstance(item, str):
             raise InvalidRequest(f"'stop' entries must be strings, got {type(item).__name__}")
@@ -204,8 +219,12 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
     params = GenerationParams()
     try:
         if config.get("max_new_tokens") is not None:
-            params = replace(params, max_new_tokens=_check_int(
-                "max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT))
+            params = replace(
+                params,
+                max_new_tokens=_check_int(
+                    "max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT
+                ),
+            )
         if config.get("temperature") is not None:
             params = replace(params, temperature=_check_temperature(config["temperature"]))
         if config.get("top_p") is not None:
@@ -217,14 +236,16 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
 
 def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise InvalidRequest("'messages' must be a non-empty list of {\"role\", \"content\"} objects")
+        raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
     messages = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
         extra = set(message) - {"role", "content"}
         if extra:
-            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
+            raise InvalidRequest(
+                f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}"
+            )
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role:
             raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
@@ -275,7 +296,9 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
                 raise InvalidRequest("request body is empty; send a prompt")
             return GenerationRequest(prompt=text, messages=None, params=defaults)
     else:
-        raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
+        raise InvalidRequest(
+            f"request body must be bytes, text or an object, got {type(body).__name__}"
+        )
 
     unknown = set(obj) - REQUEST_FIELDS
     if unknown:
@@ -298,8 +321,12 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
 
     params = defaults
     if "max_new_tokens" in fields:
-        params = replace(params, max_new_tokens=_check_int(
-            "max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT))
+        params = replace(
+            params,
+            max_new_tokens=_check_int(
+                "max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT
+            ),
+        )
     if "temperature" in fields:
         params = replace(params, temperature=_check_temperature(fields["temperature"]))
     if "top_p" in fields:
@@ -311,7 +338,9 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
     if "ignore_eos" in fields:
         params = replace(params, ignore_eos=_check_bool("ignore_eos", fields["ignore_eos"]))
     if "include_usage" in fields:
-        params = replace(params, include_usage=_check_bool("include_usage", fields["include_usage"]))
+        params = replace(
+            params, include_usage=_check_bool("include_usage", fields["include_usage"])
+        )
     return GenerationRequest(prompt=prompt, messages=messages, params=params)
 
 
@@ -346,7 +375,9 @@ def model_context_length(model: Any) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length: int | None = None) -> list[int]:
+def build_prompt_ids(
+    tokenizer: Any, request: GenerationRequest, context_length: int | None = None
+) -> list[int]:
     """Tokenize the request's prompt (or render its messages with the chat template).
 
     ``prompt`` is tokenized with the tokenizer's special tokens (e.g. BOS if it
@@ -370,12 +401,16 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
     """
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
+            raise InvalidRequest(
+                "this model has no chat template; send 'prompt' instead of 'messages'"
+            )
+        from jinja2 import TemplateError
+
         try:
             text = tokenizer.apply_chat_template(
                 list(request.messages), add_generation_prompt=True, tokenize=False
             )
-        except Exception as exc:  # jinja errors raised by the template itself (e.g. role order)
+        except TemplateError as exc:  # raised by the template itself (e.g. unsupported role order)
             raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     else:
@@ -402,7 +437,9 @@ def make_generator(seed: int | None) -> Any:
     return generator
 
 
-def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
+def sample_next_token(
+    logits: Any, temperature: float, top_p: float, generator: Any | None = None
+) -> int:
     """Choose the next token id from one row of logits.
 
     Args:
@@ -463,7 +500,9 @@ class IncrementalDecoder:
         self._ids: list[int] = []
         self._start = 0  # window start (token index)
         self._released = ""  # text released since the window start
-        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
+        self._released_ids = (
+            0  # token count whose text is fully released (window end of stable text)
+        )
 
     @property
     def token_ids(self) -> list[int]:
@@ -471,7 +510,7 @@ class IncrementalDecoder:
         return list(self._ids)
 
     def _decode_window(self) -> str:
-        return self._tokenizer.decode(self._ids[self._start:], skip_special_tokens=self._skip)
+        return self._tokenizer.decode(self._ids[self._start :], skip_special_tokens=self._skip)
 
     def push(self, token_id: int) -> str:
         """Add one token id and return the newly stable text (possibly ``""``)."""
@@ -479,7 +518,7 @@ class IncrementalDecoder:
         text = self._decode_window()
         if text.endswith(_REPLACEMENT) or not text.startswith(self._released):
             return ""
-        piece = text[len(self._released):]
+        piece = text[len(self._released) :]
         self._released = text
         self._released_ids = len(self._ids)
         self._advance_window()
@@ -495,8 +534,12 @@ class IncrementalDecoder:
         if self._released_ids - self._start < 2 * self._WINDOW:
             return
         new_start = self._released_ids - self._WINDOW
-        head = self._tokenizer.decode(self._ids[self._start:new_start], skip_special_tokens=self._skip)
-        tail = self._tokenizer.decode(self._ids[new_start:self._released_ids], skip_special_tokens=self._skip)
+        head = self._tokenizer.decode(
+            self._ids[self._start : new_start], skip_special_tokens=self._skip
+        )
+        tail = self._tokenizer.decode(
+            self._ids[new_start : self._released_ids], skip_special_tokens=self._skip
+        )
         if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
             self._start = new_start
             self._released = tail
@@ -506,7 +549,7 @@ class IncrementalDecoder:
         text = self._decode_window()
         # for a decoder that is not prefix-stable the released text cannot be
         # taken back; release what lies past its length (best effort)
-        piece = text[len(self._released):]
+        piece = text[len(self._released) :]
         self._released = text
         self._released_ids = len(self._ids)
         return piece
@@ -549,15 +592,15 @@ class StopStringFilter:
         if best is not None:
             self.matched = best[1]
             self._held = ""
-            return buffer[:best[0]]
+            return buffer[: best[0]]
         hold = 0
         for stop in self._stops:
             for k in range(min(len(stop) - 1, len(buffer)), hold, -1):
                 if buffer.endswith(stop[:k]):
                     hold = k
                     break
-        self._held = buffer[len(buffer) - hold:] if hold else ""
-        return buffer[:len(buffer) - hold]
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return buffer[: len(buffer) - hold]
 
     def flush(self) -> str:
         """Release the held-back tail (``""`` after a stop string was found)."""
@@ -569,9 +612,11 @@ def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     """The end-of-sequence token ids: the model's generation config ``eos_token_id``
     (int or list) plus the tokenizer's ``eos_token_id``."""
     ids: set[int] = set()
-    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-                   getattr(getattr(model, "config", None), "eos_token_id", None),
-                   getattr(tokenizer, "eos_token_id", None)):
+    for source in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(getattr(model, "config", None), "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, (list, tuple)):
@@ -649,7 +694,9 @@ def generate_pieces(
             with torch.inference_mode():
                 out = model(input_ids=input_ids, past_key_values=past, **forward_kwargs)
                 past = out.past_key_values
-                token = sample_next_token(out.logits[0, -1], params.temperature, params.top_p, generator)
+                token = sample_next_token(
+                    out.logits[0, -1], params.temperature, params.top_p, generator
+                )
             result.token_ids.append(token)
             if token in eos and not params.ignore_eos:
                 finish = "stop"
@@ -704,5 +751,8 @@ def final_message(result: GenerationResult, params: GenerationParams) -> str | d
     return {
         "text": result.remaining_text,
         "finish_reason": result.finish_reason,
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+        },
     }

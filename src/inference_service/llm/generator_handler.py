@@ -67,5 +67,7 @@ class LLMGeneratorHandler(LLMHandler):
             finally:
                 pieces.close()  # on GeneratorExit: stop generating and free the KV cache now
             results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+        context.metrics.add_time(
+            "HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms"
+        )
         return results

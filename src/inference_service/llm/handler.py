@@ -105,7 +105,9 @@ class LLMHandler(BaseHandler):
         threads = config.get("torch_threads")
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise ValueError(f"handler config: 'torch_threads' must be a positive integer, got {threads!r}")
+                raise ValueError(
+                    f"handler config: 'torch_threads' must be a positive integer, got {threads!r}"
+                )
             torch.set_num_threads(threads)
         model_dir = resolve_model_dir(config)
         self.model_path = str(model_dir)
@@ -114,7 +116,9 @@ class LLMHandler(BaseHandler):
         self.initialized = True
 
     # --- shared by this handler and the generator-form one --------------------------
-    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str:
+    def _prepare(
+        self, row: Any, idx: int, context: Context
+    ) -> tuple[GenerationRequest, list[int]] | str:
         """Parse and tokenize request ``idx``: ``(request, prompt ids)``, or on bad input the
         error message, after setting status 400 for that request."""
         try:
@@ -129,19 +133,31 @@ class LLMHandler(BaseHandler):
     ) -> Generator[str, None, GenerationResult]:
         """The text-piece generator of request ``idx`` (stops when its client cancels)."""
         return generate_pieces(
-            self.model, self.tokenizer, prompt_ids, request.params,
+            self.model,
+            self.tokenizer,
+            prompt_ids,
+            request.params,
             should_stop=lambda: context.is_cancelled(idx),
         )
 
     def _finish(
-        self, idx: int, request: GenerationRequest, result: GenerationResult, started: float, context: Context
+        self,
+        idx: int,
+        request: GenerationRequest,
+        result: GenerationResult,
+        started: float,
+        context: Context,
     ) -> str | dict[str, Any]:
         """Log the request's token counts and speed; return its final message."""
         elapsed = time.perf_counter() - started
         log.info(
             "request %s: %d prompt + %d completion tokens in %.2f s (%.1f tokens/s), finish=%s",
-            context.request_ids.get(idx), result.prompt_tokens, result.completion_tokens, elapsed,
-            result.completion_tokens / elapsed if elapsed > 0 else 0.0, result.finish_reason,
+            context.request_ids.get(idx),
+            result.prompt_tokens,
+            result.completion_tokens,
+            elapsed,
+            result.completion_tokens / elapsed if elapsed > 0 else 0.0,
+            result.finish_reason,
         )
         return final_message(result, request.params)
 
@@ -194,5 +210,7 @@ class LLMHandler(BaseHandler):
                 )
             result.remaining_text = "".join(unsent) + result.remaining_text
             results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+        context.metrics.add_time(
+            "HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms"
+        )
         return results

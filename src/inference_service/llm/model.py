@@ -95,7 +95,9 @@ def default_cache_root() -> Path:
     return base / "inference-service"
 
 
-def converted_model_dir(gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def converted_model_dir(
+    gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
     """Return where the conversion of ``gguf_path`` lives (whether or not it exists yet).
 
     Args:
@@ -220,7 +222,9 @@ def _load_gguf_dense(source: Path) -> Any:
     from transformers import AutoModelForCausalLM, GgufConfig
 
     loaded = AutoModelForCausalLM.from_pretrained(
-        str(source.parent), gguf_file=source.name, dtype=torch.float32,
+        str(source.parent),
+        gguf_file=source.name,
+        dtype=torch.float32,
         quantization_config=GgufConfig(dequantize=True),
     )
     config = copy.deepcopy(loaded.config)
@@ -256,7 +260,9 @@ def prepare_gguf(
     with _exclusive_lock(target.parent / f".{target.name}.lock"):
         if not is_model_dir(target):  # another process may have finished while we waited
             if target.exists():  # an incomplete directory left by hand; never by convert_gguf
-                raise ModelPreparationError(f"{target} exists but is not a complete model directory")
+                raise ModelPreparationError(
+                    f"{target} exists but is not a complete model directory"
+                )
             convert_gguf(source, target)
     return target
 
@@ -291,7 +297,9 @@ def resolve_model_dir(config: Mapping[str, Any]) -> Path:
                 "(needs config.json, tokenizer files and weights)"
             )
         return path
-    return prepare_gguf(str(gguf_file) if gguf_file else None, str(cache_dir) if cache_dir else None)
+    return prepare_gguf(
+        str(gguf_file) if gguf_file else None, str(cache_dir) if cache_dir else None
+    )
 
 
 def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[Any, Any]:
@@ -316,7 +324,9 @@ def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), local_files_only=True, dtype="auto"
+        )
     except Exception as exc:
         raise ModelPreparationError(f"cannot load model from {model_dir}: {exc}") from exc
     model.to(device)
@@ -324,6 +334,9 @@ def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[
     params = sum(p.numel() for p in model.parameters())
     log.info(
         "loaded %s (%.1fM parameters, %s) in %.1f s",
-        model_dir, params / 1e6, next(model.parameters()).dtype, time.perf_counter() - start,
+        model_dir,
+        params / 1e6,
+        next(model.parameters()).dtype,
+        time.perf_counter() - start,
     )
     return model, tokenizer

@@ -1,0 +1,221 @@
+"""Management API and model loading against a real server."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from inference_service._proto import inference_pb2, management_pb2
+
+
+def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        fn(*args, **kwargs)
+    return err.value.code(), err.value.details()
+
+
+def test_register_mar_infer_unregister(server):
+    msg = json.loads(server.register("fn.mar"))
+    assert "fn" in msg["status"] and "1.0" in msg["status"]
+    # module:function entry point: called with data=None at load, then per batch
+    assert server.predict("fn", "x") == b"fn:True:x"
+    server.unregister("fn")
+    assert _code(server.predict, "fn", "x")[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_register_tgz_and_directory_with_model_config(server):
+    server.register("echo_tgz.tar.gz")
+    assert server.predict("echo_tgz", "tgz!") == b"tgz!"
+    server.register("echo_dir", initial_workers=0, synchronous=False)
+    desc = server.describe("echo_dir")[0]
+    # model-config.yaml values apply when the request leaves them unset
+    assert desc["batchSize"] == 4 and desc["maxBatchDelay"] == 2000 and desc["minWorkers"] == 1
+    server.wait_workers("echo_dir", 1)
+    server.unregister("echo_tgz")
+    server.unregister("echo_dir")
+
+
+def test_request_fields_override_model_config(server):
+    server.register("echo_dir", batch_size=2, max_batch_delay=50, response_timeout=7, initial_workers=1)
+    desc = server.describe("echo_dir")[0]
+    assert (desc["batchSize"], desc["maxBatchDelay"], desc["responseTimeout"]) == (2, 50, 7)
+    server.unregister("echo_dir")
+
+
+def test_dynamic_batching_forms_one_batch(server):
+    server.register("echo_dir", batch_size=4, max_batch_delay=2000)
+    start = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        sizes = list(pool.map(lambda _: server.predict("echo_dir", "batch"), range(4)))
+    elapsed = time.monotonic() - start
+    assert sizes == [b"4"] * 4
+    assert elapsed < 1.5, f"a full batch must go at once, not after max_batch_delay (took {elapsed:.2f}s)"
+    # a lone request waits max_batch_delay at most, then goes as a batch of one
+    server.unregister("echo_dir")
+    server.register("echo_dir", batch_size=4, max_batch_delay=300)
+    start = time.monotonic()
+    assert server.predict("echo_dir", "batch") == b"1"
+    assert 0.25 < time.monotonic() - start < 2.0
+    server.unregister("echo_dir")
+
+
+def test_stream_request_is_never_batched(server):
+    server.register("echo_dir", batch_size=4, max_batch_delay=100)
+    assert server.stream("echo_dir", "batch") == [b"1"]
+    server.unregister("echo_dir")
+
+
+def test_versions_and_set_default(server):
+    server.register("echo.mar", model_name="multi")
+    server.register("echo_v2.mar", model_name="multi")
+    versions = server.describe("multi", "all")
+    assert sorted(v["modelVersion"] for v in versions) == ["1.0", "2.0"]
+    assert server.describe("multi")[0]["modelVersion"] == "1.0"
+    server.management.SetDefault(management_pb2.SetDefaultRequest(model_name="multi", model_version="2.0"),
+                                 timeout=10)
+    assert server.describe("multi")[0]["modelVersion"] == "2.0"
+    assert server.predict("multi", "v", version="1.0") == b"v"
+    # the default cannot be removed while another version exists (as TorchServe)
+    code, details = _code(server.unregister, "multi")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "default" in details
+    assert _code(server.management.SetDefault,
+                 management_pb2.SetDefaultRequest(model_name="multi", model_version="3.0"))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    server.unregister("multi", "1.0")
+    server.unregister("multi")
+    assert _code(server.describe, "multi")[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_register_same_version_twice_fails(server):
+    server.register("echo.mar", model_name="twice")
+    code, details = _code(server.register, "echo.mar", model_name="twice")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "already registered" in details
+    server.unregister("twice")
+
+
+def test_scale_workers_up_and_down(server):
+    server.register("echo.mar", model_name="scaled", initial_workers=1)
+    assert len(server.describe("scaled")[0]["workers"]) == 1
+    server.scale("scaled", 3)
+    workers = server.wait_workers("scaled", 3)
+    assert len({w["pid"] for w in workers}) == 3
+    assert server.describe("scaled")[0]["minWorkers"] == 3
+    server.scale("scaled", 1)
+    deadline = time.monotonic() + 10
+    while len(server.describe("scaled")[0]["workers"]) != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert server.predict("scaled", "still") == b"still"
+    server.scale("scaled", 0)
+    code, details = _code(server.predict, "scaled", "x")
+    assert code == grpc.StatusCode.UNAVAILABLE and "no worker" in details
+    server.unregister("scaled")
+
+
+def test_requests_wait_for_starting_workers(server):
+    server.register("echo.mar", model_name="lazy", initial_workers=0, synchronous=False)
+    server.scale("lazy", 1, synchronous=False)
+    assert server.predict("lazy", "queued until ready") == b"queued until ready"
+    server.unregister("lazy")
+
+
+def test_synchronous_register_of_failing_handler_reports_cause(server):
+    code, details = _code(server.register, "broken.mar")
+    assert code == grpc.StatusCode.INTERNAL
+    assert "weights are corrupt (test)" in details
+    assert _code(server.describe, "broken")[0] == grpc.StatusCode.NOT_FOUND
+    assert server.predict("echo", "unaffected") == b"unaffected"
+
+
+def test_base_handler_subclass_loads_eager_model(server):
+    server.register("doubler.mar")
+    out = json.loads(server.predict("doubler", "[1.5, -2]"))
+    assert out == {"doubled": [3.0, -4.0], "model_dir": True}
+    assert "PreprocessTime" in server.log() and "HandlerTime" in server.log()
+    server.unregister("doubler")
+
+
+def test_generator_handler_streams_yields(server):
+    server.register("gen.mar")
+    assert server.stream("gen", "a b c") == [b"a ", b"b ", b"c ", b"<done>"]
+    assert server.predict("gen", "a b") == b"a b <done>"
+    server.unregister("gen")
+
+
+@pytest.mark.parametrize("url,code,text", [
+    ("", grpc.StatusCode.INVALID_ARGUMENT, "url is required"),
+    ("missing.mar", grpc.StatusCode.NOT_FOUND, "not found"),
+    ("../outside.mar", grpc.StatusCode.INVALID_ARGUMENT, "outside the model store"),
+    ("/etc/passwd", grpc.StatusCode.INVALID_ARGUMENT, "outside the model store"),
+    ("flow.war", grpc.StatusCode.INVALID_ARGUMENT, "workflows are not supported"),
+    ("https://example.com/m.mar", grpc.StatusCode.INVALID_ARGUMENT, "not supported"),
+    ("seq-config.yaml", grpc.StatusCode.INVALID_ARGUMENT, "not a model archive"),
+])
+def test_register_bad_urls(server, url, code, text):
+    got, details = _code(server.register, url)
+    assert got == code and text in details
+
+
+def test_register_bad_fields(server):
+    code, details = _code(server.register, "echo.mar", model_name="bad", batch_size=-1)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "batch_size" in details
+    code, details = _code(server.register, "echo.mar", model_name="bad name!")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "invalid model name" in details
+    code, details = _code(server.register, "echo.mar", model_name="bad", runtime="java")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    code, details = _code(server.scale, "echo", -1)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    code, details = _code(server.management.ScaleWorker, management_pb2.ScaleWorkerRequest(model_name="nope"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, details = _code(server.management.DescribeModel, management_pb2.DescribeModelRequest())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_list_models_sorted_and_paginated(server):
+    for name in ("zeta", "alpha", "mid"):
+        server.register("echo.mar", model_name=name, initial_workers=0)
+    full = json.loads(server.management.ListModels(management_pb2.ListModelsRequest(), timeout=10).msg)
+    names = [m["modelName"] for m in full["models"]]
+    assert names == sorted(names) and {"alpha", "mid", "zeta", "echo"} <= set(names)
+    assert "nextPageToken" not in full
+    page = json.loads(server.management.ListModels(management_pb2.ListModelsRequest(limit=2), timeout=10).msg)
+    assert [m["modelName"] for m in page["models"]] == names[:2]
+    rest = json.loads(server.management.ListModels(
+        management_pb2.ListModelsRequest(limit=2, next_page_token=int(page["nextPageToken"])), timeout=10).msg)
+    assert [m["modelName"] for m in rest["models"]] == names[2:4]
+    assert _code(server.management.ListModels, management_pb2.ListModelsRequest(limit=5000))[0] \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    for name in ("zeta", "alpha", "mid"):
+        server.unregister(name)
+
+
+def test_describe_has_torchserve_keys(server):
+    desc = server.describe("echo")
+    assert isinstance(desc, list) and len(desc) == 1
+    keys = {"modelName", "modelVersion", "modelUrl", "runtime", "minWorkers", "maxWorkers", "batchSize",
+            "maxBatchDelay", "responseTimeout", "startupTimeout", "maxRetryTimeoutInSec", "deviceType",
+            "loadedAtStartup", "workers", "jobQueueStatus"}
+    assert keys <= set(desc[0])
+    assert desc[0]["loadedAtStartup"] is True
+    assert set(desc[0]["jobQueueStatus"]) == {"remainingCapacity", "pendingRequests"}
+    worker = desc[0]["workers"][0]
+    assert {"id", "startTime", "status", "memoryUsage", "pid", "gpu", "gpuUsage"} <= set(worker)
+
+
+def test_model_api_disabled_by_default(store, tmp_path):
+    from conftest import ServerProcess
+
+    srv = ServerProcess(tmp_path, store, ["--models", "echo=echo.mar", "--workers-per-model", "1"])
+    try:
+        code, details = _code(srv.register, "fn.mar")
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "model API disabled" in details
+        code, _ = _code(srv.unregister, "echo")
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        srv.wait_workers("echo", 1)
+        assert srv.predict("echo", "startup models still load") == b"startup models still load"
+    finally:
+        assert srv.stop() == 0
