@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path

@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from inference_service.archive import ModelArchive

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 import inference_service
 from inference_service._proto import inference_pb2_grpc, management_pb2_grpc
@@ -29,7 +30,6 @@ from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
-from grpc_health.v1 import health_pb2_grpc
 
 log = logging.getLogger("inference_service")
 

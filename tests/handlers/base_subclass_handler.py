@@ -17,5 +17,5 @@ class DoublingHandler(BaseHandler):
         return torch.tensor(values, dtype=torch.float32)
 
     def postprocess(self, data):
-        return [{"doubled": row.tolist(), "model_dir": os.path.basename(self.context.system_properties["model_dir"]) != ""}
-                for row in data]
+        model_dir = self.context.system_properties["model_dir"]
+        return [{"doubled": row.tolist(), "model_dir": os.path.isdir(model_dir)} for row in data]

@@ -5,7 +5,6 @@ apart, ``pid`` answers the worker's pid, ``boom`` raises, ``sleep:S`` sleeps,
 ``status:CODE`` sets a response status, ``exit`` kills the worker process,
 ``headers`` answers the request headers as JSON; anything else is echoed.
 """
-import json
 import os
 import time
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from inference_service._proto import inference_pb2, management_pb2
+from inference_service._proto import management_pb2
 
 
 def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:

@@ -70,9 +70,9 @@ def map_class_to_label(
     if lbl_classes is None:
         lbl_classes = [list(range(len(row))) for row in probs]
     results = []
-    for row_probs, row_classes in zip(probs, lbl_classes):
+    for row_probs, row_classes in zip(probs, lbl_classes, strict=False):
         entry: dict[str, float] = {}
-        for cls, prob in zip(row_classes, row_probs):
+        for cls, prob in zip(row_classes, row_probs, strict=False):
             label: Any = cls
             if mapping is not None:
                 label = mapping.get(str(cls), cls)

@@ -47,10 +47,11 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
             max_batch_delay=request.max_batch_delay, initial_workers=request.initial_workers,
             response_timeout=request.response_timeout, startup_timeout=request.startup_timeout,
             synchronous=request.synchronous))
-        if request.synchronous or model.config.min_workers == 0:
-            msg = f'Model "{model.name}" Version: {model.version} registered with {model.config.min_workers} initial workers'
-        else:
-            msg = f'Model "{model.name}" Version: {model.version} registered with {model.config.min_workers} initial workers. Use describe model API to check if the workers are ready'
+        msg = (f'Model "{model.name}" Version: {model.version} registered with '
+               f'{model.config.min_workers} initial workers')
+        if not request.synchronous and model.config.min_workers:
+            msg += ". Use describe model API to check if the workers are ready"
+
         return ManagementResponse(msg=json.dumps({"status": msg}, indent=2))
 
     @unary

@@ -23,7 +23,6 @@ import traceback
 from http import HTTPStatus
 from typing import Any
 
-import inference_service
 from inference_service.errors import grpc_code_for_http
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
@@ -176,7 +175,7 @@ class Worker:
                         f"{len(ids)} entries"
                     )
                 live = 0
-                for rid, value in zip(ids, item):
+                for rid, value in zip(ids, item, strict=True):
                     if rid in cancelled:
                         continue
                     live += 1

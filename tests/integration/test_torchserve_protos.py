@@ -1,0 +1,115 @@
+"""Wire compatibility, not self-certified: TorchServe 0.12.0's own protos drive this server.
+
+The test downloads the ``torchserve==0.12.0`` wheel from PyPI (cached under
+``.cache/``), takes ``inference.proto`` and ``management.proto`` out of the
+``model-server.jar`` inside it (nothing of TorchServe is committed here),
+generates Python stubs from them with grpcio-tools, and runs a client built
+only on those stubs against the real server, calling every RPC.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "wheels"
+
+CLIENT = r'''
+import json, sys, queue
+import grpc
+from google.protobuf import empty_pb2
+import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
+
+ip, mp = int(sys.argv[1]), int(sys.argv[2])
+inf = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{ip}"))
+man = management_pb2_grpc.ManagementAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{mp}"))
+out = {}
+out["ping"] = inf.Ping(empty_pb2.Empty(), timeout=10).health
+out["register"] = man.RegisterModel(management_pb2.RegisterModelRequest(
+    url="echo.mar", model_name="ts_echo", initial_workers=1, synchronous=True), timeout=60).msg
+out["register_v2"] = man.RegisterModel(management_pb2.RegisterModelRequest(
+    url="echo_v2.mar", model_name="ts_echo", initial_workers=1, synchronous=True), timeout=60).msg
+out["list"] = man.ListModels(management_pb2.ListModelsRequest(limit=10), timeout=10).msg
+out["scale"] = man.ScaleWorker(management_pb2.ScaleWorkerRequest(
+    model_name="ts_echo", min_worker=2, max_worker=2, synchronous=True), timeout=60).msg
+out["describe"] = man.DescribeModel(management_pb2.DescribeModelRequest(model_name="ts_echo"), timeout=10).msg
+out["predict"] = inf.Predictions(inference_pb2.PredictionsRequest(
+    model_name="ts_echo", input={"data": b"wire"}), timeout=10).prediction.decode()
+out["stream"] = [r.prediction.decode() for r in inf.StreamPredictions(inference_pb2.PredictionsRequest(
+    model_name="ts_echo", input={"data": b"stream:2"}), timeout=10)]
+reqs = [inference_pb2.PredictionsRequest(model_name="ts_echo", input={"data": b"x"}, sequence_id="s-1")]
+resp = list(inf.StreamPredictions2(iter(reqs), timeout=10))
+out["stream2"] = [[r.sequence_id, r.status.code, r.status.message] for r in resp]
+out["set_default"] = man.SetDefault(management_pb2.SetDefaultRequest(
+    model_name="ts_echo", model_version="2.0"), timeout=10).msg
+out["unregister_v1"] = man.UnregisterModel(management_pb2.UnregisterModelRequest(
+    model_name="ts_echo", model_version="1.0"), timeout=30).msg
+out["unregister"] = man.UnregisterModel(management_pb2.UnregisterModelRequest(model_name="ts_echo"), timeout=30).msg
+try:
+    inf.Predictions(inference_pb2.PredictionsRequest(model_name="ts_echo", input={"data": b"x"}), timeout=10)
+except grpc.RpcError as e:
+    out["after_unregister"] = e.code().name
+print(json.dumps(out))
+'''
+
+
+def _torchserve_wheel() -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    found = sorted(CACHE.glob("torchserve-0.12.0-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "torchserve==0.12.0",
+                        "-d", str(CACHE)], check=True, timeout=300)
+        found = sorted(CACHE.glob("torchserve-0.12.0-*.whl"))
+    assert found, "torchserve 0.12.0 wheel not downloaded"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def torchserve_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ts_stubs")
+    with zipfile.ZipFile(_torchserve_wheel()) as wheel:
+        jar_name = next(n for n in wheel.namelist() if n.endswith("model-server.jar"))
+        with zipfile.ZipFile(io.BytesIO(wheel.read(jar_name))) as jar:
+            for name in ("inference.proto", "management.proto"):
+                member = next(n for n in jar.namelist() if n.endswith("/" + name) or n == name)
+                (out / name).write_bytes(jar.read(member))
+    import google.rpc.status_pb2
+    import grpc_tools
+
+    googleapis = Path(google.rpc.status_pb2.__file__).parents[2]
+    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    from grpc_tools import protoc
+
+    rc = protoc.main(["protoc", f"-I{out}", f"-I{googleapis}", f"-I{well_known}", f"--python_out={out}",
+                      f"--grpc_python_out={out}", str(out / "inference.proto"), str(out / "management.proto")])
+    assert rc == 0
+    (out / "client.py").write_text(CLIENT)
+    return out
+
+
+def test_every_rpc_with_torchserve_generated_stubs(server, torchserve_stubs):
+    proc = subprocess.run([sys.executable, str(torchserve_stubs / "client.py"), str(server.inference_port),
+                           str(server.management_port)], cwd=torchserve_stubs, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert json.loads(out["ping"]) == {"status": "Healthy", "code": 200}
+    assert "ts_echo" in out["register"] and "2.0" in out["register_v2"]
+    assert "ts_echo" in [m["modelName"] for m in json.loads(out["list"])["models"]]
+    assert "2" in out["scale"]
+    described = json.loads(out["describe"])
+    assert described[0]["modelName"] == "ts_echo" and len(described[0]["workers"]) == 2
+    assert out["predict"] == "wire"
+    assert out["stream"] == ["part0;", "part1;", "end"]
+    # echo has no sequence batching: an in-band FAILED_PRECONDITION with the id echoed
+    assert out["stream2"][0][0] == "s-1" and out["stream2"][0][1] == 9
+    assert "2.0" in out["set_default"]
+    assert "1.0" in out["unregister_v1"] and "2.0" in out["unregister"]
+    assert out["after_unregister"] == "NOT_FOUND"
