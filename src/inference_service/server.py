@@ -165,7 +165,8 @@ class Server:
             if not sep:
                 name, url = "", entry
             req = RegisterRequest(url=url.strip(), model_name=name.strip(), loaded_at_startup=True)
-            for version_config in (s.models_config.get(req.model_name) or {}).values():
+            lookup = req.model_name or Path(req.url).name.split(".")[0]
+            for version_config in (s.models_config.get(lookup) or {}).values():
                 if not isinstance(version_config, dict):
                     continue
                 if version_config.get("marName") not in (None, req.url):
