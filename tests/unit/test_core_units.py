@@ -1,0 +1,170 @@
+"""Unit tests of the pure pieces: IPC framing, config resolution, archive safety, status mapping."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import grpc
+import pytest
+
+from inference_service.archive import open_archive
+from inference_service.config import ConfigError, Settings, apply_properties
+from inference_service.errors import InvalidArgument, NotFound, grpc_code_for_http
+from inference_service.handler.encoding import encode_response
+from inference_service.model import ModelConfig
+from inference_service.worker import protocol
+
+
+def test_batch_frame_roundtrip():
+    reqs = [protocol.Request("a1", {"data": b"\x00\xffxyz", "other": b""}, {"h": "v"}, None),
+            protocol.Request("b2", {"body": b"hello"}, {}, "ts-seq-1")]
+    frame = protocol.encode_batch(reqs)
+    length, kind = protocol.HEADER.unpack_from(frame)
+    assert kind == protocol.BATCH and length == len(frame) - protocol.HEADER.size + 1
+    decoded = protocol.decode_batch(frame[protocol.HEADER.size:])
+    assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}),
+                       ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello")})]
+    assert isinstance(decoded[0][3]["data"], bytearray)
+
+
+def test_malformed_batch_frame_raises():
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_batch(b"\x00\x00\x00\x05{bad}")
+
+
+def test_response_and_error_frames_roundtrip():
+    body = protocol.encode_response(protocol.CHUNK, "rid", b"payload")[protocol.HEADER.size:]
+    assert protocol.decode_response(body) == ("rid", b"payload")
+    body = protocol.encode_error("rid", 13, "bad \u00e9")[protocol.HEADER.size:]
+    assert protocol.decode_error(body) == ("rid", 13, "bad \u00e9")
+
+
+@pytest.mark.parametrize("status,code", [
+    (400, grpc.StatusCode.INVALID_ARGUMENT), (404, grpc.StatusCode.NOT_FOUND),
+    (503, grpc.StatusCode.UNAVAILABLE), (507, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (401, grpc.StatusCode.FAILED_PRECONDITION), (500, grpc.StatusCode.INTERNAL),
+    (599, grpc.StatusCode.INTERNAL),
+])
+def test_http_status_table(status, code):
+    assert grpc_code_for_http(status) == code
+
+
+def test_encode_response_forms():
+    assert encode_response("é") == "é".encode()
+    assert encode_response(b"\x01") == b"\x01"
+    assert encode_response(bytearray(b"ab")) == b"ab"
+    assert json.loads(encode_response({"a": [1, 2]})) == {"a": [1, 2]}
+    assert encode_response(None) == b""
+    import torch
+
+    assert json.loads(encode_response(torch.tensor([[1, 2]]))) == [[1, 2]]
+    with pytest.raises(TypeError):
+        encode_response(object())
+
+
+def test_model_config_precedence_and_validation():
+    yaml_config = {"batchSize": 4, "maxBatchDelay": 50, "minWorkers": 2, "maxWorkers": 3, "responseTimeout": 9}
+    config = ModelConfig.resolve(yaml_config, {"batch_size": 8, "max_batch_delay_ms": 0},
+                                 {"response_timeout_s": 120})
+    assert (config.batch_size, config.max_batch_delay_ms, config.min_workers, config.max_workers,
+            config.response_timeout_s) == (8, 50, 2, 3, 9)
+    defaults = ModelConfig.resolve({}, {})
+    assert (defaults.batch_size, defaults.max_batch_delay_ms, defaults.response_timeout_s,
+            defaults.startup_timeout_s, defaults.min_workers) == (1, 100, 120, 120, 0)
+    with pytest.raises(InvalidArgument, match="batch_size"):
+        ModelConfig.resolve({"batchSize": 0}, {})
+    with pytest.raises(InvalidArgument, match="max_batch_delay_ms"):
+        ModelConfig.resolve({"maxBatchDelay": "soon"}, {})
+    with pytest.raises(InvalidArgument):
+        ModelConfig.resolve({"minWorkers": 1.5}, {})
+
+
+def test_properties_parsing():
+    settings = Settings()
+    unsupported = apply_properties(settings, {"grpc_inference_port": "9090", "job_queue_size": "5",
+                                              "load_models": "a.mar, b=b.mar", "vmargs": "-Xmx1g"}, "test")
+    assert settings.inference_port == 9090 and settings.job_queue_size == 5
+    assert settings.load_models == ["a.mar", "b=b.mar"]
+    assert unsupported == ["vmargs"]
+    with pytest.raises(ConfigError, match="grpc_management_port"):
+        apply_properties(Settings(), {"grpc_management_port": "x"}, "test")
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+
+
+MANIFEST = json.dumps({"model": {"modelName": "m", "handler": "h.py", "modelVersion": "2.1"}}).encode()
+
+
+def test_open_zip_archive(tmp_path):
+    store, extract = tmp_path / "store", tmp_path / "extract"
+    store.mkdir()
+    _zip(store / "m.mar", {"MAR-INF/MANIFEST.json": MANIFEST, "h.py": b"x"})
+    archive = open_archive("m.mar", store, extract)
+    assert archive.version == "2.1" and archive.handler == "h.py" and archive.model_name == "m"
+    assert (archive.model_dir / "h.py").read_bytes() == b"x"
+    archive.remove()
+    assert not archive.model_dir.exists()
+
+
+@pytest.mark.parametrize("member", ["../evil.py", "/abs/evil.py", "a/../../evil.py"])
+def test_zip_slip_is_refused(tmp_path, member):
+    store, extract = tmp_path / "store", tmp_path / "extract"
+    store.mkdir()
+    _zip(store / "bad.mar", {"MAR-INF/MANIFEST.json": MANIFEST, member: b"x"})
+    with pytest.raises(InvalidArgument, match="outside the archive"):
+        open_archive("bad.mar", store, extract)
+    assert not (tmp_path / "evil.py").exists()
+    assert list(extract.iterdir()) == []
+
+
+def test_tar_symlink_is_refused(tmp_path):
+    store, extract = tmp_path / "store", tmp_path / "extract"
+    store.mkdir()
+    with tarfile.open(store / "bad.tar.gz", "w:gz") as tf:
+        info = tarfile.TarInfo("MAR-INF/MANIFEST.json")
+        info.size = len(MANIFEST)
+        tf.addfile(info, io.BytesIO(MANIFEST))
+        link = tarfile.TarInfo("link")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tf.addfile(link)
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        open_archive("bad.tar.gz", store, extract)
+
+
+def test_archive_size_cap(tmp_path):
+    store, extract = tmp_path / "store", tmp_path / "extract"
+    store.mkdir()
+    _zip(store / "big.mar", {"MAR-INF/MANIFEST.json": MANIFEST, "w.bin": b"0" * 10_000})
+    with pytest.raises(InvalidArgument, match="limit"):
+        open_archive("big.mar", store, extract, max_bytes=5_000)
+
+
+def test_archive_errors(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "nomanifest").mkdir()
+    with pytest.raises(InvalidArgument, match="MANIFEST"):
+        open_archive("nomanifest", store, tmp_path)
+    with pytest.raises(NotFound):
+        open_archive("absent.mar", store, tmp_path)
+    (store / "bad").mkdir()
+    (store / "bad" / "MAR-INF").mkdir()
+    (store / "bad" / "MAR-INF" / "MANIFEST.json").write_text("{not json")
+    with pytest.raises(InvalidArgument, match="not valid JSON"):
+        open_archive("bad", store, tmp_path)
+    (store / "yaml").mkdir()
+    (store / "yaml" / "MAR-INF").mkdir()
+    (store / "yaml" / "MAR-INF" / "MANIFEST.json").write_text(
+        json.dumps({"model": {"modelName": "y", "handler": "h", "configFile": "c.yaml"}}))
+    (store / "yaml" / "c.yaml").write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(InvalidArgument, match="YAML"):
+        open_archive("yaml", store, tmp_path)
