@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from inference_service.llm.generation import (
+from inference_service.llm.generation import (  # noqa: E402
     GenerationParams,
     GenerationRequest,
     GenerationResult,
@@ -43,14 +43,12 @@ from inference_service.llm.generation import (
     generate_pieces,
     model_context_length,
 )
-from inference_service.llm.model import load_model, prepare_gguf
+from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 
 
-def time_generation(
-    model: Any, tokenizer: Any, prompt_ids: list[int], params: GenerationParams
-) -> dict[str, float]:
+def time_generation(model: Any, tokenizer: Any, prompt_ids: list[int], params: GenerationParams) -> dict[str, float]:
     """Run one generation with :func:`generate_pieces` and time it.
 
     Returns:
@@ -126,9 +124,7 @@ def measure_inprocess(
         "max_new_tokens": max_new_tokens,
         "runs": len(detail),
         "ttft_s": round(statistics.median(d["ttft_s"] for d in detail), 4),
-        "tokens_per_s": round(
-            statistics.median(d["completion_tokens"] / d["total_s"] for d in detail), 2
-        ),
+        "tokens_per_s": round(statistics.median(d["completion_tokens"] / d["total_s"] for d in detail), 2),
         "decode_tokens_per_s": round(
             statistics.median(
                 (d["completion_tokens"] - 1) / (d["total_s"] - d["ttft_s"])
@@ -145,16 +141,10 @@ def measure_inprocess(
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run :func:`measure_inprocess`, print its JSON."""
-    parser = argparse.ArgumentParser(
-        description="In-process LLM generation benchmark (TTFT, tokens/s)."
-    )
-    parser.add_argument(
-        "--model-path", default=None, help="transformers model dir (default: converted SmolLM2)"
-    )
+    parser = argparse.ArgumentParser(description="In-process LLM generation benchmark (TTFT, tokens/s).")
+    parser.add_argument("--model-path", default=None, help="transformers model dir (default: converted SmolLM2)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument(
-        "--raw", action="store_true", help="use the prompt as is, without the chat template"
-    )
+    parser.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)

@@ -16,8 +16,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-torch = pytest.importorskip("torch")  # hard requirement of the project; never skipped in its venv
-transformers = pytest.importorskip("transformers")
+import torch
 
 from inference_service.handler import Context, RequestProcessor
 from inference_service.llm.generation import (
@@ -102,9 +101,7 @@ def run(gen: Any) -> tuple[list[str], Any]:
             return pieces, done.value
 
 
-def sampled(
-    model: Any, tokenizer: Any, ids: list[int], n: int = 24, seed: int = 7
-) -> tuple[str, Any]:
+def sampled(model: Any, tokenizer: Any, ids: list[int], n: int = 24, seed: int = 7) -> tuple[str, Any]:
     """Reference run: temperature 1 with a fixed seed, ignoring EOS (varied, deterministic text)."""
     return generate_text(
         model,
@@ -132,9 +129,7 @@ def test_incremental_decoder_multibyte_one_token_at_a_time(tokenizer: Any) -> No
 
 
 def test_incremental_decoder_long_text_windowed(tokenizer: Any) -> None:
-    text = (
-        " ".join(["Ünïcödé façade — naïve café, 東京タワー, Привет мир! 🚀🎉 x²+y²"] * 12)
-    ).strip()
+    text = (" ".join(["Ünïcödé façade — naïve café, 東京タワー, Привет мир! 🚀🎉 x²+y²"] * 12)).strip()
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > 3 * IncrementalDecoder._WINDOW  # exercises moving the decode window
     decoder = IncrementalDecoder(tokenizer)
@@ -227,16 +222,10 @@ def test_parse_prompt_with_all_fields() -> None:
 
 def test_parse_uses_defaults_and_null_means_absent() -> None:
     defaults = GenerationParams(max_new_tokens=11, temperature=0.3, top_p=0.8)
-    req = parse_request(
-        b'{"prompt": "x", "stop": null, "seed": null, "temperature": null}', defaults
-    )
+    req = parse_request(b'{"prompt": "x", "stop": null, "seed": null, "temperature": null}', defaults)
     assert req.params == defaults
     req = parse_request(b'{"prompt": "x", "stop": "###", "temperature": 0}', defaults)
-    assert (
-        req.params.stop == ("###",)
-        and req.params.temperature == 0.0
-        and req.params.max_new_tokens == 11
-    )
+    assert req.params.stop == ("###",) and req.params.temperature == 0.0 and req.params.max_new_tokens == 11
 
 
 def test_parse_messages() -> None:
@@ -338,9 +327,7 @@ def test_parse_rejects_non_body_type() -> None:
 
 
 def test_params_from_config() -> None:
-    assert params_from_config({}) == GenerationParams(
-        max_new_tokens=256, temperature=0.0, top_p=1.0
-    )
+    assert params_from_config({}) == GenerationParams(max_new_tokens=256, temperature=0.0, top_p=1.0)
     cfg = {
         "max_new_tokens": 32,
         "temperature": 0.7,
@@ -348,9 +335,7 @@ def test_params_from_config() -> None:
         "model_path": "/x",
         "torch_threads": 2,
     }
-    assert params_from_config(cfg) == GenerationParams(
-        max_new_tokens=32, temperature=0.7, top_p=0.95
-    )
+    assert params_from_config(cfg) == GenerationParams(max_new_tokens=32, temperature=0.7, top_p=0.95)
     for bad, name in [
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"temperature": "a"}, "temperature"),
@@ -386,9 +371,7 @@ def test_build_prompt_ids_without_chat_template(tokenizer: Any) -> None:
     tokenizer.chat_template = None
     try:
         with pytest.raises(InvalidRequest, match="no chat template"):
-            build_prompt_ids(
-                tokenizer, parse_request(json.dumps({"messages": MESSAGES_OK}).encode())
-            )
+            build_prompt_ids(tokenizer, parse_request(json.dumps({"messages": MESSAGES_OK}).encode()))
     finally:
         tokenizer.chat_template = saved
 
@@ -400,9 +383,7 @@ def test_sample_next_token() -> None:
     logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
     assert sample_next_token(logits, 0.0, 1.0) == 1
     gen = make_generator(0)
-    assert {sample_next_token(logits, 1.0, 0.01, gen) for _ in range(50)} == {
-        1
-    }  # top_p keeps one token
+    assert {sample_next_token(logits, 1.0, 0.01, gen) for _ in range(50)} == {1}  # top_p keeps one token
     draws = {sample_next_token(logits, 1.0, 1.0, gen) for _ in range(200)}
     assert {1, 2} <= draws <= {0, 1, 2, 3}
     a = [sample_next_token(logits, 2.0, 0.9, make_generator(5)) for _ in range(1)]
@@ -413,13 +394,9 @@ def test_sample_next_token() -> None:
 # --------------------------------------------------------------------------------------
 # generation loop
 # --------------------------------------------------------------------------------------
-def test_greedy_uses_kv_cache_correctly(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_greedy_uses_kv_cache_correctly(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     pieces, result = run(
-        generate_pieces(
-            tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=12, ignore_eos=True)
-        )
+        generate_pieces(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=12, ignore_eos=True))
     )
     # reference: full forward over the whole sequence every step, no cache
     ids = list(prompt_ids)
@@ -429,36 +406,28 @@ def test_greedy_uses_kv_cache_correctly(
             ids.append(int(logits.argmax()))
     assert result.token_ids == ids[len(prompt_ids) :]
     assert len(set(result.token_ids)) > 3  # the tiny model's text is not degenerate
-    assert "".join(pieces) + result.remaining_text == tokenizer.decode(
-        result.token_ids, skip_special_tokens=True
-    )
+    assert "".join(pieces) + result.remaining_text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
     assert result.finish_reason == "length" and result.completion_tokens == 12
     assert result.prompt_tokens == len(prompt_ids)
     assert all(pieces)  # no empty piece is yielded
 
 
 def test_seed_determinism(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
-    params = GenerationParams(
-        max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True
-    )
+    params = GenerationParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
     text1, r1 = generate_text(tiny_model, tokenizer, prompt_ids, params)
     text2, r2 = generate_text(tiny_model, tokenizer, prompt_ids, params)
     text3, r3 = generate_text(
         tiny_model,
         tokenizer,
         prompt_ids,
-        GenerationParams(
-            max_new_tokens=16, temperature=0.9, top_p=0.95, seed=4321, ignore_eos=True
-        ),
+        GenerationParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=4321, ignore_eos=True),
     )
     assert r1.token_ids == r2.token_ids and text1 == text2
     assert r1.token_ids != r3.token_ids and text1 != text3
     assert text1 == tokenizer.decode(r1.token_ids, skip_special_tokens=True)
 
 
-def test_max_new_tokens_bounds_generation(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     _, result = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=5))
     assert result.completion_tokens <= 5 and len(result.token_ids) <= 5
     _, result = generate_text(
@@ -470,18 +439,14 @@ def test_max_new_tokens_bounds_generation(
     assert result.completion_tokens == 5 and result.finish_reason == "length"
 
 
-def test_stop_string_ends_generation(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_stop_string_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     full, ref = sampled(tiny_model, tokenizer, prompt_ids)
     # a stop string straddling the boundary between the 8th and 9th token
     boundary = len(tokenizer.decode(ref.token_ids[:8], skip_special_tokens=True))
     stop = full[boundary - 2 : boundary + 2]
     assert len(stop) == 4 and "\ufffd" not in stop
     expected = full[: full.index(stop)]
-    params = GenerationParams(
-        max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True, stop=("\x00never", stop)
-    )
+    params = GenerationParams(max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True, stop=("\x00never", stop))
     pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params))
     assert "".join(pieces) + result.remaining_text == expected
     assert stop not in "".join(pieces) + result.remaining_text
@@ -490,29 +455,19 @@ def test_stop_string_ends_generation(
     assert result.token_ids == ref.token_ids[: result.completion_tokens]
 
 
-def test_stop_string_at_very_end_is_not_emitted(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_stop_string_at_very_end_is_not_emitted(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     full, _ = sampled(tiny_model, tokenizer, prompt_ids, n=6)
     stop = full[-3:]
-    params = GenerationParams(
-        max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,)
-    )
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,))
     text, result = generate_text(tiny_model, tokenizer, prompt_ids, params)
     assert text == full[: full.index(stop)]
     assert result.finish_reason == "stop"
 
 
-def test_unmatched_stop_prefix_is_released_at_end(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_unmatched_stop_prefix_is_released_at_end(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     full, _ = sampled(tiny_model, tokenizer, prompt_ids, n=6)
-    stop = (
-        full[-2:] + "\x00"
-    )  # the text ends with a prefix of the stop string, which never completes
-    params = GenerationParams(
-        max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,)
-    )
+    stop = full[-2:] + "\x00"  # the text ends with a prefix of the stop string, which never completes
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, seed=7, ignore_eos=True, stop=(stop,))
     pieces, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params))
     assert "".join(pieces) + result.remaining_text == full
     assert result.remaining_text.endswith(full[-2:])  # held back until the end, then released
@@ -530,9 +485,7 @@ def test_eos_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[i
     assert result.token_ids == ref.token_ids[: first + 1]  # the EOS token counts ...
     assert result.completion_tokens == first + 1
     text = "".join(pieces) + result.remaining_text
-    assert text == tokenizer.decode(
-        ref.token_ids[:first], skip_special_tokens=True
-    )  # ... but is not decoded
+    assert text == tokenizer.decode(ref.token_ids[:first], skip_special_tokens=True)  # ... but is not decoded
     # ignore_eos keeps going past it
     params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, eos_ids={eos}))
@@ -545,9 +498,7 @@ def test_real_eos_token_is_special_and_hidden(tokenizer: Any) -> None:
     assert "".join(decoder.push(i) for i in ids) + decoder.flush() == "Paris."
 
 
-def test_cancellation_stops_before_next_token(
-    tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
-) -> None:
+def test_cancellation_stops_before_next_token(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     polls = []
 
     def should_stop() -> bool:
@@ -555,9 +506,7 @@ def test_cancellation_stops_before_next_token(
         return len(polls) > 3
 
     params = GenerationParams(max_new_tokens=50, temperature=1.0, seed=1, ignore_eos=True)
-    _, result = run(
-        generate_pieces(tiny_model, tokenizer, prompt_ids, params, should_stop=should_stop)
-    )
+    _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, should_stop=should_stop))
     assert result.finish_reason == "cancelled" and result.completion_tokens == 3
 
 
@@ -611,8 +560,7 @@ def test_cache_root_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -
     monkeypatch.setenv("INFERENCE_SERVICE_CACHE", str(tmp_path / "env"))
     assert default_cache_root() == tmp_path / "env"
     assert (
-        converted_model_dir(find_default_gguf(), tmp_path / "cfg")
-        == tmp_path / "cfg" / "models" / DEFAULT_MODEL_NAME
+        converted_model_dir(find_default_gguf(), tmp_path / "cfg") == tmp_path / "cfg" / "models" / DEFAULT_MODEL_NAME
     )
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF")
@@ -625,9 +573,7 @@ def test_cache_root_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -
 # request id the streamed pieces are folded into the final message)
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_model_dir(
-    tiny_model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
-) -> str:
+def tiny_model_dir(tiny_model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("tiny-llm")
     tiny_model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
@@ -642,9 +588,7 @@ def _context(model_dir: str, batch: int) -> Context:
         batch_size=batch,
         gpu=None,
         server_version="test",
-        model_yaml_config={
-            "handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0}
-        },
+        model_yaml_config={"handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0}},
     )
     context.request_processor = [RequestProcessor({}) for _ in range(batch)]
     return context
@@ -666,17 +610,11 @@ def test_handler_batch_of_two(
     handler.initialize(context)
     assert handler.defaults.max_new_tokens == 6 and handler.context_length == 256
     data = [
-        {
-            "data": bytearray(
-                b'{"prompt": "Once upon a time", "ignore_eos": true, "include_usage": true}'
-            )
-        },
+        {"data": bytearray(b'{"prompt": "Once upon a time", "ignore_eos": true, "include_usage": true}')},
         {"body": bytearray(b'{"prompt": "x", "top_p": 0}')},
         {"data": bytearray(b"Once upon a time")},
     ]
-    expected, _ = generate_text(
-        tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True)
-    )
+    expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
     if generator_form:
         gen = handler.handle(data, context)
         streamed: dict[int, str] = {0: "", 2: ""}
@@ -698,10 +636,7 @@ def test_handler_batch_of_two(
     assert results[0]["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 6}
     assert context.get_response_status(0) == 200 and context.get_response_status(2) == 200
     assert context.get_response_status(1) == 400
-    assert (
-        "'top_p' must be greater than 0"
-        in context.request_processor[1].get_response_status_phrase()
-    )
+    assert "'top_p' must be greater than 0" in context.request_processor[1].get_response_status_phrase()
     # request 2 is plain text with the config defaults (greedy, 6 tokens, EOS honoured)
     text2 = streamed[2] + results[2] if generator_form else results[2]
     assert expected.startswith(text2) and isinstance(results[2], str)

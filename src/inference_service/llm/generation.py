@@ -68,8 +68,6 @@ REQUEST_FIELDS = frozenset(
         "include_usage",
     }
 )
-#: Generation defaults the handler config (``handler:`` section) may override.
-CONFIG_FIELDS = ("max_new_tokens", "temperature", "top_p")
 
 _REPLACEMENT = "\ufffd"
 
@@ -168,9 +166,7 @@ def _check_bool(name: str, value: Any) -> bool:
 def _check_temperature(value: Any) -> float:
     temperature = _check_number("temperature", value)
     if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise InvalidRequest(
-            f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}"
-        )
+        raise InvalidRequest(f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
     return temperature
 
 
@@ -184,13 +180,9 @@ def _check_top_p(value: Any) -> float:
 def _check_stop(value: Any) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
-        raise InvalidRequest(
-            f"'stop' must be a string or a list of strings, got {type(value).__name__}"
-        )
+        raise InvalidRequest(f"'stop' must be a string or a list of strings, got {type(value).__name__}")
     if len(items) > MAX_STOP_STRINGS:
-        raise InvalidRequest(
-            f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}"
-        )
+        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}")
     for item in items:
         if not isinstance(item, str):
             raise InvalidRequest(f"'stop' entries must be strings, got {type(item).__name__}")
@@ -221,9 +213,7 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
         if config.get("max_new_tokens") is not None:
             params = replace(
                 params,
-                max_new_tokens=_check_int(
-                    "max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT
-                ),
+                max_new_tokens=_check_int("max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT),
             )
         if config.get("temperature") is not None:
             params = replace(params, temperature=_check_temperature(config["temperature"]))
@@ -243,9 +233,7 @@ def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
             raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
         extra = set(message) - {"role", "content"}
         if extra:
-            raise InvalidRequest(
-                f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}"
-            )
+            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role:
             raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
@@ -296,15 +284,12 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
                 raise InvalidRequest("request body is empty; send a prompt")
             return GenerationRequest(prompt=text, messages=None, params=defaults)
     else:
-        raise InvalidRequest(
-            f"request body must be bytes, text or an object, got {type(body).__name__}"
-        )
+        raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
 
     unknown = set(obj) - REQUEST_FIELDS
     if unknown:
         raise InvalidRequest(
-            f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; "
-            f"allowed: {', '.join(sorted(REQUEST_FIELDS))}"
+            f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(REQUEST_FIELDS))}"
         )
     fields = {k: v for k, v in obj.items() if v is not None}
     prompt = fields.get("prompt")
@@ -323,9 +308,7 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
     if "max_new_tokens" in fields:
         params = replace(
             params,
-            max_new_tokens=_check_int(
-                "max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT
-            ),
+            max_new_tokens=_check_int("max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT),
         )
     if "temperature" in fields:
         params = replace(params, temperature=_check_temperature(fields["temperature"]))
@@ -338,9 +321,7 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
     if "ignore_eos" in fields:
         params = replace(params, ignore_eos=_check_bool("ignore_eos", fields["ignore_eos"]))
     if "include_usage" in fields:
-        params = replace(
-            params, include_usage=_check_bool("include_usage", fields["include_usage"])
-        )
+        params = replace(params, include_usage=_check_bool("include_usage", fields["include_usage"]))
     return GenerationRequest(prompt=prompt, messages=messages, params=params)
 
 
@@ -375,9 +356,7 @@ def model_context_length(model: Any) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def build_prompt_ids(
-    tokenizer: Any, request: GenerationRequest, context_length: int | None = None
-) -> list[int]:
+def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length: int | None = None) -> list[int]:
     """Tokenize the request's prompt (or render its messages with the chat template).
 
     ``prompt`` is tokenized with the tokenizer's special tokens (e.g. BOS if it
@@ -401,15 +380,11 @@ def build_prompt_ids(
     """
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest(
-                "this model has no chat template; send 'prompt' instead of 'messages'"
-            )
+            raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
         from jinja2 import TemplateError
 
         try:
-            text = tokenizer.apply_chat_template(
-                list(request.messages), add_generation_prompt=True, tokenize=False
-            )
+            text = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False)
         except TemplateError as exc:  # raised by the template itself (e.g. unsupported role order)
             raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -437,9 +412,7 @@ def make_generator(seed: int | None) -> Any:
     return generator
 
 
-def sample_next_token(
-    logits: Any, temperature: float, top_p: float, generator: Any | None = None
-) -> int:
+def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
     """Choose the next token id from one row of logits.
 
     Args:
@@ -500,9 +473,7 @@ class IncrementalDecoder:
         self._ids: list[int] = []
         self._start = 0  # window start (token index)
         self._released = ""  # text released since the window start
-        self._released_ids = (
-            0  # token count whose text is fully released (window end of stable text)
-        )
+        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
 
     @property
     def token_ids(self) -> list[int]:
@@ -534,18 +505,17 @@ class IncrementalDecoder:
         if self._released_ids - self._start < 2 * self._WINDOW:
             return
         new_start = self._released_ids - self._WINDOW
-        head = self._tokenizer.decode(
-            self._ids[self._start : new_start], skip_special_tokens=self._skip
-        )
-        tail = self._tokenizer.decode(
-            self._ids[new_start : self._released_ids], skip_special_tokens=self._skip
-        )
+        head = self._tokenizer.decode(self._ids[self._start : new_start], skip_special_tokens=self._skip)
+        tail = self._tokenizer.decode(self._ids[new_start : self._released_ids], skip_special_tokens=self._skip)
         if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
             self._start = new_start
             self._released = tail
 
     def flush(self) -> str:
-        """Return all text not yet released (may end in U+FFFD if generation stopped mid-character)."""
+        """Return all text not yet released.
+
+        It may end in U+FFFD when generation stopped in the middle of a character.
+        """
         text = self._decode_window()
         # for a decoder that is not prefix-stable the released text cannot be
         # taken back; release what lies past its length (best effort)
@@ -694,9 +664,7 @@ def generate_pieces(
             with torch.inference_mode():
                 out = model(input_ids=input_ids, past_key_values=past, **forward_kwargs)
                 past = out.past_key_values
-                token = sample_next_token(
-                    out.logits[0, -1], params.temperature, params.top_p, generator
-                )
+                token = sample_next_token(out.logits[0, -1], params.temperature, params.top_p, generator)
             result.token_ids.append(token)
             if token in eos and not params.ignore_eos:
                 finish = "stop"

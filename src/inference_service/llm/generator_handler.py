@@ -23,7 +23,7 @@ from inference_service.llm.handler import LLMHandler
 
 
 class LLMGeneratorHandler(LLMHandler):
-    """:class:`~inference_service.llm.handler.LLMHandler` whose ``handle`` yields the text pieces."""
+    """The :class:`~inference_service.llm.handler.LLMHandler` whose ``handle`` is a generator."""
 
     def handle(  # type: ignore[override]
         self, data: list[dict[str, Any]], context: Context
@@ -67,7 +67,5 @@ class LLMGeneratorHandler(LLMHandler):
             finally:
                 pieces.close()  # on GeneratorExit: stop generating and free the KV cache now
             results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time(
-            "HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms"
-        )
+        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
         return results

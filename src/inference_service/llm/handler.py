@@ -64,7 +64,7 @@ from inference_service.llm.generation import (
     params_from_config,
     parse_input_row,
 )
-from inference_service.llm.model import load_model, resolve_model_dir
+from inference_service.llm.model import load_model, resolve_model_dir, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class LLMHandler(BaseHandler):
         self.model_path: str | None = None
 
     def initialize(self, context: Context) -> None:
-        """Read the ``handler`` config, convert the GGUF if needed (cached), load model and tokenizer.
+        """Read the ``handler`` config, convert the GGUF if not cached, load model and tokenizer.
 
         Raises:
             inference_service.llm.generation.InvalidRequest: a generation
@@ -105,20 +105,17 @@ class LLMHandler(BaseHandler):
         threads = config.get("torch_threads")
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise ValueError(
-                    f"handler config: 'torch_threads' must be a positive integer, got {threads!r}"
-                )
+                raise ValueError(f"handler config: 'torch_threads' must be a positive integer, got {threads!r}")
             torch.set_num_threads(threads)
         model_dir = resolve_model_dir(config)
         self.model_path = str(model_dir)
         self.model, self.tokenizer = load_model(model_dir, device=str(self.device))
+        log.info("warm-up forward pass took %.2f s", warm_up(self.model))
         self.context_length = model_context_length(self.model)
         self.initialized = True
 
     # --- shared by this handler and the generator-form one --------------------------
-    def _prepare(
-        self, row: Any, idx: int, context: Context
-    ) -> tuple[GenerationRequest, list[int]] | str:
+    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str:
         """Parse and tokenize request ``idx``: ``(request, prompt ids)``, or on bad input the
         error message, after setting status 400 for that request."""
         try:
@@ -192,25 +189,26 @@ class LLMHandler(BaseHandler):
             request_id = context.request_ids.get(idx)
             pieces = self._pieces(request, prompt_ids, idx, context)
             unsent: list[str] = []  # only used without a request id (called outside a worker)
-            while True:
-                try:
-                    piece = next(pieces)
-                except StopIteration as done:
-                    result: GenerationResult = done.value
-                    break
-                if request_id is None:
-                    unsent.append(piece)
-                    continue
-                if context.is_cancelled(idx):
-                    continue  # nobody to send to; the generator stops before its next token
-                message: list[Any] = [None] * len(data)
-                message[idx] = piece
-                send_intermediate_predict_response(
-                    message, {idx: request_id}, "Intermediate Prediction success", 200, context
-                )
+            try:
+                while True:
+                    try:
+                        piece = next(pieces)
+                    except StopIteration as done:
+                        result: GenerationResult = done.value
+                        break
+                    if request_id is None:
+                        unsent.append(piece)
+                        continue
+                    if context.is_cancelled(idx):
+                        continue  # nobody to send to; the generator stops before its next token
+                    message: list[Any] = [None] * len(data)
+                    message[idx] = piece
+                    send_intermediate_predict_response(
+                        message, {idx: request_id}, "Intermediate Prediction success", 200, context
+                    )
+            finally:
+                pieces.close()  # on RequestCancelled too: free the KV cache at once
             result.remaining_text = "".join(unsent) + result.remaining_text
             results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time(
-            "HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms"
-        )
+        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
         return results

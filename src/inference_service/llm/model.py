@@ -79,14 +79,16 @@ def find_default_gguf() -> Path:
         if candidate.is_file():
             return candidate.resolve()
     raise ModelPreparationError(
-        f"{DEFAULT_GGUF_NAME} not found in package {DEFAULT_GGUF_PACKAGE!r} "
-        f"({list(spec.submodule_search_locations)})"
+        f"{DEFAULT_GGUF_NAME} not found in package {DEFAULT_GGUF_PACKAGE!r} ({list(spec.submodule_search_locations)})"
     )
 
 
 def default_cache_root() -> Path:
-    """Return the cache root: ``$INFERENCE_SERVICE_CACHE``, else ``$XDG_CACHE_HOME/inference-service``,
-    else ``~/.cache/inference-service``. The directory is not created here."""
+    """Return the cache root (not created here).
+
+    ``$INFERENCE_SERVICE_CACHE``, else ``$XDG_CACHE_HOME/inference-service``,
+    else ``~/.cache/inference-service``.
+    """
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
@@ -95,9 +97,7 @@ def default_cache_root() -> Path:
     return base / "inference-service"
 
 
-def converted_model_dir(
-    gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
-) -> Path:
+def converted_model_dir(gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return where the conversion of ``gguf_path`` lives (whether or not it exists yet).
 
     Args:
@@ -144,8 +144,11 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 
 def _make_readable(directory: Path) -> None:
-    """Give the converted directory ordinary permissions (``mkdtemp`` and some writers use 0700/0600),
-    so workers running as other users can read the shared cache."""
+    """Give the converted directory ordinary permissions (0755 dirs, 0644 files).
+
+    ``mkdtemp`` and some writers use 0700/0600; workers running as other
+    users must be able to read the shared cache.
+    """
     directory.chmod(0o755)
     for path in directory.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -260,9 +263,7 @@ def prepare_gguf(
     with _exclusive_lock(target.parent / f".{target.name}.lock"):
         if not is_model_dir(target):  # another process may have finished while we waited
             if target.exists():  # an incomplete directory left by hand; never by convert_gguf
-                raise ModelPreparationError(
-                    f"{target} exists but is not a complete model directory"
-                )
+                raise ModelPreparationError(f"{target} exists but is not a complete model directory")
             convert_gguf(source, target)
     return target
 
@@ -297,9 +298,28 @@ def resolve_model_dir(config: Mapping[str, Any]) -> Path:
                 "(needs config.json, tokenizer files and weights)"
             )
         return path
-    return prepare_gguf(
-        str(gguf_file) if gguf_file else None, str(cache_dir) if cache_dir else None
-    )
+    return prepare_gguf(str(gguf_file) if gguf_file else None, str(cache_dir) if cache_dir else None)
+
+
+def warm_up(model: Any) -> float:
+    """Run two tiny forward passes (prefill + one cached step) so the first request
+    does not pay one-time setup costs (allocator, kernel selection).
+
+    Returns:
+        Seconds spent.
+    """
+    import torch
+
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([[0, 1, 2, 3]], device=device), use_cache=True)
+        model(
+            input_ids=torch.tensor([[4]], device=device),
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+    return time.perf_counter() - start
 
 
 def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[Any, Any]:
@@ -324,9 +344,7 @@ def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), local_files_only=True, dtype="auto"
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto")
     except Exception as exc:
         raise ModelPreparationError(f"cannot load model from {model_dir}: {exc}") from exc
     model.to(device)

@@ -1,0 +1,153 @@
+"""The main job end to end: a real LLM (SmolLM2-135M-Instruct) streamed through the real server.
+
+The real model is loaded once for this module (one worker). A tiny random-weight
+Llama with the same tokenizer serves the faster checks of both handler forms.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import ROOT, ServerProcess
+from inference_service._proto import inference_pb2
+
+QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 48}
+
+
+def _build(store: Path, *args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
+                    *args], check=True, timeout=600, capture_output=True)
+
+
+def _tiny_model_dir(target: Path, tokenizer_dir: Path) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+    return target
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("llm_store")
+    _build(store)  # converts the GGUF once (cached), writes smollm2.mar
+    from inference_service.llm.model import converted_model_dir, find_default_gguf
+
+    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama",
+                           converted_model_dir(find_default_gguf()))
+    _build(store, "--model-path", str(tiny), "--name", "tiny")
+    _build(store, "--model-path", str(tiny), "--name", "tiny_gen", "--generator")
+    srv = ServerProcess(tmp_path_factory.mktemp("llm_work"), store,
+                        ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar", "tiny_gen=tiny_gen.mar"])
+    try:
+        for name in ("smollm2", "tiny", "tiny_gen"):
+            srv.wait_workers(name, 1, timeout=600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def _stream(srv: ServerProcess, model: str, body: dict | str, timeout: float = 120):
+    data = body if isinstance(body, str) else json.dumps(body)
+    req = inference_pb2.PredictionsRequest(model_name=model, input={"data": data.encode()})
+    start = time.monotonic()
+    messages, arrivals = [], []
+    for response in srv.inference.StreamPredictions(req, timeout=timeout):
+        messages.append(response.prediction.decode())
+        arrivals.append(time.monotonic() - start)
+    return messages, arrivals
+
+
+def test_real_model_streams_paris(llm_server):
+    messages, _ = _stream(llm_server, "smollm2", QUESTION)
+    answer = "".join(messages)
+    assert "Paris" in answer
+    assert len(messages) > 2, messages
+    unary = llm_server.predict("smollm2", json.dumps(QUESTION), timeout=120).decode()
+    assert unary == answer
+    # the loading time is reported in the log, and the real model was loaded once (one worker)
+    loads = [line for line in llm_server.log().splitlines() if "loaded " in line and "SmolLM2" in line]
+    assert len(loads) == 1 and "M parameters" in loads[0] and " s" in loads[0]
+
+
+def test_first_token_arrives_early(llm_server):
+    body = {"prompt": "Once upon a time", "max_new_tokens": 32, "ignore_eos": True}
+    messages, arrivals = _stream(llm_server, "smollm2", body)
+    assert len(messages) > 8
+    assert arrivals[0] < arrivals[-1] / 2, arrivals
+
+
+def test_max_new_tokens_and_usage(llm_server):
+    body = {"prompt": "Count: one, two, three,", "max_new_tokens": 5, "ignore_eos": True, "include_usage": True}
+    messages, _ = _stream(llm_server, "smollm2", body)
+    final = json.loads(messages[-1])
+    assert final["finish_reason"] == "length"
+    assert final["usage"]["completion_tokens"] <= 5 and final["usage"]["prompt_tokens"] > 0
+    text = "".join(messages[:-1]) + final["text"]
+    assert 0 < len(text) < 60
+
+
+def test_stop_string_ends_generation(llm_server):
+    base = {"messages": QUESTION["messages"], "max_new_tokens": 48, "include_usage": True}
+    full_messages, _ = _stream(llm_server, "smollm2", base)
+    full = "".join(full_messages[:-1]) + json.loads(full_messages[-1])["text"]
+    assert "Paris" in full
+    stopped_messages, _ = _stream(llm_server, "smollm2", {**base, "stop": ["Paris"]})
+    final = json.loads(stopped_messages[-1])
+    text = "".join(stopped_messages[:-1]) + final["text"]
+    assert final["finish_reason"] == "stop"
+    assert "Paris" not in text and full.startswith(text)
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ('{"prompt": "x", "temperature": -1}', "temperature"),
+    ('{"prompt": "x", "max_new_tokens": 0}', "max_new_tokens"),
+    ('{"prompt": 5}', "prompt"),
+    ('{"prompt": "x", "bogus": 1}', "bogus"),
+    ("{not json", "JSON"),
+])
+def test_bad_input_is_invalid_argument(llm_server, body, fragment):
+    for call in (lambda: llm_server.predict("tiny", body), lambda: _stream(llm_server, "tiny", body)):
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert fragment in err.value.details()
+    assert llm_server.predict("tiny", '{"prompt": "ok", "max_new_tokens": 2}')  # the worker lives on
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_gen"])
+def test_both_handler_forms_stream_and_match_unary(llm_server, model):
+    body = {"prompt": "hello", "max_new_tokens": 12, "ignore_eos": True, "temperature": 0.8, "seed": 7}
+    messages, _ = _stream(llm_server, model, body)
+    assert len(messages) > 2
+    assert "".join(messages) == llm_server.predict(model, json.dumps(body)).decode()
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_gen"])
+def test_cancel_frees_the_worker(llm_server, model):
+    before = llm_server.describe(model)[0]["workers"][0]
+    body = {"prompt": "go", "max_new_tokens": 2000, "ignore_eos": True}
+    req = inference_pb2.PredictionsRequest(model_name=model, input={"data": json.dumps(body).encode()})
+    call = llm_server.inference.StreamPredictions(req, timeout=120)
+    for count, _ in enumerate(call, 1):
+        if count == 3:
+            call.cancel()
+            break
+    start = time.monotonic()
+    assert llm_server.predict(model, '{"prompt": "next", "max_new_tokens": 1}', timeout=30)
+    assert time.monotonic() - start < 5.0
+    after = llm_server.describe(model)[0]["workers"][0]
+    assert after["pid"] == before["pid"] and after["restarts"] == 0
