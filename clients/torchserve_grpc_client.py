@@ -101,9 +101,7 @@ def _add_common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         return argparse.SUPPRESS if suppress else value
 
     group = parser.add_argument_group("connection options")
-    group.add_argument(
-        "--host", default=default("127.0.0.1"), help="server host (default: 127.0.0.1)"
-    )
+    group.add_argument("--host", default=default("127.0.0.1"), help="server host (default: 127.0.0.1)")
     group.add_argument(
         "--inference-port",
         type=int,
@@ -130,8 +128,7 @@ def _add_common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         type=float,
         default=default(None),
         metavar="SECONDS",
-        help="deadline of each RPC in seconds; for streams it bounds the whole "
-        "stream (default: none)",
+        help="deadline of each RPC in seconds; for streams it bounds the whole stream (default: none)",
     )
     group.add_argument(
         "--auth-token",
@@ -178,9 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer = add("infer", "Run one inference (Predictions) and print the prediction.")
     infer.add_argument("model_input", help="Input for model for inference.")
-    infer_stream = add(
-        "infer_stream", "Run a streamed inference (StreamPredictions), printing as it arrives."
-    )
+    infer_stream = add("infer_stream", "Run a streamed inference (StreamPredictions), printing as it arrives.")
     infer_stream.add_argument("model_input", help="Input for model for stream inference.")
     infer_stream2 = add(
         "infer_stream2",
@@ -209,9 +204,7 @@ def load_key(key_file: str, section: str) -> str:
     return key
 
 
-def build_metadata(
-    auth_token: str | None, key_file: str | None, section: str
-) -> tuple[tuple[str, str], ...]:
+def build_metadata(auth_token: str | None, key_file: str | None, section: str) -> tuple[tuple[str, str], ...]:
     """Call metadata for an API ("inference" or "management").
 
     TorchServe's client metadata, plus ``authorization: Bearer <token>`` where a
@@ -324,9 +317,7 @@ def unregister(
     out: TextIO,
 ) -> int:
     """UnregisterModel; print the server's msg."""
-    request = management_pb2.UnregisterModelRequest(
-        model_name=model_name, model_version=model_version or ""
-    )
+    request = management_pb2.UnregisterModelRequest(model_name=model_name, model_version=model_version or "")
     future = stub.UnregisterModel.future(request, metadata=metadata, timeout=timeout)
     with _cancel_on_exit(future):
         response = future.result()
@@ -464,9 +455,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             mgmt = management_pb2_grpc.ManagementAPIsServiceStub(channel)
             if args.action == "register":
                 return register(mgmt, args.model_name, args.mar_set, metadata, args.timeout, out)
-            return unregister(
-                mgmt, args.model_name, args.model_version, metadata, args.timeout, out
-            )
+            return unregister(mgmt, args.model_name, args.model_version, metadata, args.timeout, out)
     metadata = build_metadata(args.auth_token, args.key_file, "inference")
     with make_channel(args.host, args.inference_port) as channel:
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""LLM streaming benchmark: the real SmolLM2 through the server versus generating in-process.
+
+Starts ``inference-service`` (one worker of ``model_store/smollm2.mar``, built by
+``scripts/build_llm_archive`` if missing) on free ports, loads the same model in
+this process, then alternates runs of the same greedy request (``ignore_eos``,
+``max_new_tokens`` tokens): one streamed through the server with
+StreamPredictions, one with the handler's own generation loop in-process. Only
+one of them computes at a time. Prints a table and one JSON line:
+
+- ``ttft_s``: time to the first streamed message (server) / first text piece (in-process);
+- ``tokens_per_s``: completion tokens / total seconds;
+- ratios server / in-process (tokens/s: higher is better; TTFT: lower is better).
+
+Usage: .venv/bin/python benchmarks/llm_bench.py [--runs 5] [--max-new-tokens 64]
+Figures are this machine's; single runs vary by about ±20 %, hence the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import grpc  # noqa: E402
+from llm_inprocess import DEFAULT_PROMPT, time_generation  # noqa: E402
+
+from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
+from inference_service.llm.generation import (  # noqa: E402
+    GenerationParams,
+    GenerationRequest,
+    build_prompt_ids,
+    model_context_length,
+)
+from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
+
+
+def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the server in the foreground on free ports; returns the process and its inference port."""
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
+                             "--model-store", str(store), "--models", "smollm2=smollm2.mar",
+                             "--grpc-inference-port", "0", "--grpc-management-port", "0"],
+                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    status = workdir / ".inference_service" / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads(status.read_text())
+            if info.get("pid") == proc.pid:
+                return proc, int(info["inference_port"])
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise SystemExit(f"server did not start; see {workdir / 'server.log'}")
+
+
+def server_run(stub: inference_pb2_grpc.InferenceAPIsServiceStub, body: bytes) -> dict[str, float]:
+    """One streamed request: TTFT, total seconds and completion tokens (from include_usage)."""
+    start = time.perf_counter()
+    first = None
+    last = b""
+    for response in stub.StreamPredictions(
+            inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body}), timeout=600):
+        if first is None:
+            first = time.perf_counter()
+        last = response.prediction
+    end = time.perf_counter()
+    tokens = json.loads(last)["usage"]["completion_tokens"]
+    return {"ttft_s": (first or end) - start, "total_s": end - start, "completion_tokens": float(tokens)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and print the table and JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    store = ROOT / "model_store"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
+                   check=True, stdout=subprocess.DEVNULL)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="llm-bench-"))
+    proc, port = start_server(store, workdir)
+    try:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)  # as the server's single worker
+        model, tokenizer = load_model(prepare_gguf())
+        params = GenerationParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+        request = GenerationRequest(prompt=None, messages=({"role": "user", "content": args.prompt},),
+                                    params=params)
+        prompt_ids = build_prompt_ids(tokenizer, request, model_context_length(model))
+        body = json.dumps({"messages": [{"role": "user", "content": args.prompt}],
+                           "max_new_tokens": args.max_new_tokens, "ignore_eos": True,
+                           "include_usage": True}).encode()
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        deadline = time.monotonic() + 900
+        while True:  # wait for the worker: the first request is also the server's warm-up
+            try:
+                server_run(stub, body)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        time_generation(model, tokenizer, prompt_ids, params)  # in-process warm-up
+        served, local = [], []
+        for _ in range(args.runs):
+            served.append(server_run(stub, body))
+            local.append(time_generation(model, tokenizer, prompt_ids, params))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        if key == "tokens_per_s":
+            return statistics.median(r["completion_tokens"] / r["total_s"] for r in rows)
+        return statistics.median(r[key] for r in rows)
+
+    result = {
+        "scenario": "llm_stream", "runs": args.runs, "max_new_tokens": args.max_new_tokens,
+        "prompt_tokens": len(prompt_ids),
+        "server_ttft_s": round(med(served, "ttft_s"), 4), "inprocess_ttft_s": round(med(local, "ttft_s"), 4),
+        "server_tokens_per_s": round(med(served, "tokens_per_s"), 2),
+        "inprocess_tokens_per_s": round(med(local, "tokens_per_s"), 2),
+    }
+    result["tokens_per_s_ratio"] = round(result["server_tokens_per_s"] / result["inprocess_tokens_per_s"], 3)
+    result["ttft_ratio"] = round(result["server_ttft_s"] / result["inprocess_ttft_s"], 3)
+    print(f"SmolLM2-135M-Instruct, {args.max_new_tokens} tokens greedy, median of {args.runs} alternating runs "
+          "(this machine)")
+    print(f"{'':22}{'server':>12}{'in-process':>12}{'ratio':>8}")
+    print(f"{'time to first token s':22}{result['server_ttft_s']:>12.3f}{result['inprocess_ttft_s']:>12.3f}"
+          f"{result['ttft_ratio']:>8.2f}")
+    print(f"{'tokens/s':22}{result['server_tokens_per_s']:>12.2f}{result['inprocess_tokens_per_s']:>12.2f}"
+          f"{result['tokens_per_s_ratio']:>8.2f}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
