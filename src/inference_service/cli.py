@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers-per-model", type=int, help="default_workers_per_model")
     p.add_argument("--worker-threads", type=int, help="torch threads per worker (default cores / workers)")
     p.add_argument("--drain-timeout", type=float, help="seconds in-flight requests get at shutdown (30)")
+    p.add_argument("--max-backoff", type=float,
+                   help="cap of the worker restart back-off in seconds (30)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (INFO)")
     return p
 
@@ -85,6 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "default_workers_per_model": args.workers_per_model,
         "worker_threads": args.worker_threads,
         "drain_timeout_s": args.drain_timeout,
+        "max_backoff_s": args.max_backoff,
         "log_level": args.log_level,
     }
     for key, value in overrides.items():

@@ -50,7 +50,8 @@ class Settings:
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
         drain_timeout_s: how long in-flight requests may finish at shutdown.
-        max_backoff_s: cap of the worker restart back-off.
+        max_backoff_s: cap of the worker restart back-off (s).
+        max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
         log_level: logging level name.
     """
 
@@ -80,6 +81,7 @@ class Settings:
     enable_model_api: bool = False
     drain_timeout_s: float = 30.0
     max_backoff_s: float = 30.0
+    max_archive_bytes: int = 10 * 1024**3
     log_level: str = "INFO"
 
     @property
@@ -136,7 +138,9 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "install_py_dep_per_model": ("install_py_dep_per_model", _bool),
     "disable_token_authorization": ("disable_token_auth", _bool),
     "enable_model_api": ("enable_model_api", _bool),
-    "number_of_netty_threads": ("", None),
+    "drain_timeout_sec": ("drain_timeout_s", float),
+    "worker_restart_max_backoff_sec": ("max_backoff_s", float),
+    "max_archive_size": ("max_archive_bytes", _int),
 }
 
 

@@ -25,6 +25,7 @@ from inference_service.errors import (
     InferenceError,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
     WorkerLoadError,
 )
@@ -48,6 +49,9 @@ class CoreSettings:
         worker_threads: torch threads per worker (0: cores / workers).
         install_py_dep_per_model: install archives' requirements.txt.
         max_backoff_s: cap of the worker restart back-off.
+        max_archive_bytes: cap on an archive's uncompressed size.
+        max_request_size / max_response_size: bytes of one request's inputs / one
+            response message (TorchServe's settings, default 6553500).
     """
 
     model_store: Path | None
@@ -59,6 +63,9 @@ class CoreSettings:
     worker_threads: int = 0
     install_py_dep_per_model: bool = False
     max_backoff_s: float = 30.0
+    max_archive_bytes: int = 10 * 1024**3
+    max_request_size: int = 6_553_500
+    max_response_size: int = 6_553_500
 
 
 @dataclass
@@ -103,6 +110,9 @@ class InferenceCore:
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
         self.accepting = True
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ------------------------------------------------------------------ lookup
     def get(self, name: str, version: str = "") -> ModelVersion:
@@ -127,7 +137,35 @@ class InferenceCore:
     def _submit(self, model: ModelVersion, job: Job) -> None:
         if not self.accepting:
             raise Unavailable("server is shutting down")
+        size = sum(len(v) for v in job.inputs.values())
+        if size > self.settings.max_request_size:
+            raise ResourceExhausted(
+                f"request of {size} bytes exceeds max_request_size={self.settings.max_request_size} bytes")
         model.submit(job)
+
+    def _check_response(self, payload: bytes) -> bytes:
+        if len(payload) > self.settings.max_response_size:
+            raise ResourceExhausted(
+                f"response of {len(payload)} bytes exceeds max_response_size="
+                f"{self.settings.max_response_size} bytes")
+        return payload
+
+    def _enter(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight (graceful drain); False if ``timeout`` s passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     @staticmethod
     def _deadline(time_remaining: float | None) -> float | None:
@@ -154,6 +192,7 @@ class InferenceCore:
         model = self.get(name, version)
         job = Job(inputs, headers or {}, stream=False, deadline=self._deadline(time_remaining))
         self._submit(model, job)
+        self._enter()
         parts: list[bytes] = []
         try:
             while True:
@@ -162,12 +201,14 @@ class InferenceCore:
                     parts.append(payload)  # type: ignore[arg-type]
                 elif kind == FINAL:
                     parts.append(payload)  # type: ignore[arg-type]
-                    return payload if len(parts) == 1 else b"".join(parts)  # type: ignore[return-value]
+                    return self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
                 else:
                     raise payload  # type: ignore[misc]
         except BaseException:
             job.abort()
             raise
+        finally:
+            self._leave()
 
     async def stream(self, name: str, version: str, inputs: dict[str, bytes],
                      headers: dict[str, str] | None = None,
@@ -184,15 +225,17 @@ class InferenceCore:
         job = Job(inputs, headers or {}, stream=True, sequence_id=sequence_id,
                   deadline=self._deadline(time_remaining))
         self._submit(model, job)
+        self._enter()
         try:
             while True:
                 kind, payload = await job.mailbox.get()
                 if kind == ERROR:
                     raise payload  # type: ignore[misc]
-                yield payload  # type: ignore[misc]
+                yield self._check_response(payload)  # type: ignore[arg-type]
                 if kind == FINAL:
                     return
         finally:
+            self._leave()
             if not job.finished:
                 job.abort()
 
@@ -231,7 +274,7 @@ class InferenceCore:
             if getattr(req, field_name) < 0:
                 raise InvalidArgument(f"{field_name} must not be negative")
         archive = await asyncio.to_thread(open_archive, req.url, self.settings.model_store,
-                                          self.settings.extract_dir)
+                                          self.settings.extract_dir, self.settings.max_archive_bytes)
         try:
             name = req.model_name or archive.model_name
             if not name:

@@ -183,7 +183,11 @@ class WorkerSlot:
         failures = 0
         first_failure: float | None = None
         config = self.model.config
+        attempts = 0
         while not self.stopping:
+            if attempts:
+                self.restarts += 1
+            attempts += 1
             self._set_state(WorkerState.STARTING)
             process = WorkerProcess(self.model.worker_spec(self), self.model.worker_env(self),
                                     f"inference_service.worker.{self.model.name}")
@@ -202,7 +206,6 @@ class WorkerSlot:
                 await self._serve(process)
                 if self.stopping:
                     break
-                self.restarts += 1
             # The worker failed to load or died: back off, then start a new one.
             await process.kill()
             now = time.monotonic()
@@ -212,6 +215,7 @@ class WorkerSlot:
                                    f"{config.max_retry_timeout_s}s: {self.last_error}")
                 log.error("model %s worker %d gives up: %s", self.model.name, self.id, self.last_error)
                 self._set_state(WorkerState.FAILED)
+                self.model.on_worker_failed()
                 return
             delay = 0.0 if failures == 0 else min(config.max_backoff_s, 2 ** (failures - 1))
             failures += 1
@@ -319,6 +323,14 @@ class ModelVersion:
     def on_change(self) -> None:
         """Propagate a worker state change (health)."""
         self._on_change()
+
+    def on_worker_failed(self) -> None:
+        """A worker gave up (maxRetryTimeoutInSec): if none is left, fail the queued jobs."""
+        if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
+            failed = [s.last_error for s in self.slots.values() if s.last_error]
+            self.queue.drain(Unavailable(
+                f"model {self.name} version {self.version} has no working worker: "
+                f"{failed[0] if failed else 'all workers failed'}"))
 
     @property
     def ready_workers(self) -> int:

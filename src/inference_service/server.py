@@ -44,9 +44,12 @@ _MODELS_JSON_KEYS = {
 
 
 def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | None) -> list[tuple[str, Any]]:
+    # gRPC's own limits sit above the settings, so that the core can refuse an oversize
+    # request or response with a message naming the setting; beyond twice the setting
+    # gRPC refuses the message itself (also RESOURCE_EXHAUSTED).
     options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", settings.max_request_size),
-        ("grpc.max_send_message_length", settings.max_response_size),
+        ("grpc.max_receive_message_length", 2 * settings.max_request_size + (1 << 20)),
+        ("grpc.max_send_message_length", settings.max_response_size + (1 << 20)),
         ("grpc.so_reuseport", 0),
     ]
     if age_ms:
@@ -86,6 +89,9 @@ class Server:
                 worker_threads=settings.worker_threads,
                 install_py_dep_per_model=settings.install_py_dep_per_model,
                 max_backoff_s=settings.max_backoff_s,
+                max_archive_bytes=settings.max_archive_bytes,
+                max_request_size=settings.max_request_size,
+                max_response_size=settings.max_response_size,
             ),
             on_health_change=self.health.changed,
         )
@@ -199,7 +205,12 @@ class Server:
         await self.health.shutdown()
         for task in self._startup_tasks:
             task.cancel()
-        await asyncio.gather(*(srv.stop(grace) for srv in self.servers))
+        # New requests now get UNAVAILABLE from the core; health checks still answer
+        # NOT_SERVING. In-flight requests get ``grace`` seconds to finish.
+        if not await self.core.wait_idle(grace):
+            log.warning("%d requests still in flight after the %.0fs drain timeout; cancelling them",
+                        self.core.inflight, grace)
+        await asyncio.gather(*(srv.stop(0.5) for srv in self.servers))
         await self.core.shutdown()
         shutil.rmtree(self.extract_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):

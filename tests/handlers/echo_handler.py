@@ -3,7 +3,9 @@
 Body commands: ``stream:N[:DELAY]`` sends N intermediate responses DELAY seconds
 apart, ``pid`` answers the worker's pid, ``boom`` raises, ``sleep:S`` sleeps,
 ``status:CODE`` sets a response status, ``exit`` kills the worker process,
-``headers`` answers the request headers as JSON; anything else is echoed.
+``headers`` answers the request headers as JSON, ``batch`` the batch size,
+``touch:PATH`` appends a line to PATH, ``repeat:N`` answers N bytes, ``tensor``
+a torch tensor; anything else is echoed.
 """
 import os
 import time
@@ -47,6 +49,16 @@ class EchoHandler:
                 out.append(context.get_all_request_header(idx))
             elif text == "batch":
                 out.append(len(data))
+            elif text.startswith("touch:"):
+                with open(text.split(":", 1)[1], "a") as f:
+                    f.write("ran\n")
+                out.append("touched")
+            elif text.startswith("repeat:"):
+                out.append("x" * int(text.split(":")[1]))
+            elif text == "tensor":
+                import torch
+
+                out.append(torch.arange(6, dtype=torch.float32).reshape(2, 3))
             else:
                 out.append(text)
         return out
