@@ -106,6 +106,10 @@ class ServerProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
+        self._connect()
+
+    def _connect(self) -> None:
+        """Wait for the status file, then open channels and stubs to the reported ports."""
         self.status = self._wait_status(30.0)
         self.inference_port = self.status["inference_port"]
         self.management_port = self.status["management_port"]

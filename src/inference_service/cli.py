@@ -72,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = Settings()
     if args.ts_config is not None:
         apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))
+        settings.ts_config = args.ts_config
     if args.model_store is not None:
         settings.model_store = args.model_store
     if settings.model_store is not None:

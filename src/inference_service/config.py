@@ -52,6 +52,7 @@ class Settings:
         drain_timeout_s: how long in-flight requests may finish at shutdown.
         max_backoff_s: cap of the worker restart back-off (s).
         max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
+        ts_config: the ``--ts-config`` file given, if any (disables snapshot restore).
         log_level: logging level name.
     """
 
@@ -82,6 +83,7 @@ class Settings:
     drain_timeout_s: float = 30.0
     max_backoff_s: float = 30.0
     max_archive_bytes: int = 10 * 1024**3
+    ts_config: Path | None = None
     log_level: str = "INFO"
 
     @property

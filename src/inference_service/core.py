@@ -110,6 +110,7 @@ class InferenceCore:
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
         self.accepting = True
+        self.on_models_changed: Callable[[], None] = lambda: None
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -331,6 +332,7 @@ class InferenceCore:
             await self._remove_version(name, model.version)
             raise
         self._on_health_change()
+        self.on_models_changed()
         return model
 
     async def _remove_version(self, name: str, version: str) -> None:
@@ -361,6 +363,7 @@ class InferenceCore:
                 "version first")
         await self._remove_version(name, model.version)
         log.info("unregistered model %s version %s", name, model.version)
+        self.on_models_changed()
         return model.version
 
     async def scale(self, name: str, version: str, min_worker: int, max_worker: int,
@@ -383,6 +386,7 @@ class InferenceCore:
         stop_timeout = min(stop_timeout, 3600.0)
         await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout)
         self._on_health_change()
+        self.on_models_changed()
         return model
 
     def set_default(self, name: str, version: str) -> None:
@@ -396,6 +400,7 @@ class InferenceCore:
         model = self.get(name, version)
         self.models[name].default_version = model.version
         log.info("model %s default version is now %s", name, version)
+        self.on_models_changed()
 
     def describe(self, name: str, version: str = "") -> list[dict[str, Any]]:
         """DescribeModel: one object per version (all of them when ``version`` is "all")."""

@@ -30,6 +30,7 @@ from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
+from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
 
 log = logging.getLogger("inference_service")
 
@@ -95,6 +96,9 @@ class Server:
             ),
             on_health_change=self.health.changed,
         )
+        self.snapshots = SnapshotStore(settings.working_dir / "logs" / "config")
+        if settings.snapshot:
+            self.core.on_models_changed = self._save_snapshot
         self.servers: list[grpc.aio.Server] = []
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
@@ -152,8 +156,48 @@ class Server:
         log.info("inference API listening on %s:%d, management API on %s:%d",
                  s.inference_address, self.ports["inference"], s.management_address, self.ports["management"])
         self._write_status("serving")
+        restored = self._snapshot_to_restore()
+        if restored is not None:
+            self._startup_tasks.append(asyncio.create_task(self._restore(restored)))
         for req in self._startup_requests():
             self._startup_tasks.append(asyncio.create_task(self._load_startup(req)))
+
+    def _save_snapshot(self) -> None:
+        try:
+            self.snapshots.save(self.core, self.settings.model_store)
+        except OSError as exc:
+            log.error("cannot write the config snapshot in %s: %s", self.snapshots.directory, exc)
+
+    def _snapshot_to_restore(self) -> list[SnapshotModel] | None:
+        """The models of the latest snapshot, when it is to be restored (see :mod:`.snapshot`)."""
+        s = self.settings
+        latest = self.snapshots.latest()
+        if latest is None:
+            return None
+        reason = ("--ncs" if not s.snapshot else "--ts-config" if s.ts_config is not None
+                  else "--models" if s.load_models else None)
+        if reason is not None:
+            log.warning("config snapshot %s not restored because %s was given", latest, reason)
+            return None
+        try:
+            models = self.snapshots.load(latest)
+        except SnapshotError as exc:
+            aside = self.snapshots.set_aside(latest)
+            log.error("%s; kept aside as %s; starting without it", exc, aside.name)
+            return None
+        log.info("restoring %d model versions from config snapshot %s", len(models), latest)
+        return models
+
+    async def _restore(self, models: list[SnapshotModel]) -> None:
+        for m in models:
+            m.request.extra["max_workers"] = m.max_workers
+            await self._load_startup(m.request)
+        for m in models:
+            if m.default:
+                try:
+                    self.core.set_default(m.name, m.version)
+                except InferenceError as exc:
+                    log.error("cannot restore the default version of %s: %s", m.name, exc.message)
 
     def _startup_requests(self) -> list[RegisterRequest]:
         s = self.settings
