@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 import inference_service
-from inference_service._proto import inference_pb2_grpc, management_pb2_grpc
+from inference_service._proto import inference_pb2, management_pb2
 from inference_service.archive import MANIFEST
 from inference_service.config import Settings
 from inference_service.core import CoreSettings, InferenceCore, RegisterRequest
@@ -30,6 +30,7 @@ from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
+from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
 
 log = logging.getLogger("inference_service")
@@ -134,9 +135,10 @@ class Server:
             s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
         management = grpc.aio.server(options=_channel_options(
             s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
-        inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(InferenceServicer(self.core), inference)
-        management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
-            ManagementServicer(self.core, s.enable_model_api), management)
+        add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
+                    InferenceServicer(self.core))
+        add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
+                    ManagementServicer(self.core, s.enable_model_api))
         for srv in (inference, management):
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
         for key, srv, address, port in (("inference", inference, s.inference_address, s.inference_port),

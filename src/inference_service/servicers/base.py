@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from inference_service.errors import InferenceError
+from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.servicers.registration import Malformed
 
 log = logging.getLogger("inference_service.rpc")
 
@@ -26,12 +27,19 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: s
     await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
+def check_parsed(request: Any) -> None:
+    """Raise INVALID_ARGUMENT for a request that did not parse (see :mod:`.registration`)."""
+    if isinstance(request, Malformed):
+        raise InvalidArgument(f"request message does not parse: {request.error}")
+
+
 def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Decorate a unary servicer method: map raised errors to statuses."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
+            check_parsed(request)
             return await method(self, request, context)
         except InferenceError as exc:
             await context.abort(exc.code, exc.message)
@@ -50,6 +58,7 @@ def streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIte
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
         try:
+            check_parsed(request)
             async for item in method(self, request, context):
                 yield item
         except InferenceError as exc:

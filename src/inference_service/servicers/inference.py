@@ -16,6 +16,7 @@ from inference_service._proto import inference_pb2, inference_pb2_grpc
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.servicers.base import streaming, unary
+from inference_service.servicers.registration import Malformed
 
 PredictionResponse = inference_pb2.PredictionResponse
 SEQ_START = "ts_request_sequence_start"
@@ -121,6 +122,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
     async def _sequence_request(self, request: inference_pb2.PredictionsRequest, opened: dict[str, Any],
                                 headers: dict[str, str],
                                 context: grpc.aio.ServicerContext) -> AsyncIterator[PredictionResponse]:
+        if isinstance(request, Malformed):
+            yield self._in_band("", grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request message does not parse: {request.error}")
+            return
         seq = request.sequence_id if request.HasField("sequence_id") else ""
         inputs = dict(request.input)
         try:
