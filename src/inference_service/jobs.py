@@ -190,8 +190,8 @@ class JobQueue:
         if first.stream or batch_size <= 1:
             return [first]
         self._forming = True
+        batch = [first]
         try:
-            batch = [first]
             deadline = first.enqueued + max_batch_delay_ms / 1000.0
             while len(batch) < batch_size:
                 if self._shared:
@@ -205,9 +205,20 @@ class JobQueue:
                 if timeout <= 0 or not await self._wait(timeout):
                     break
             return batch
+        except asyncio.CancelledError:
+            self.requeue(batch)  # the worker went away while the batch was forming
+            raise
         finally:
             self._forming = False
             self._notify()
+
+    def requeue(self, jobs: list[Job]) -> None:
+        """Put jobs that were taken but never ran back at the front of the shared queue."""
+        for job in reversed(jobs):
+            if not job.cancelled and not job.finished:
+                self._shared.appendleft(job)
+                self._size += 1
+        self._notify()
 
     def wake_all(self) -> None:
         """Wake every waiting worker (used when workers stop)."""

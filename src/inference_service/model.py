@@ -135,6 +135,45 @@ class ModelConfig:
         return config
 
 
+PARALLEL_TYPES = ("tp", "pp", "pptp", "custom")
+
+
+def parallel_settings(yaml_config: dict[str, Any]) -> tuple[int, int, list[int]]:
+    """Read TorchServe's distributed-worker keys from a model config.
+
+    ``parallelType: tp | pp | pptp`` with ``torchrun: {nproc-per-node: N}`` (or
+    ``parallelLevel: N``) makes each worker a torchrun group of N processes;
+    ``custom`` is one process given all devices. ``torchrun.OMP_NUMBER_THREADS``
+    sets the threads per rank (default 1, as TorchServe); ``deviceIds`` the GPUs.
+
+    Returns:
+        ``(world_size, threads per rank, device ids)``.
+
+    Raises:
+        InvalidArgument: an unknown parallelType or a bad process count.
+    """
+    parallel = yaml_config.get("parallelType")
+    torchrun = yaml_config.get("torchrun") or {}
+    if not isinstance(torchrun, dict):
+        raise InvalidArgument("model config key torchrun must be a mapping")
+    device_ids = [int(d) for d in yaml_config.get("deviceIds") or []]
+    threads = int(torchrun.get("OMP_NUMBER_THREADS", torchrun.get("omp-num-threads", 1)))
+    if parallel is None:
+        return 1, threads, device_ids
+    if parallel not in PARALLEL_TYPES:
+        raise InvalidArgument(f"parallelType must be one of {', '.join(PARALLEL_TYPES)}, got {parallel!r}")
+    if parallel == "custom":
+        return 1, threads, device_ids
+    nproc = torchrun.get("nproc-per-node", torchrun.get("nproc_per_node", yaml_config.get("parallelLevel", 1)))
+    try:
+        world = int(nproc)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"torchrun nproc-per-node must be an integer, got {nproc!r}") from None
+    if not 1 <= world <= 64:
+        raise InvalidArgument(f"torchrun nproc-per-node must be between 1 and 64, got {world}")
+    return world, max(1, threads), device_ids
+
+
 class WorkerState(enum.Enum):
     """A worker slot's state as DescribeModel shows it."""
 
@@ -226,31 +265,48 @@ class WorkerSlot:
         self._set_state(WorkerState.UNLOADING)
 
     async def _serve(self, process: WorkerProcess) -> None:
+        """Feed batches to ``process`` until it dies or the slot stops."""
         model = self.model
         config = model.config
-        while not self.stopping:
-            try:
-                batch = await model.queue.next_batch(self.id, config.batch_size, config.max_batch_delay_ms)
-            except asyncio.CancelledError:
-                if self.stopping:
+        died = asyncio.ensure_future(process.dead.wait())
+        try:
+            while not self.stopping:
+                waiting = asyncio.ensure_future(
+                    model.queue.next_batch(self.id, config.batch_size, config.max_batch_delay_ms))
+                try:
+                    await asyncio.wait({waiting, died}, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    waiting.cancel()
+                    if self.stopping:
+                        return
+                    raise
+                if not waiting.done():  # the worker died while idle: restart it
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+                    self.last_error = f"worker {self.id} of model {model.name} exited while idle"
+                    log.error("%s", self.last_error)
                     return
-                raise
-            self.state = WorkerState.BUSY
-            try:
-                await process.run_batch(batch, config.response_timeout_s)
-            except WorkerDied as exc:
-                self.last_error = str(exc)
-                log.error("%s", exc)
-                model.queue.drain(Unavailable(str(exc)), self.id)
-                return
-            except Exception as exc:  # DeadlineExceeded: the worker was killed
-                self.last_error = str(exc)
-                return
-            finally:
-                if self.state is WorkerState.BUSY:
-                    self.state = WorkerState.READY
-            if not process.alive:
-                return
+                batch = waiting.result()
+                self.state = WorkerState.BUSY
+                try:
+                    await process.run_batch(batch, config.response_timeout_s)
+                except WorkerDied as exc:
+                    model.queue.requeue([job for job in batch if job.worker is None])
+                    self.last_error = str(exc)
+                    log.error("%s", exc)
+                    model.queue.drain(Unavailable(str(exc)), self.id)
+                    return
+                except Exception as exc:  # DeadlineExceeded: the worker was killed
+                    self.last_error = str(exc)
+                    return
+                finally:
+                    if self.state is WorkerState.BUSY:
+                        self.state = WorkerState.READY
+                if not process.alive:
+                    return
+        finally:
+            died.cancel()
 
     async def stop(self, timeout: float) -> None:
         """Stop after the running batch (waiting at most ``timeout`` s), then stop the process."""
@@ -319,6 +375,7 @@ class ModelVersion:
         self.sequence_last_used: dict[str, float] = {}
         self.gpu_count = 0
         self.closed = False
+        self.world_size, self.rank_threads, self.device_ids = parallel_settings(archive.config)
 
     def on_change(self) -> None:
         """Propagate a worker state change (health)."""
@@ -356,15 +413,22 @@ class ModelVersion:
             gpu=slot.gpu,
             server_version=self.server_version,
             extra_paths=self.extra_paths,
+            world_size=self.world_size,
         )
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """Environment of a worker: torch threads = cores / workers unless configured."""
         env = dict(self.base_env)
-        threads = self.config.worker_threads or max(1, (os.cpu_count() or 1) // max(1, len(self.slots)))
+        if self.world_size > 1:
+            threads = self.rank_threads  # per rank; TorchServe's default is 1
+        else:
+            threads = self.config.worker_threads or max(1, (os.cpu_count() or 1) // max(1, len(self.slots)))
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("MKL_NUM_THREADS", str(threads))
-        env["CUDA_VISIBLE_DEVICES"] = "" if slot.gpu is None else str(slot.gpu)
+        if self.device_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.device_ids)
+        elif slot.gpu is None:
+            env["CUDA_VISIBLE_DEVICES"] = ""
         return env
 
     async def scale(self, min_workers: int, max_workers: int, synchronous: bool,

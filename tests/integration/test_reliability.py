@@ -270,3 +270,18 @@ def test_message_size_limits(rel_store, tmp_path):
 
 def test_tensor_result_is_json_not_pickle(rsrv):
     assert json.loads(rsrv.predict("echo", "tensor")) == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def test_worker_killed_while_idle_is_replaced_before_the_next_request(rsrv):
+    rsrv.register("echo.mar", model_name="idle", initial_workers=1)
+    pid = rsrv.describe("idle")[0]["workers"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while rsrv.describe("idle")[0]["workers"][0]["pid"] in (pid, -1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    start = time.monotonic()
+    assert rsrv.predict("idle", "fresh worker") == b"fresh worker"
+    assert time.monotonic() - start < 2.0
+    assert rsrv.describe("idle")[0]["workers"][0]["restarts"] == 1
+    rsrv.unregister("idle")

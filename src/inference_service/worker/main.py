@@ -1,4 +1,5 @@
-"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N``.
+"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N``
+(or ``--connect PATH`` for each rank of a torchrun-launched group).
 
 1. Read the ``INIT`` frame (a :class:`~.protocol.WorkerSpec`) from the inherited socket.
 2. Put the TorchServe import shims (``ts.*``) and the model directory on ``sys.path``.
@@ -200,9 +201,15 @@ def _phrase(status: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run a worker on the socket inherited as ``--fd``. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="inference_service.worker.main")
-    parser.add_argument("--fd", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="inherited socket (a single worker)")
+    where.add_argument("--connect", help="Unix socket of the frontend (a rank of a torchrun group)")
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(args.connect)
     channel = WorkerChannel(sock)
     first = channel.read_frame()
     if first is None or first[0] != protocol.INIT:
@@ -229,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("model %s failed to load:\n%s", spec.model_name, traceback.format_exc())
         channel.send(protocol.frame(protocol.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
-    channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}}}'.encode()))
+    rank = int(os.environ.get("RANK", "0"))
+    channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
     reader = threading.Thread(target=worker.read_loop, name="ipc-reader", daemon=True)
     reader.start()
     worker.serve()

@@ -11,9 +11,11 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +56,10 @@ class WorkerProcess:
         self.pid: int | None = None
         self.start_time = time.time()
         self.proc: asyncio.subprocess.Process | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._ready_count = 0
+        self._closed = False
+        self.dead = asyncio.Event()
         self._jobs: dict[str, Job] = {}
         self._ready: asyncio.Future[str | None] | None = None
         self._batch_done: asyncio.Future[None] | None = None
@@ -70,36 +75,18 @@ class WorkerProcess:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self, startup_timeout: float) -> None:
-        """Spawn the process and wait until its handler is loaded.
+        """Spawn the process (or torchrun group) and wait until its handler is loaded.
 
         Raises:
             WorkerLoadError: the handler failed to load (with its message), the
                 process exited, or ``startup_timeout`` seconds passed.
         """
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno()),
-                pass_fds=(child.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self.env,
-                start_new_session=False,
-            )
-        finally:
-            child.close()
-        self.pid = self.proc.pid
-        self.start_time = time.time()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        self._tasks = [
-            asyncio.create_task(self._route(reader), name=f"route-{self.spec.worker_id}"),
-            asyncio.create_task(self._relay(self.proc.stdout, logging.INFO)),
-            asyncio.create_task(self._relay(self.proc.stderr, logging.INFO)),
-        ]
-        self._writer.write(self.spec.to_frame())
+        if self.spec.world_size > 1:
+            await self._spawn_group(startup_timeout)
+        else:
+            await self._spawn_single()
         try:
             error = await asyncio.wait_for(asyncio.shield(self._ready), startup_timeout)
         except TimeoutError:
@@ -109,8 +96,70 @@ class WorkerProcess:
                 f"{startup_timeout:g}s"
             ) from None
         if error is not None:
-            await self.wait_exit(5.0)
+            await self.kill()
             raise WorkerLoadError(f"model {self.spec.model_name} failed to load: {error}")
+
+    def _watch_output(self) -> None:
+        assert self.proc is not None
+        self._tasks += [
+            asyncio.create_task(self._relay(self.proc.stdout, logging.INFO)),
+            asyncio.create_task(self._relay(self.proc.stderr, logging.INFO)),
+        ]
+
+    def _attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        self._tasks.append(asyncio.create_task(self._route(reader), name=f"route-{self.spec.worker_id}"))
+        writer.write(self.spec.to_frame())
+
+    async def _spawn_single(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno()),
+                pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
+        finally:
+            child.close()
+        self.pid = self.proc.pid
+        self.start_time = time.time()
+        self._watch_output()
+        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
+        self._attach(reader, writer)
+
+    async def _spawn_group(self, startup_timeout: float) -> None:
+        """torchrun group: every rank connects to a private Unix socket of this worker."""
+        world = self.spec.world_size
+        directory = tempfile.mkdtemp(prefix="inference-service-")  # mode 0700
+        path = os.path.join(directory, "group.sock")
+        connected = asyncio.Event()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._attach(reader, writer)
+            if len(self._writers) == world:
+                connected.set()
+
+        listener = await asyncio.start_unix_server(on_connect, path=path, limit=1 << 20)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
+                "--connect", path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.env, start_new_session=True)
+            self.pid = self.proc.pid
+            self.start_time = time.time()
+            self._watch_output()
+            exited = asyncio.create_task(self.proc.wait())
+            waiter = asyncio.create_task(connected.wait())
+            done, _ = await asyncio.wait({exited, waiter}, timeout=startup_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            exited.cancel()
+            if waiter not in done and self._ready is not None and not self._ready.done():
+                self._ready.set_result(
+                    f"only {len(self._writers)} of {world} ranks connected (launcher "
+                    f"{'exited' if exited in done else 'timed out'})")
+        finally:
+            listener.close()
+            shutil.rmtree(directory, ignore_errors=True)
 
     async def _relay(self, stream: asyncio.StreamReader | None, level: int) -> None:
         if stream is None:
@@ -120,14 +169,34 @@ class WorkerProcess:
             self._log.log(level, "%s %s", prefix, line.decode("utf-8", "replace").rstrip())
 
     async def _route(self, reader: asyncio.StreamReader) -> None:
-        """The single reader of the socket: route each frame to its job or future."""
+        """The single reader of one rank's socket: route each frame to its job or future.
+
+        Only rank 0 answers clients; the other ranks' responses are dropped.
+        """
         jobs = self._jobs
         header = protocol.HEADER
+        answers = self.spec.world_size == 1
         try:
             while True:
                 head = await reader.readexactly(header.size)
                 length, kind = header.unpack(head)
                 body = await reader.readexactly(length - 1) if length > 1 else b""
+                if kind == protocol.READY:
+                    info = json.loads(body)
+                    if int(info.get("rank", 0)) == 0:
+                        answers = True
+                        self.pid = int(info.get("pid", self.pid))
+                    self._ready_count += 1
+                    if self._ready_count == self.spec.world_size and self._ready is not None \
+                            and not self._ready.done():
+                        self._ready.set_result(None)
+                    continue
+                if kind == protocol.LOAD_FAILED:
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_result(body.decode("utf-8", "replace"))
+                    continue
+                if not answers:
+                    continue
                 self._progress.set()
                 if kind == protocol.CHUNK or kind == protocol.FINAL:
                     rid, payload = protocol.decode_response(body)
@@ -151,20 +220,18 @@ class WorkerProcess:
                 elif kind == protocol.DONE:
                     if self._batch_done is not None and not self._batch_done.done():
                         self._batch_done.set_result(None)
-                elif kind == protocol.READY:
-                    info = json.loads(body)
-                    self.pid = int(info.get("pid", self.pid))
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(None)
-                elif kind == protocol.LOAD_FAILED:
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(body.decode("utf-8", "replace"))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             await self._on_channel_closed()
 
     async def _on_channel_closed(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.dead.set()
+        if self.spec.world_size > 1:
+            await self.kill()  # one rank gone takes the group down
         code = await self.wait_exit(2.0)
         reason = f"exit code {code}" if code is not None and code >= 0 else (
             f"killed by signal {-code}" if code is not None else "channel closed")
@@ -197,7 +264,8 @@ class WorkerProcess:
             DeadlineExceeded: no response for ``response_timeout`` seconds
                 (the jobs failed with DEADLINE_EXCEEDED and the worker is killed).
         """
-        assert self._writer is not None
+        if self._closed:
+            raise WorkerDied(f"worker {self.spec.worker_id} of model {self.spec.model_name} is gone")
         loop = asyncio.get_running_loop()
         done = self._batch_done = loop.create_future()
         requests = []
@@ -205,7 +273,7 @@ class WorkerProcess:
             job.worker = self
             self._jobs[job.request_id] = job
             requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
-        self._writer.write(protocol.encode_batch(requests))
+        self._send(protocol.encode_batch(requests))
         for job in jobs:
             if job.cancelled:
                 self.cancel(job.request_id)
@@ -225,10 +293,16 @@ class WorkerProcess:
                 raise error
         done.result()
 
+    def _send(self, data: bytes) -> None:
+        """Write a frame to every rank (all ranks see every request)."""
+        for writer in self._writers:
+            if not writer.is_closing():
+                writer.write(data)
+
     def cancel(self, request_id: str) -> None:
         """Tell the worker that the client of ``request_id`` went away."""
-        if self._writer is not None and not self._writer.is_closing() and request_id in self._jobs:
-            self._writer.write(protocol.frame(protocol.CANCEL, request_id.encode()))
+        if request_id in self._jobs:
+            self._send(protocol.frame(protocol.CANCEL, request_id.encode()))
 
     async def wait_exit(self, timeout: float) -> int | None:
         """Wait up to ``timeout`` s for the process to exit; its exit code or ``None``."""
@@ -240,10 +314,10 @@ class WorkerProcess:
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit (``STOP``), killing it after ``timeout`` seconds."""
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(protocol.frame(protocol.STOP))
+        self._send(protocol.frame(protocol.STOP))
+        for writer in self._writers:
             with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+                await writer.drain()
         if await self.wait_exit(timeout) is None:
             await self.kill()
         await self._close()
@@ -252,13 +326,16 @@ class WorkerProcess:
         """SIGKILL the process and wait for it."""
         if self.alive and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
+                if self.spec.world_size > 1:  # the launcher leads its own process group
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                else:
+                    self.proc.send_signal(signal.SIGKILL)
             await self.wait_exit(5.0)
         await self._close()
 
     async def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for writer in self._writers:
+            writer.close()
         for task in self._tasks:
             if task is not asyncio.current_task():
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -154,6 +154,7 @@ class WorkerSpec:
         server_version: this server's version.
         extra_paths: extra ``sys.path`` entries (e.g. per-model dependencies).
         limit_max_image_pixels: TorchServe's Pillow guard flag.
+        world_size: processes in the worker group (>1: launched with torchrun).
     """
 
     model_name: str
@@ -168,6 +169,7 @@ class WorkerSpec:
     server_version: str = ""
     extra_paths: list[str] = field(default_factory=list)
     limit_max_image_pixels: bool = True
+    world_size: int = 1
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""
