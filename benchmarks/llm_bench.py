@@ -67,13 +67,21 @@ def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess
     raise SystemExit(f"server did not start; see {workdir / 'server.log'}")
 
 
-def server_run(stub: inference_pb2_grpc.InferenceAPIsServiceStub, body: bytes) -> dict[str, float]:
+def inference_metadata(workdir: pathlib.Path) -> tuple[tuple[str, str], ...]:
+    """``authorization: Bearer <inference key>`` from the server's key_file.json (token authorization is on)."""
+    key = json.loads((workdir / "key_file.json").read_text())["inference"]["key"]
+    return (("authorization", f"Bearer {key}"),)
+
+
+def server_run(stub: inference_pb2_grpc.InferenceAPIsServiceStub, body: bytes,
+               metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, float]:
     """One streamed request: TTFT, total seconds and completion tokens (from include_usage)."""
     start = time.perf_counter()
     first = None
     last = b""
     for response in stub.StreamPredictions(
-            inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body}), timeout=600):
+            inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body}), timeout=600,
+            metadata=metadata):
         if first is None:
             first = time.perf_counter()
         last = response.prediction
@@ -109,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                            "max_new_tokens": args.max_new_tokens, "ignore_eos": True,
                            "include_usage": True}).encode()
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        auth = inference_metadata(workdir)
         deadline = time.monotonic() + 900
         while True:  # wait for the worker: the first request is also the server's warm-up
             try:
-                server_run(stub, body)
+                server_run(stub, body, auth)
                 break
             except grpc.RpcError:
                 if time.monotonic() > deadline:
@@ -121,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         time_generation(model, tokenizer, prompt_ids, params)  # in-process warm-up
         served, local = [], []
         for _ in range(args.runs):
-            served.append(server_run(stub, body))
+            served.append(server_run(stub, body, auth))
             local.append(time_generation(model, tokenizer, prompt_ids, params))
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -46,7 +46,7 @@ def main() -> int:
     (model / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
         {"runtime": "python", "model": {"modelName": "busy", "handler": "echo_handler.py", "modelVersion": "1.0",
                                         "configFile": "model-config.yaml"}}))
-    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs", "--disable-token-auth",
+    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                              "--model-store", str(work / "store"), "--models", "busy",
                              "--grpc-inference-port", "0", "--grpc-management-port", "0"],
                             cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -57,6 +57,8 @@ def main() -> int:
             assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
             time.sleep(0.05)
         port = json.loads(status.read_text())["inference_port"]
+        key = json.loads((work / "key_file.json").read_text())["inference"]["key"]  # token authorization is on
+        auth = (("authorization", f"Bearer {key}"),)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
@@ -71,7 +73,7 @@ def main() -> int:
             request = inference_pb2.PredictionsRequest(model_name="busy", input={"data": b"sleep:0.2"})
             while not stop.is_set():
                 try:
-                    stub.Predictions(request, timeout=30)
+                    stub.Predictions(request, timeout=30, metadata=auth)
                     key = "OK"
                 except grpc.RpcError as err:
                     key = err.code().name
@@ -84,7 +86,7 @@ def main() -> int:
         ping_ms, check_ms = [], []
         for _ in range(args.samples):
             t0 = time.perf_counter()
-            stub.Ping(empty_pb2.Empty(), timeout=5)
+            stub.Ping(empty_pb2.Empty(), timeout=5, metadata=auth)
             t1 = time.perf_counter()
             health.Check(check, timeout=5)
             t2 = time.perf_counter()

@@ -26,7 +26,8 @@ Examples (from the repository root)::
 
 Options may be given before or after the subcommand (TorchServe's client takes
 ``--auth-token`` after it).  ``--auth-token`` (or the matching key of
-``--key-file``) is sent as ``authorization: Bearer <token>`` metadata.  Every call
+``--key-file``) is sent as ``authorization: Bearer <token>`` metadata; ``--tls-ca``
+(and ``--tls-cert`` / ``--tls-key`` for mutual TLS) connect over TLS.  Every call
 also carries TorchServe's client metadata ``protocol: gRPC`` and ``session_id``.
 
 ``--timeout`` is a deadline per RPC in seconds; for the streaming subcommands it
@@ -144,6 +145,24 @@ def _add_common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         help="TorchServe key_file.json: its inference key is used for inference "
         "calls, its management key for management calls",
     )
+    group.add_argument(
+        "--tls-ca",
+        default=default(None),
+        metavar="PEM",
+        help="connect over TLS, trusting the CA certificates of this PEM file",
+    )
+    group.add_argument(
+        "--tls-cert",
+        default=default(None),
+        metavar="PEM",
+        help="client certificate chain for mutual TLS (with --tls-key; implies TLS)",
+    )
+    group.add_argument(
+        "--tls-key",
+        default=default(None),
+        metavar="PEM",
+        help="private key of --tls-cert",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,10 +237,36 @@ def build_metadata(auth_token: str | None, key_file: str | None, section: str) -
     return BASE_METADATA
 
 
-def make_channel(host: str, port: int) -> grpc.Channel:
-    """Open an insecure channel to ``host:port`` (IPv6 literals bracketed)."""
+def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials | None:
+    """Channel credentials from ``--tls-ca`` / ``--tls-cert`` / ``--tls-key`` (``None``: plaintext).
+
+    Without ``--tls-ca`` the system's trusted CAs are used.  Raises ClientError
+    if a file cannot be read or only one of ``--tls-cert`` / ``--tls-key`` is given.
+    """
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise ClientError("--tls-cert and --tls-key go together")
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise ClientError(f"cannot read TLS file {path}: {e.strerror or e}") from e
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca), private_key=read(key), certificate_chain=read(cert)
+    )
+
+
+def make_channel(host: str, port: int, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """Open a channel to ``host:port`` (IPv6 literals bracketed): TLS with ``credentials``, else insecure."""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
+    if credentials is not None:
+        return grpc.secure_channel(f"{host}:{port}", credentials, options=CHANNEL_OPTIONS)
     return grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS)
 
 
@@ -449,15 +494,16 @@ def infer_stream2(
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run the parsed subcommand; RPC and local errors propagate to the caller."""
+    credentials = tls_credentials(args.tls_ca, args.tls_cert, args.tls_key)
     if args.action in ("register", "unregister"):
         metadata = build_metadata(args.auth_token, args.key_file, "management")
-        with make_channel(args.host, args.management_port) as channel:
+        with make_channel(args.host, args.management_port, credentials) as channel:
             mgmt = management_pb2_grpc.ManagementAPIsServiceStub(channel)
             if args.action == "register":
                 return register(mgmt, args.model_name, args.mar_set, metadata, args.timeout, out)
             return unregister(mgmt, args.model_name, args.model_version, metadata, args.timeout, out)
     metadata = build_metadata(args.auth_token, args.key_file, "inference")
-    with make_channel(args.host, args.inference_port) as channel:
+    with make_channel(args.host, args.inference_port, credentials) as channel:
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         if args.action == "infer":
             return infer(

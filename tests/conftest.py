@@ -73,6 +73,59 @@ def build_dir(store: Path, dirname: str, handler_file: str, *, model_name: str, 
     return dirname
 
 
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method: str, timeout: float | None, metadata: Any, credentials: Any,
+                 wait_for_ready: bool | None, compression: Any) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+class BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <key>`` from the server's key_file.json to every call.
+
+    The file is read at each call (keys rotate; a restarted server writes new
+    ones); a call that already carries ``authorization`` metadata is left alone,
+    and without a key file (token authorization off) nothing is added.
+    """
+
+    def __init__(self, key_file: Path, scope: str) -> None:
+        self.key_file = key_file
+        self.scope = scope
+
+    def _with_key(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = list(details.metadata or [])
+        if not any(k == "authorization" for k, _ in metadata):
+            try:
+                metadata.append(("authorization", f"Bearer {read_key(self.key_file, self.scope)}"))
+            except (OSError, ValueError, KeyError):
+                pass
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_key(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_key(details), request_iterator)
+
+
+def read_key(key_file: Path, scope: str) -> str:
+    """The ``scope`` ("inference" / "management") key of a key_file.json."""
+    return json.loads(key_file.read_text())[scope]["key"]
+
+
+def auth_metadata(key_file: Path, scope: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the ``scope`` key of ``key_file`` (for raw stubs)."""
+    return (("authorization", f"Bearer {read_key(key_file, scope)}"),)
+
+
 def _descendants(pid: int) -> set[int]:
     out: set[int] = set()
     try:
@@ -93,11 +146,19 @@ def _alive(pid: int) -> bool:
 
 
 class ServerProcess:
-    """A real server subprocess and gRPC stubs to it."""
+    """A real server subprocess and gRPC stubs to it.
 
-    def __init__(self, workdir: Path, store: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    Token authorization is on (the server's default): ``channel`` / ``mchannel``
+    (and so ``inference`` / ``management``) send the inference / management key
+    of ``<workdir>/key_file.json``, re-read at every call. ``credentials`` makes
+    them TLS channels.
+    """
+
+    def __init__(self, workdir: Path, store: Path, args: list[str], env: dict[str, str] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.workdir = workdir
         self.store = store
+        self.credentials = credentials
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "server.log"
         cmd = [sys.executable, "-m", "inference_service", "--foreground", "--ncs",
@@ -113,11 +174,23 @@ class ServerProcess:
         self.status = self._wait_status(30.0)
         self.inference_port = self.status["inference_port"]
         self.management_port = self.status["management_port"]
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.inference_port}")
-        self.mchannel = grpc.insecure_channel(f"127.0.0.1:{self.management_port}")
+        self.channel = self.open_channel(self.inference_port, "inference")
+        self.mchannel = self.open_channel(self.management_port, "management")
         self.inference = inference_pb2_grpc.InferenceAPIsServiceStub(self.channel)
         self.management = management_pb2_grpc.ManagementAPIsServiceStub(self.mchannel)
         self.worker_pids_seen: set[int] = set()
+
+    @property
+    def key_file(self) -> Path:
+        """``<workdir>/key_file.json``, written by the server (token authorization on)."""
+        return self.workdir / "key_file.json"
+
+    def open_channel(self, port: int, scope: str | None) -> grpc.Channel:
+        """A channel to 127.0.0.1:``port`` (TLS with ``credentials``), sending the ``scope`` key if given."""
+        target = f"127.0.0.1:{port}"
+        credentials = getattr(self, "credentials", None)
+        channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+        return grpc.intercept_channel(channel, BearerAuth(self.key_file, scope)) if scope else channel
 
     def _wait_status(self, timeout: float) -> dict[str, Any]:
         path = self.workdir / ".inference_service" / "status.json"

@@ -4,30 +4,46 @@ A model archive is what ``torch-model-archiver`` writes: a zip ``.mar`` (its
 default), a gzipped tar (``--archive-format tgz``), or an unpacked directory
 (``no-archive``), each holding ``MAR-INF/MANIFEST.json`` and the handler,
 weights, extra files and the per-model YAML config named by
-``model.configFile``. Archives are opened only from inside the model store.
-Extraction is the one hardened path: member names must stay inside the
-extraction directory (no ``..``, no absolute paths, no links) and the total
-uncompressed size is capped.
+``model.configFile``. Local archives are opened only from inside the model
+store; ``http(s)://`` URLs are fetched only when they match ``allowed_urls``
+(:class:`UrlPolicy`, checked before anything is fetched, and again for every
+redirect), with a size cap and a deadline, into the per-instance directory.
+Extraction is the one hardened path for both: member names must stay inside
+the extraction directory (no ``..``, no absolute paths, no links) and the total
+uncompressed size is capped. Extraction directories are named after the
+archive's sanitised name plus a random suffix; the manifest and YAML are data
+(``json`` and ``yaml.safe_load``), never code.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import stat
 import tarfile
+import time
+import urllib.error
+import urllib.request
 import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 import yaml
 
-from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from inference_service.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -161,29 +177,185 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
     return path
 
 
-def open_archive(url: str, model_store: Path | None, extract_root: Path,
-                 max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> ModelArchive:
-    """Open the model archive named by ``url`` (see :func:`resolve_in_store`).
+REMOTE_SCHEMES = ("http", "https")
+MAX_REDIRECTS = 5
 
-    A zip or tar archive is extracted into a new directory under
-    ``extract_root``; a directory is used in place.
+
+def sanitize_archive_name(name: str) -> str:
+    """A safe directory-name stem for an archive file name.
+
+    The part before the first ``.`` with every character outside
+    ``[A-Za-z0-9_-]`` replaced by ``_``, at most 64 characters; ``"model"``
+    when nothing is left. The result never contains ``/``, ``\\``, ``..`` or a NUL.
+    """
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", base.split(".")[0])[:64] or "model"
+
+
+def is_remote_url(url: str) -> bool:
+    """Whether ``url`` names a remote archive (any scheme but ``file``, e.g. ``https://``)."""
+    scheme = urlparse(url).scheme.lower()
+    return "://" in url and len(scheme) > 1 and scheme != "file"
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Which remote register URLs are fetched, and how (TorchServe's ``allowed_urls``).
+
+    Attributes:
+        allowed_urls: regexes; a URL is allowed when one matches it whole, its
+            scheme and host in lower case (case-insensitive by RFC 3986), the
+            rest as written (TorchServe ignores case throughout, so its
+            ``.*/models/.*`` also lets ``/MODELS/`` through). Empty (the
+            default): no remote URL.
+        max_download_bytes: cap of one download (10 GiB).
+        timeout_s: deadline of one whole download, also the socket timeout (300 s).
+    """
+
+    allowed_urls: tuple[str, ...] = ()
+    max_download_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES
+    timeout_s: float = 300.0
+
+    def check(self, url: str) -> None:
+        """Refuse ``url`` unless it is an ``http(s)`` URL ``allowed_urls`` allows.
+
+        Checked before anything is fetched, and for every redirect target.
+
+        Raises:
+            InvalidArgument: not http(s), credentials in the URL, no host, or a
+                ``..`` path segment (also percent-encoded: CVE-2024-35198).
+            PermissionDenied: no ``allowed_urls`` pattern matches.
+        """
+        parsed = urlparse(url)
+        if parsed.scheme.lower() not in REMOTE_SCHEMES:
+            raise InvalidArgument(f"model URL scheme {parsed.scheme!r} is not supported ({url}): "
+                                  "use http(s):// or a file in the model store")
+        if parsed.username is not None or parsed.password is not None:
+            raise InvalidArgument("model URLs with credentials (user:password@) are not supported")
+        if not parsed.hostname:
+            raise InvalidArgument(f"model URL {url!r} has no host")
+        path = parsed.path
+        for _ in range(3):  # %252e%252e decodes to %2e%2e, then to ..
+            path = unquote(path)
+        if ".." in re.split(r"[/\\]", path):
+            raise InvalidArgument(f"model URL {url!r} has a '..' path segment")
+        normalized = urlunsplit(urlsplit(url)._replace(scheme=parsed.scheme.lower(), netloc=parsed.netloc.lower()))
+        if not any(re.fullmatch(p, normalized) for p in self.allowed_urls):
+            raise PermissionDenied(
+                f"model URL {url!r} is not allowed: it matches no allowed_urls pattern "
+                "(by default only archives in the model store can be registered)")
+
+
+class _PolicyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the policy allows (at most MAX_REDIRECTS)."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def __init__(self, policy: UrlPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        self.policy.check(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch_archive(url: str, dest_dir: Path, policy: UrlPolicy) -> Path:
+    """Download an allowed ``http(s)`` archive into a new file under ``dest_dir``.
+
+    The file's name is random (nothing of the URL reaches the file system).
+    Proxies from the environment are not used.
+
+    Raises:
+        InvalidArgument / PermissionDenied: see :meth:`UrlPolicy.check` (also
+            for redirects); the download exceeds ``max_download_bytes``.
+        NotFound: the server answered 404.
+        Unavailable: the server cannot be reached or answered another error.
+        DeadlineExceeded: the download took longer than ``timeout_s``.
+    """
+    policy.check(url)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / f"{uuid.uuid4().hex}.download"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _PolicyRedirects(policy))
+    request = urllib.request.Request(url, headers={"User-Agent": "inference-service"})
+    deadline = time.monotonic() + policy.timeout_s
+    cap = policy.max_download_bytes
+    too_big = f"model URL {url!r} is larger than max_download_size ({cap} bytes)"
+    try:
+        with opener.open(request, timeout=policy.timeout_s) as response:
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > cap:
+                raise InvalidArgument(too_big)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                total = 0
+                while chunk := response.read1(1 << 16):
+                    total += len(chunk)
+                    if total > cap:
+                        raise InvalidArgument(too_big)
+                    if time.monotonic() > deadline:
+                        raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s")
+                    out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        target.unlink(missing_ok=True)
+        if exc.code == 404:
+            raise NotFound(f"model URL {url!r}: the server answered 404") from exc
+        raise Unavailable(f"cannot download {url!r}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        target.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s") from exc
+        raise Unavailable(f"cannot download {url!r}: {reason}") from exc
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    log.info("downloaded %s (%d bytes)", url, total)
+    return target
+
+
+def open_archive(url: str, model_store: Path | None, extract_root: Path,
+                 max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES, policy: UrlPolicy | None = None) -> ModelArchive:
+    """Open the model archive named by ``url``.
+
+    A local ``url`` must resolve inside the model store (see
+    :func:`resolve_in_store`); an ``http(s)`` one must be allowed by ``policy``
+    (default: none is) and is downloaded under ``extract_root/downloads``
+    first (see :func:`fetch_archive`), then deleted once extracted. A zip or
+    tar archive is extracted into a new directory under ``extract_root``; a
+    directory is used in place.
 
     Raises:
         InvalidArgument: bad URL, not an archive, unsafe members, too large,
             or a manifest/config that cannot be parsed.
-        NotFound: no such archive in the store.
+        PermissionDenied: a remote URL ``allowed_urls`` does not allow.
+        NotFound: no such archive in the store (or 404).
+        Unavailable / DeadlineExceeded: a download failed or took too long.
     """
+    if url and is_remote_url(url):
+        if urlparse(url).path.endswith(".war"):
+            raise InvalidArgument("workflows are not supported: register a model archive (.mar)")
+        downloaded = fetch_archive(url, extract_root / "downloads", policy or UrlPolicy())
+        try:
+            return _extract_archive(url, downloaded, urlparse(url).path, extract_root, max_bytes)
+        finally:
+            downloaded.unlink(missing_ok=True)
     path = resolve_in_store(url, model_store)
     if path.is_dir():
         return _load_dir(url, path, extracted=False)
+    return _extract_archive(url, path, path.name, extract_root, max_bytes)
+
+
+def _extract_archive(url: str, path: Path, name: str, extract_root: Path, max_bytes: int) -> ModelArchive:
+    shown = PurePosixPath(name).name or path.name
     if zipfile.is_zipfile(path):
         extract = _extract_zip
     elif tarfile.is_tarfile(path):
         extract = _extract_tar
     else:
-        raise InvalidArgument(f"{path.name} is not a model archive (expected a zip .mar, a tgz or a directory)")
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", path.name.split(".")[0])[:64] or "model"
-    dest = extract_root / f"{stem}-{uuid.uuid4().hex[:12]}"
+        raise InvalidArgument(f"{shown} is not a model archive (expected a zip .mar, a tgz or a directory)")
+    dest = extract_root / f"{sanitize_archive_name(name)}-{uuid.uuid4().hex[:12]}"
     dest.mkdir(parents=True)
     try:
         extract(path, dest, max_bytes)
@@ -196,7 +368,7 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
         return archive
     except (zipfile.BadZipFile, tarfile.TarError, EOFError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        raise InvalidArgument(f"cannot extract {path.name}: {exc}") from exc
+        raise InvalidArgument(f"cannot extract {shown}: {exc}") from exc
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise

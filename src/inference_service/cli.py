@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from inference_service import tls
 from inference_service.config import ConfigError, Settings, apply_properties, read_properties
 
 log = logging.getLogger("inference_service")
@@ -51,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-inference-port", type=int, help="inference API port (7070; 0 = any free port)")
     p.add_argument("--grpc-management-address", help="management API bind address (127.0.0.1)")
     p.add_argument("--grpc-management-port", type=int, help="management API port (7071; 0 = any free port)")
+    p.add_argument("--grpc-health-address", help="plaintext health-only port's bind address (127.0.0.1)")
+    p.add_argument("--grpc-health-port", type=int,
+                   help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes when TLS is on)")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve both gRPC ports over TLS")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path,
+                   help="PEM CA bundle: require client certificates signed by it (mutual TLS)")
     p.add_argument("--run-dir", type=Path,
                    help="per-instance directory for pid/status files and extracted archives "
                         "(default <working dir>/.inference_service)")
@@ -67,7 +75,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Build :class:`Settings`: defaults < ``--ts-config`` < command line.
 
     Raises:
-        ConfigError: the config file is unreadable or has a malformed value.
+        ConfigError: the config file is unreadable or has a malformed value, or
+            the TLS settings do not fit together (:func:`inference_service.tls.validate`).
     """
     settings = Settings()
     if args.ts_config is not None:
@@ -90,17 +99,28 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "drain_timeout_s": args.drain_timeout,
         "max_backoff_s": args.max_backoff,
         "log_level": args.log_level,
+        "health_address": args.grpc_health_address,
+        "health_port": args.grpc_health_port,
+        "certificate_file": args.tls_cert,
+        "private_key_file": args.tls_key,
+        "client_ca_file": args.tls_client_ca,
     }
     for key, value in overrides.items():
         if value is not None:
             setattr(settings, key, value)
+    if args.tls_cert is not None or args.tls_key is not None:
+        settings.enable_grpc_ssl = True
+    for key in ("certificate_file", "private_key_file", "client_ca_file"):
+        if getattr(settings, key) is not None:
+            setattr(settings, key, getattr(settings, key).expanduser().resolve())
+    tls.validate(settings)
     if args.ncs:
         settings.snapshot = False
     if args.disable_token_auth:
         settings.disable_token_auth = True
     if args.enable_model_api:
         settings.enable_model_api = True
-    for port in (settings.inference_port, settings.management_port):
+    for port in (settings.inference_port, settings.management_port, settings.health_port or 0):
         if not 0 <= port <= 65535:
             raise ConfigError(f"port {port} is out of range 0..65535")
     return settings
@@ -160,9 +180,10 @@ def _start_background(argv: list[str], settings: Settings) -> int:
         try:
             info = json.loads(status.read_text())
             if info.get("pid") == child.pid:
+                keys = f"; keys: {info['key_file']}" if info.get("key_file") else ""
                 print(f"inference-service started (pid {child.pid}): inference "
                       f"{info['inference_address']}:{info['inference_port']}, management "
-                      f"{info['management_address']}:{info['management_port']}; log: {log_path}")
+                      f"{info['management_address']}:{info['management_port']}; log: {log_path}{keys}")
                 return 0
         except (OSError, ValueError):
             pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import javaproperties
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 6_553_500
+DEFAULT_MAX_DOWNLOAD_BYTES = 10 * 1024**3
 
 
 class ConfigError(Exception):
@@ -49,10 +51,20 @@ class Settings:
         install_py_dep_per_model: install archives' requirements.txt (false, as TorchServe).
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
+        token_expiration_min: key lifetime in minutes (fractions allowed; ``None``: keys never
+            expire); keys are rotated at half their lifetime (see :mod:`inference_service.auth`).
+        allowed_urls: full-match, case-insensitive regexes an ``http(s)://`` register URL must
+            match (empty: no remote URL; local paths are always confined to the model store).
+        max_download_size / download_timeout_s: caps of one remote archive download (bytes, s).
+        enable_grpc_ssl / certificate_file / private_key_file: TLS on both gRPC ports (PEM files).
+        client_ca_file: PEM CA bundle; set, clients must present a certificate it signed (mTLS).
+        health_address / health_port: an optional plaintext port serving only
+            ``grpc.health.v1`` (``None``: none), for probes when the main ports use TLS.
         drain_timeout_s: how long in-flight requests may finish at shutdown.
         max_backoff_s: cap of the worker restart back-off (s).
         max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
         ts_config: the ``--ts-config`` file given, if any (disables snapshot restore).
+        number_of_gpu: GPUs to use (TorchServe's key; ``None``: all that ``nvidia-smi`` lists).
         log_level: logging level name.
     """
 
@@ -80,10 +92,21 @@ class Settings:
     snapshot: bool = True
     disable_token_auth: bool = False
     enable_model_api: bool = False
+    token_expiration_min: float | None = None
+    allowed_urls: list[str] = field(default_factory=list)
+    max_download_size: int = DEFAULT_MAX_DOWNLOAD_BYTES
+    download_timeout_s: float = 300.0
+    enable_grpc_ssl: bool = False
+    certificate_file: Path | None = None
+    private_key_file: Path | None = None
+    client_ca_file: Path | None = None
+    health_address: str = "127.0.0.1"
+    health_port: int | None = None
     drain_timeout_s: float = 30.0
     max_backoff_s: float = 30.0
     max_archive_bytes: int = 10 * 1024**3
     ts_config: Path | None = None
+    number_of_gpu: int | None = None
     log_level: str = "INFO"
 
     @property
@@ -110,6 +133,23 @@ def _models(value: str) -> list[str]:
     if value in ("", "standalone"):
         return []
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _positive_float(value: str) -> float:
+    number = float(value.strip())
+    if not number > 0 or number == float("inf"):
+        raise ValueError("must be a positive number")
+    return number
+
+
+def _regexes(value: str) -> list[str]:
+    patterns = [item.strip() for item in value.split(",") if item.strip()]
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from exc
+    return patterns
 
 
 def _json(value: str) -> dict[str, Any]:
@@ -140,7 +180,18 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "install_py_dep_per_model": ("install_py_dep_per_model", _bool),
     "disable_token_authorization": ("disable_token_auth", _bool),
     "enable_model_api": ("enable_model_api", _bool),
+    "token_expiration_min": ("token_expiration_min", _positive_float),
+    "allowed_urls": ("allowed_urls", _regexes),
+    "max_download_size": ("max_download_size", _int),
+    "download_timeout": ("download_timeout_s", _positive_float),
+    "enable_grpc_ssl": ("enable_grpc_ssl", _bool),
+    "certificate_file": ("certificate_file", _path),
+    "private_key_file": ("private_key_file", _path),
+    "client_ca_file": ("client_ca_file", _path),
+    "grpc_health_address": ("health_address", str.strip),
+    "grpc_health_port": ("health_port", _int),
     "drain_timeout_sec": ("drain_timeout_s", float),
+    "number_of_gpu": ("number_of_gpu", _int),
     "worker_restart_max_backoff_sec": ("max_backoff_s", float),
     "max_archive_size": ("max_archive_bytes", _int),
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import inference_service
-from inference_service.archive import install_requirements, open_archive
+from inference_service.archive import UrlPolicy, install_requirements, open_archive
 from inference_service.errors import (
     FailedPrecondition,
     InferenceError,
@@ -30,7 +30,7 @@ from inference_service.errors import (
     WorkerLoadError,
 )
 from inference_service.jobs import CHUNK, ERROR, FINAL, Job
-from inference_service.model import ModelConfig, ModelVersion
+from inference_service.model import GpuAllocator, ModelConfig, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,10 @@ class CoreSettings:
         install_py_dep_per_model: install archives' requirements.txt.
         max_backoff_s: cap of the worker restart back-off.
         max_archive_bytes: cap on an archive's uncompressed size.
+        url_policy: which ``http(s)://`` register URLs are fetched (default: none).
         max_request_size / max_response_size: bytes of one request's inputs / one
             response message (TorchServe's settings, default 6553500).
+        number_of_gpu: GPUs to place workers on, round-robin (0: CPU only).
     """
 
     model_store: Path | None
@@ -64,8 +66,10 @@ class CoreSettings:
     install_py_dep_per_model: bool = False
     max_backoff_s: float = 30.0
     max_archive_bytes: int = 10 * 1024**3
+    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
     max_request_size: int = 6_553_500
     max_response_size: int = 6_553_500
+    number_of_gpu: int = 0
 
 
 @dataclass
@@ -111,6 +115,7 @@ class InferenceCore:
         self._register_lock = asyncio.Lock()
         self.accepting = True
         self.on_models_changed: Callable[[], None] = lambda: None
+        self.gpus = GpuAllocator(settings.number_of_gpu)
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -137,18 +142,19 @@ class InferenceCore:
     # --------------------------------------------------------------- inference
     def _submit(self, model: ModelVersion, job: Job) -> None:
         if not self.accepting:
-            raise Unavailable("server is shutting down")
+            raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
         size = sum(len(v) for v in job.inputs.values())
         if size > self.settings.max_request_size:
             raise ResourceExhausted(
-                f"request of {size} bytes exceeds max_request_size={self.settings.max_request_size} bytes")
+                f"request of {size} bytes exceeds max_request_size={self.settings.max_request_size} bytes",
+                reason="REQUEST_TOO_LARGE")
         model.submit(job)
 
     def _check_response(self, payload: bytes) -> bytes:
         if len(payload) > self.settings.max_response_size:
             raise ResourceExhausted(
                 f"response of {len(payload)} bytes exceeds max_response_size="
-                f"{self.settings.max_response_size} bytes")
+                f"{self.settings.max_response_size} bytes", reason="RESPONSE_TOO_LARGE")
         return payload
 
     def _enter(self) -> None:
@@ -257,17 +263,19 @@ class InferenceCore:
         Resolves the effective config (request fields over model-config.yaml
         over defaults), starts ``initial_workers`` workers (waiting for them
         when ``synchronous``), and makes the version the default if it is the
-        model's first.
+        model's first. An ``http(s)`` URL is fetched only when ``url_policy``
+        allows it (see :func:`inference_service.archive.open_archive`).
 
         Raises:
             InvalidArgument: bad URL, archive, manifest or field values.
+            PermissionDenied: a remote URL ``allowed_urls`` does not allow.
             NotFound: no such archive in the store.
             FailedPrecondition: the version is already registered.
             WorkerLoadError: synchronous and a worker failed to load (the model
                 is not registered).
         """
         if not self.accepting:
-            raise Unavailable("server is shutting down")
+            raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
         if req.runtime and req.runtime != "python":
             raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)")
         for field_name in ("batch_size", "max_batch_delay", "initial_workers", "response_timeout",
@@ -275,7 +283,8 @@ class InferenceCore:
             if getattr(req, field_name) < 0:
                 raise InvalidArgument(f"{field_name} must not be negative")
         archive = await asyncio.to_thread(open_archive, req.url, self.settings.model_store,
-                                          self.settings.extract_dir, self.settings.max_archive_bytes)
+                                          self.settings.extract_dir, self.settings.max_archive_bytes,
+                                          self.settings.url_policy)
         try:
             name = req.model_name or archive.model_name
             if not name:
@@ -316,7 +325,8 @@ class InferenceCore:
                     raise FailedPrecondition(
                         f"model {name!r} version {archive.version!r} is already registered")
                 model = ModelVersion(name, archive, config, handler, inference_service.__version__,
-                                     self._on_health_change, req.loaded_at_startup, extra_paths)
+                                     self._on_health_change, req.loaded_at_startup, extra_paths,
+                                     gpus=self.gpus)
                 entry = self.models.setdefault(name, ModelEntry())
                 entry.versions[model.version] = model
                 if not entry.default_version:
@@ -384,7 +394,7 @@ class InferenceCore:
         model = self.get(name, version)
         stop_timeout = 10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout))
         stop_timeout = min(stop_timeout, 3600.0)
-        await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout)
+        await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout, number_gpu or None)
         self._on_health_change()
         self.on_models_changed()
         return model

@@ -13,81 +13,105 @@ import grpc
 class InferenceError(Exception):
     """Base of every error a client may see.
 
+    Failing RPCs carry, besides the status code and message, a ``google.rpc.Status``
+    with an ``ErrorInfo`` (domain ``inference-service``, a stable ``reason``, the model
+    name and version) and, where a retry can succeed, a ``RetryInfo``.
+
     Args:
         message: what went wrong, in words a user can act on.
+        reason: stable machine-readable reason (default: the class's).
+        retry_after_s: suggested retry delay in seconds (``None``: retrying will not help).
     """
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+    retry_after_s: float | None = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if reason is not None:
+            self.reason = reason
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
 
 class InvalidArgument(InferenceError):
     """Malformed or out-of-range request field (INVALID_ARGUMENT)."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
 
 
 class NotFound(InferenceError):
     """Unknown model or version (NOT_FOUND)."""
 
     code = grpc.StatusCode.NOT_FOUND
+    reason = "MODEL_NOT_FOUND"
 
 
 class AlreadyExists(InferenceError):
     """Model version registered twice (ALREADY_EXISTS)."""
 
     code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(InferenceError):
     """Request not valid in the current state (FAILED_PRECONDITION)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
 
 
 class Unavailable(InferenceError):
     """No worker can take the request, or the server is stopping (UNAVAILABLE)."""
 
     code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+    retry_after_s: float | None = 1.0
 
 
 class ResourceExhausted(InferenceError):
     """Job queue full or size limit exceeded (RESOURCE_EXHAUSTED)."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
 
 
 class DeadlineExceeded(InferenceError):
     """The request's deadline or the model's response_timeout passed (DEADLINE_EXCEEDED)."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "DEADLINE_EXCEEDED"
 
 
 class Cancelled(InferenceError):
     """The client cancelled the request (CANCELLED)."""
 
     code = grpc.StatusCode.CANCELLED
+    reason = "CANCELLED"
 
 
 class PermissionDenied(InferenceError):
     """The operation is switched off (PERMISSION_DENIED)."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
 
 
 class HandlerError(InferenceError):
     """The handler raised; the message is the exception's (INTERNAL)."""
 
     code = grpc.StatusCode.INTERNAL
+    reason = "HANDLER_ERROR"
 
 
 class WorkerLoadError(InferenceError):
     """A worker failed to load its model; the message says why (INTERNAL)."""
 
     code = grpc.StatusCode.INTERNAL
+    reason = "MODEL_LOAD_FAILED"
 
 
 # TorchServe's table from an HTTP status a handler sets to a gRPC code.

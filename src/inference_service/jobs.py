@@ -117,7 +117,8 @@ class JobQueue:
             ResourceExhausted: the queue holds ``capacity`` jobs already.
         """
         if self._size >= self.capacity:
-            raise ResourceExhausted(f"job queue is full ({self.capacity} requests waiting; job_queue_size)")
+            raise ResourceExhausted(f"job queue is full ({self.capacity} requests waiting; job_queue_size)",
+                                    reason="JOB_QUEUE_FULL", retry_after_s=0.5)
         if worker_id is None:
             self._shared.append(job)
         else:
@@ -155,7 +156,8 @@ class JobQueue:
             if job.cancelled:
                 continue
             if job.expired(now):
-                job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue"))
+                job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
+                                          reason="DEADLINE_IN_QUEUE"))
                 continue
             return job
         return None

@@ -19,15 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 import inference_service
+from inference_service import tls
 from inference_service._proto import inference_pb2, management_pb2
-from inference_service.archive import MANIFEST
+from inference_service.archive import MANIFEST, UrlPolicy
+from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
 from inference_service.config import Settings
 from inference_service.core import CoreSettings, InferenceCore, RegisterRequest
 from inference_service.errors import InferenceError
 from inference_service.health import Health
+from inference_service.model import detect_gpus
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service
@@ -92,14 +96,19 @@ class Server:
                 install_py_dep_per_model=settings.install_py_dep_per_model,
                 max_backoff_s=settings.max_backoff_s,
                 max_archive_bytes=settings.max_archive_bytes,
+                url_policy=UrlPolicy(tuple(settings.allowed_urls), settings.max_download_size,
+                                     settings.download_timeout_s),
                 max_request_size=settings.max_request_size,
                 max_response_size=settings.max_response_size,
+                number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
             ),
             on_health_change=self.health.changed,
         )
         self.snapshots = SnapshotStore(settings.working_dir / "logs" / "config")
         if settings.snapshot:
             self.core.on_models_changed = self._save_snapshot
+        self.auth = None if settings.disable_token_auth else TokenAuthorization(
+            settings.working_dir / KEY_FILE_NAME, settings.token_expiration_min)
         self.servers: list[grpc.aio.Server] = []
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
@@ -118,6 +127,9 @@ class Server:
             "inference_port": self.ports.get("inference"),
             "management_address": self.settings.management_address,
             "management_port": self.ports.get("management"),
+            "health_port": self.ports.get("health"),
+            "tls": self.settings.enable_grpc_ssl,
+            "key_file": str(self.auth.key_file) if self.auth is not None else None,
             "version": inference_service.__version__,
         })
 
@@ -125,38 +137,59 @@ class Server:
         """Bind both ports, start serving and begin loading the startup models.
 
         Raises:
-            OSError: a port cannot be bound (the message names it).
+            OSError: a port cannot be bound, a TLS file cannot be read or the
+                key file cannot be written (the message names it).
         """
         s = self.settings
         self.instance_dir.mkdir(parents=True, exist_ok=True)
         self.extract_dir.mkdir(parents=True, exist_ok=True)
+        credentials = tls.server_credentials(s)
+        if self.auth is not None:
+            self.auth.start()  # key_file.json exists before the ports accept
         await self.health.start(self.core)
-        inference = grpc.aio.server(options=_channel_options(
-            s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
-        management = grpc.aio.server(options=_channel_options(
-            s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
+        inference = grpc.aio.server(
+            interceptors=self.auth.interceptors(INFERENCE) if self.auth else None,
+            options=_channel_options(s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
+        management = grpc.aio.server(
+            interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
+            options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
                     InferenceServicer(self.core))
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
                     ManagementServicer(self.core, s.enable_model_api))
-        for srv in (inference, management):
+        for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
-        for key, srv, address, port in (("inference", inference, s.inference_address, s.inference_port),
-                                        ("management", management, s.management_address, s.management_port)):
+            # server reflection, so grpcurl, Postman and Evans work without the proto files
+            api = (inference_pb2 if srv is inference else management_pb2).DESCRIPTOR.services_by_name[service]
+            reflection.enable_server_reflection(
+                (api.full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME), srv)
+        binds = [("inference", inference, s.inference_address, s.inference_port, credentials),
+                 ("management", management, s.management_address, s.management_port, credentials)]
+        if s.health_port is not None:  # plaintext, health only: for probes when the APIs use TLS
+            health_only = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_only)
+            binds.append(("health", health_only, s.health_address, s.health_port, None))
+        warn_exposed_binds({"inference": s.inference_address, "management": s.management_address},
+                           token_auth=self.auth is not None, tls=credentials is not None)
+        for key, srv, address, port, creds in binds:
             host = f"[{address}]" if ":" in address and not address.startswith("[") else address
             try:
-                bound = srv.add_insecure_port(f"{host}:{port}")
+                bound = tls.add_port(srv, f"{host}:{port}", creds)
             except RuntimeError as exc:
                 raise OSError(f"cannot bind the {key} API to {address}:{port}: {exc}") from exc
             if bound == 0:
                 raise OSError(f"cannot bind the {key} API to {address}:{port}")
             self.ports[key] = bound
-        self.servers = [inference, management]
+        self.servers = [srv for _, srv, *_ in binds]
         for srv in self.servers:
             await srv.start()
         await self.health.set_live()
-        log.info("inference API listening on %s:%d, management API on %s:%d",
-                 s.inference_address, self.ports["inference"], s.management_address, self.ports["management"])
+        log.info("inference API listening on %s:%d, management API on %s:%d (%s)",
+                 s.inference_address, self.ports["inference"], s.management_address, self.ports["management"],
+                 "plaintext" if credentials is None else "mutual TLS" if s.client_ca_file else "TLS")
+        if "health" in self.ports:
+            log.info("health-only port (plaintext) listening on %s:%d", s.health_address, self.ports["health"])
         self._write_status("serving")
         restored = self._snapshot_to_restore()
         if restored is not None:
@@ -258,6 +291,8 @@ class Server:
                         self.core.inflight, grace)
         await asyncio.gather(*(srv.stop(0.5) for srv in self.servers))
         await self.core.shutdown()
+        if self.auth is not None:
+            await self.auth.stop()
         shutil.rmtree(self.extract_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.status_file.unlink()

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import empty_pb2
 
-from conftest import ServerProcess, _alive, _descendants
+from conftest import ServerProcess, _alive, _descendants, auth_metadata
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
 TORCHSERVE_CONFIG = """\
@@ -76,17 +76,20 @@ def test_start_and_stop_in_background(store, tmp_path):
     pid = status["pid"]
     channel = grpc.insecure_channel(f"127.0.0.1:{status['inference_port']}")
     stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    key_file = tmp_path / "key_file.json"  # token authorization is on by default
+    assert status["key_file"] == str(key_file) and key_file.stat().st_mode & 0o777 == 0o600
+    auth = auth_metadata(key_file, "inference")
     deadline = time.monotonic() + 30
     while True:  # the startup model loads in the background
         try:
             out = stub.Predictions(inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"bg"}),
-                                   timeout=10)
+                                   timeout=10, metadata=auth)
             break
         except grpc.RpcError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert out.prediction == b"bg"
-    assert "Healthy" in stub.Ping(empty_pb2.Empty(), timeout=5).health
+    assert "Healthy" in stub.Ping(empty_pb2.Empty(), timeout=5, metadata=auth).health
     workers = _descendants(pid)
     assert workers
     channel.close()
@@ -100,6 +103,7 @@ def test_start_and_stop_in_background(store, tmp_path):
     assert not any(_alive(p) for p in workers)
     assert (tmp_path / "logs" / "inference_service.log").is_file()
     assert not (tmp_path / ".inference_service" / "status.json").exists()
+    assert not key_file.exists()  # deleted on stop
 
 
 def test_stop_without_server(tmp_path):

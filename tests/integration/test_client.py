@@ -13,7 +13,8 @@ CLIENT = str(ROOT / "clients" / "torchserve_grpc_client.py")
 
 def _client(server, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, CLIENT, "--inference-port", str(server.inference_port),
-                           "--management-port", str(server.management_port), *args],
+                           "--management-port", str(server.management_port), "--key-file", str(server.key_file),
+                           *args],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -26,7 +27,8 @@ def test_register_infer_stream_unregister(server, tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "hello client"
     (tmp_path / "stream.txt").write_text("stream:3:0.3")
     proc = subprocess.Popen([sys.executable, CLIENT, "--inference-port", str(server.inference_port),
-                             "infer_stream", "cli_echo", str(tmp_path / "stream.txt")],
+                             "infer_stream", "cli_echo", str(tmp_path / "stream.txt"),
+                             "--key-file", str(server.key_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     start = time.monotonic()

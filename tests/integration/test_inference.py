@@ -10,6 +10,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
+from conftest import read_key
 from inference_service._proto import inference_pb2
 
 
@@ -117,10 +118,11 @@ def test_missing_model_name_is_invalid_argument(server):
 
 def test_request_metadata_reaches_handler_as_headers(server):
     req = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"headers"})
-    out = server.inference.Predictions(req, timeout=10, metadata=[("x-trace", "abc"), ("authorization", "Bearer s")])
+    auth = ("authorization", f"Bearer {read_key(server.key_file, 'inference')}")
+    out = server.inference.Predictions(req, timeout=10, metadata=[("x-trace", "abc"), auth])
     headers = json.loads(out.prediction)
     assert headers["x-trace"] == "abc"
-    assert "authorization" not in headers
+    assert "authorization" not in headers  # the key never reaches handler code
 
 
 def test_concurrent_requests_on_two_workers_run_in_parallel(server):

@@ -152,7 +152,8 @@ def test_generator_handler_streams_yields(server):
     ("../outside.mar", grpc.StatusCode.INVALID_ARGUMENT, "outside the model store"),
     ("/etc/passwd", grpc.StatusCode.INVALID_ARGUMENT, "outside the model store"),
     ("flow.war", grpc.StatusCode.INVALID_ARGUMENT, "workflows are not supported"),
-    ("https://example.com/m.mar", grpc.StatusCode.INVALID_ARGUMENT, "not supported"),
+    ("https://example.com/m.mar", grpc.StatusCode.PERMISSION_DENIED, "allowed_urls"),
+    ("s3://bucket/m.mar", grpc.StatusCode.INVALID_ARGUMENT, "not supported"),
     ("seq-config.yaml", grpc.StatusCode.INVALID_ARGUMENT, "not a model archive"),
 ])
 def test_register_bad_urls(server, url, code, text):

@@ -22,14 +22,35 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "wheels"
 
 CLIENT = r'''
-import json, sys, queue
+import collections, json, sys, queue
 import grpc
 from google.protobuf import empty_pb2
 import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
 
 ip, mp = int(sys.argv[1]), int(sys.argv[2])
-inf = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{ip}"))
-man = management_pb2_grpc.ManagementAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{mp}"))
+keys = json.load(open(sys.argv[3]))  # TorchServe's key_file.json layout
+Details = collections.namedtuple("Details", "method timeout metadata credentials wait_for_ready compression")
+
+
+class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+             grpc.StreamStreamClientInterceptor):
+    """authorization: Bearer <key> on every call, as TorchServe's token authorization expects."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def intercept_unary_unary(self, continuation, d, request):
+        metadata = list(d.metadata or []) + [("authorization", "Bearer " + self.key)]
+        return continuation(Details(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
+                                    d.compression), request)
+
+    intercept_unary_stream = intercept_stream_stream = intercept_unary_unary
+
+
+inf_channel = grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{ip}"), Bearer(keys["inference"]["key"]))
+man_channel = grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{mp}"), Bearer(keys["management"]["key"]))
+inf = inference_pb2_grpc.InferenceAPIsServiceStub(inf_channel)
+man = management_pb2_grpc.ManagementAPIsServiceStub(man_channel)
 out = {}
 out["ping"] = inf.Ping(empty_pb2.Empty(), timeout=10).health
 out["register"] = man.RegisterModel(management_pb2.RegisterModelRequest(
@@ -96,8 +117,8 @@ def torchserve_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_rpc_with_torchserve_generated_stubs(server, torchserve_stubs):
     proc = subprocess.run([sys.executable, str(torchserve_stubs / "client.py"), str(server.inference_port),
-                           str(server.management_port)], cwd=torchserve_stubs, capture_output=True, text=True,
-                          timeout=180)
+                           str(server.management_port), str(server.key_file)], cwd=torchserve_stubs,
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert json.loads(out["ping"]) == {"status": "Healthy", "code": 200}

@@ -1,4 +1,14 @@
-"""The one place where errors become gRPC statuses."""
+"""The one place where errors become gRPC statuses.
+
+Every failing RPC ends with the error's status code and message, plus a
+``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer (read it with
+``grpc_status.rpc_status.from_call``): an ``ErrorInfo`` (domain
+``inference-service``, a stable ``reason``, metadata ``model_name`` /
+``model_version`` when the request named them) and, where retrying can
+succeed, a ``RetryInfo``. Anything that is not an
+:class:`~inference_service.errors.InferenceError` becomes INTERNAL
+"Internal server error" with the traceback in the log only.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.servicers.registration import Malformed
@@ -16,21 +29,42 @@ log = logging.getLogger("inference_service.rpc")
 
 T = TypeVar("T")
 INTERNAL_MESSAGE = "Internal server error"
+DOMAIN = "inference-service"
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
-    """End the RPC with the status of ``exc``: its own code for an InferenceError,
-    INTERNAL "Internal server error" (traceback logged) for anything else."""
-    if isinstance(exc, InferenceError):
-        await context.abort(exc.code, exc.message)
-    log.error("%s failed", method, exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
+    """The gRPC status of ``exc`` with ``ErrorInfo`` (and ``RetryInfo``) details."""
+    metadata = {}
+    for field in ("model_name", "model_version"):
+        value = getattr(request, field, "")
+        if isinstance(value, str) and value:
+            metadata[field] = value
+    details = []
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=metadata))
+    details.append(info)
+    if exc.retry_after_s is not None:
+        retry = any_pb2.Any()
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(int(exc.retry_after_s * 1000))
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
+    return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=exc.message, details=details))
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str, request: Any = None) -> None:
+    """End the RPC with the status of ``exc`` (see the module docstring). Always raises."""
+    if not isinstance(exc, InferenceError):
+        log.error("%s failed", method, exc_info=exc)
+        exc = InferenceError(INTERNAL_MESSAGE)
+    status = rich_status(exc, request)
+    await context.abort(status.code, status.details, status.trailing_metadata)
 
 
 def check_parsed(request: Any) -> None:
     """Raise INVALID_ARGUMENT for a request that did not parse (see :mod:`.registration`)."""
     if isinstance(request, Malformed):
-        raise InvalidArgument(f"request message does not parse: {request.error}")
+        raise InvalidArgument(f"request message does not parse: {request.error}", reason="MALFORMED_REQUEST")
 
 
 def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -41,12 +75,10 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         try:
             check_parsed(request)
             return await method(self, request, context)
-        except InferenceError as exc:
-            await context.abort(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            await abort(context, exc, method.__name__)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+            await abort(context, exc, method.__name__, request)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     return wrapper
@@ -61,11 +93,9 @@ def streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIte
             check_parsed(request)
             async for item in method(self, request, context):
                 yield item
-        except InferenceError as exc:
-            await context.abort(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            await abort(context, exc, method.__name__)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+            await abort(context, exc, method.__name__, request)
 
     return wrapper

@@ -34,11 +34,14 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
     @unary
     async def RegisterModel(self, request: management_pb2.RegisterModelRequest,
                             context: grpc.aio.ServicerContext) -> ManagementResponse:
-        """Register an archive from the model store (TorchServe's RegisterModel).
+        """Register an archive from the model store or an allowed URL (TorchServe's RegisterModel).
 
         Status: INVALID_ARGUMENT (bad url/fields/archive, workflows), NOT_FOUND
         (no such archive), FAILED_PRECONDITION (version exists), INTERNAL
-        (synchronous and the worker failed to load: the handler's message).
+        (synchronous and the worker failed to load: the handler's message),
+        PERMISSION_DENIED (model API disabled, or a URL ``allowed_urls`` does
+        not allow), UNAVAILABLE / DEADLINE_EXCEEDED (a download failed or took
+        longer than ``download_timeout``).
         """
         self._check_model_api()
         model = await self.core.register(RegisterRequest(

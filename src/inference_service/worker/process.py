@@ -239,8 +239,7 @@ class WorkerProcess:
             self._ready.set_result(f"worker process exited during load ({reason})")
         error = Unavailable(
             f"worker {self.spec.worker_id} of model {self.spec.model_name} died ({reason}); "
-            "it is being restarted"
-        )
+            "it is being restarted", reason="WORKER_DIED")
         self._fail_all(error)
         if self._batch_done is not None and not self._batch_done.done():
             self._batch_done.set_exception(WorkerDied(error.message))
@@ -286,8 +285,7 @@ class WorkerProcess:
             if not finished:
                 error = DeadlineExceeded(
                     f"model {self.spec.model_name} gave no response within response_timeout="
-                    f"{response_timeout:g}s; its worker was replaced"
-                )
+                    f"{response_timeout:g}s; its worker was replaced", reason="RESPONSE_TIMEOUT")
                 self._fail_all(error)
                 await self.kill()
                 raise error
