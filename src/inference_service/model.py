@@ -36,6 +36,36 @@ log = logging.getLogger(__name__)
 _worker_ids = itertools.count(9000)
 
 
+class GpuAllocator:
+    """Hands out GPU ids round-robin across all workers of the server (as TorchServe).
+
+    Args:
+        count: GPUs on the machine (``number_of_gpu``); 0 places every worker on the CPU.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = max(0, count)
+        self._next = itertools.count()
+
+    def next(self) -> int | None:
+        """The next GPU id, or ``None`` without GPUs."""
+        return next(self._next) % self.count if self.count else None
+
+
+def detect_gpus() -> int:
+    """Number of NVIDIA GPUs from ``nvidia-smi --list-gpus`` (0 when it is missing or fails)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
 @dataclass
 class ModelConfig:
     """Effective settings of one model version (units in the names).
@@ -51,7 +81,7 @@ class ModelConfig:
     startup_timeout_s: int = 120
     min_workers: int = 0
     max_workers: int = 0
-    device_type: str = "cpu"
+    device_type: str = ""  # "cpu", "gpu", or "" (GPUs where there are any, as TorchServe)
     max_retry_timeout_s: int = 300
     max_backoff_s: float = 30.0
     job_queue_size: int = 100
@@ -295,7 +325,7 @@ class WorkerSlot:
                     model.queue.requeue([job for job in batch if job.worker is None])
                     self.last_error = str(exc)
                     log.error("%s", exc)
-                    model.queue.drain(Unavailable(str(exc)), self.id)
+                    model.queue.drain(Unavailable(str(exc), reason="WORKER_DIED"), self.id)
                     return
                 except Exception as exc:  # DeadlineExceeded: the worker was killed
                     self.last_error = str(exc)
@@ -358,7 +388,8 @@ class ModelVersion:
 
     def __init__(self, name: str, archive: ModelArchive, config: ModelConfig, handler: str,
                  server_version: str, on_change: Callable[[], None], loaded_at_startup: bool = False,
-                 extra_paths: list[str] | None = None, base_env: dict[str, str] | None = None) -> None:
+                 extra_paths: list[str] | None = None, base_env: dict[str, str] | None = None,
+                 gpus: GpuAllocator | None = None) -> None:
         self.name = name
         self.version = archive.version
         self.archive = archive
@@ -373,7 +404,9 @@ class ModelVersion:
         self.slots: dict[int, WorkerSlot] = {}
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}
-        self.gpu_count = 0
+        self.gpus = gpus or GpuAllocator(0)
+        # workers placed on GPUs: all of them where there are GPUs, unless deviceType is cpu
+        self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0
         self.closed = False
         self.world_size, self.rank_threads, self.device_ids = parallel_settings(archive.config)
 
@@ -432,7 +465,7 @@ class ModelVersion:
         return env
 
     async def scale(self, min_workers: int, max_workers: int, synchronous: bool,
-                    timeout: float = 10.0) -> None:
+                    timeout: float = 10.0, number_gpu: int | None = None) -> None:
         """Run ``min_workers`` workers (ScaleWorker / RegisterModel's initial_workers).
 
         Args:
@@ -440,6 +473,8 @@ class ModelVersion:
             max_workers: recorded maximum (at least ``min_workers``).
             synchronous: wait until new workers loaded (or failed) / old ones stopped.
             timeout: seconds a stopped worker may finish its batch.
+            number_gpu: how many of the workers go on GPUs (``None``: keep the
+                current rule). Without GPUs every worker runs on the CPU.
 
         Raises:
             WorkerLoadError: synchronous, and a new worker failed to load
@@ -449,10 +484,16 @@ class ModelVersion:
             raise FailedPrecondition(f"model {self.name} version {self.version} is being unregistered")
         self.config.min_workers = min_workers
         self.config.max_workers = max(max_workers, min_workers)
+        if number_gpu is not None:
+            self.gpu_count = number_gpu
         live = [s for s in self.slots.values() if not s.stopping]
         new: list[WorkerSlot] = []
+        on_gpu = sum(1 for s in live if s.gpu is not None)
         while len(live) + len(new) < min_workers:
             slot = WorkerSlot(self, next(_worker_ids))
+            if on_gpu < self.gpu_count and self.gpus.count:
+                slot.gpu = self.gpus.next()
+                on_gpu += 1
             self.slots[slot.id] = slot
             new.append(slot)
         for slot in new:
@@ -489,8 +530,8 @@ class ModelVersion:
             raise Unavailable(f"model {self.name} version {self.version} is being unregistered")
         if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
             raise Unavailable(
-                f"model {self.name} version {self.version} has no worker; scale it with ScaleWorker"
-            )
+                f"model {self.name} version {self.version} has no worker; scale it with ScaleWorker",
+                reason="NO_WORKER", retry_after_s=5.0)
         worker_id = None
         if job.sequence_id is not None:
             worker_id = self.sequences.get(job.sequence_id)
@@ -552,7 +593,7 @@ class ModelVersion:
             "responseTimeout": c.response_timeout_s,
             "startupTimeout": c.startup_timeout_s,
             "maxRetryTimeoutInSec": c.max_retry_timeout_s,
-            "deviceType": c.device_type,
+            "deviceType": c.device_type or ("gpu" if self.gpu_count and self.gpus.count else "cpu"),
             "loadedAtStartup": self.loaded_at_startup,
             "isDefault": is_default,
             "workers": [s.describe() for s in self.slots.values()],
