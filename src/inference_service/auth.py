@@ -91,22 +91,31 @@ class KeyStore:
         clock: monotonic clock (seconds) deciding validity; injectable for tests.
         wall_clock: wall clock (seconds since the epoch) for the key file's
             "expiration time".
+        fixed: keys given by the operator per scope (e.g. from a Kubernetes Secret, so
+            every replica accepts the same key); they never expire or rotate.
 
     Raises:
-        ValueError: ``expiration_min`` is not positive.
+        ValueError: ``expiration_min`` is not positive, or a fixed key is shorter than 16 characters.
     """
 
     def __init__(self, expiration_min: float | None = None, *,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 fixed: dict[str, str] | None = None) -> None:
         if expiration_min is not None and not expiration_min > 0:
             raise ValueError(f"token_expiration_min must be positive, not {expiration_min}")
+        self._fixed = {scope: key for scope, key in (fixed or {}).items() if key}
+        for scope, key in self._fixed.items():
+            if len(key) < 16:
+                raise ValueError(f"the {scope} key given must have at least 16 characters")
         self.lifetime_s = None if expiration_min is None else expiration_min * 60.0
         self._clock = clock
         self._wall = wall_clock
         self._scopes = {scope: _Scope(self._make(scope)) for scope in SCOPES}
 
     def _make(self, scope: str) -> _Key:
+        if scope in self._fixed:
+            return _Key(self._fixed[scope], None, None, None)
         if self.lifetime_s is None or scope == API:
             return _Key(new_key(), None, None, None)
         now = self._clock()
@@ -283,14 +292,16 @@ class TokenAuthorization:
         key_file: where ``key_file.json`` goes (the server's working directory).
         expiration_min: key lifetime in minutes (``token_expiration_min``;
             ``None``: keys never expire).
+        fixed: operator-given keys per scope (see :class:`KeyStore`).
 
     Raises:
         ValueError: ``expiration_min`` is not positive.
     """
 
-    def __init__(self, key_file: Path, expiration_min: float | None = None) -> None:
+    def __init__(self, key_file: Path, expiration_min: float | None = None,
+                 fixed: dict[str, str] | None = None) -> None:
         self.key_file = key_file
-        self.keys = KeyStore(expiration_min)
+        self.keys = KeyStore(expiration_min, fixed=fixed)
         self._written: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -120,6 +120,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         settings.disable_token_auth = True
     if args.enable_model_api:
         settings.enable_model_api = True
+    settings.inference_key = os.environ.get("INFERENCE_SERVICE_INFERENCE_KEY") or None
+    settings.management_key = os.environ.get("INFERENCE_SERVICE_MANAGEMENT_KEY") or None
+    for name, key in (("INFERENCE_SERVICE_INFERENCE_KEY", settings.inference_key),
+                      ("INFERENCE_SERVICE_MANAGEMENT_KEY", settings.management_key)):
+        if key is not None and len(key) < 16:
+            raise ConfigError(f"{name} must have at least 16 characters")
     for port in (settings.inference_port, settings.management_port, settings.health_port or 0):
         if not 0 <= port <= 65535:
             raise ConfigError(f"port {port} is out of range 0..65535")

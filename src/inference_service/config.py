@@ -65,6 +65,9 @@ class Settings:
         max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
         ts_config: the ``--ts-config`` file given, if any (disables snapshot restore).
         number_of_gpu: GPUs to use (TorchServe's key; ``None``: all that ``nvidia-smi`` lists).
+        inference_key / management_key: fixed token keys, from the environment variables
+            ``INFERENCE_SERVICE_INFERENCE_KEY`` / ``INFERENCE_SERVICE_MANAGEMENT_KEY`` (e.g. a
+            Kubernetes Secret shared by all replicas); unset: random keys per start.
         log_level: logging level name.
     """
 
@@ -107,6 +110,8 @@ class Settings:
     max_archive_bytes: int = 10 * 1024**3
     ts_config: Path | None = None
     number_of_gpu: int | None = None
+    inference_key: str | None = None
+    management_key: str | None = None
     log_level: str = "INFO"
 
     @property

@@ -108,7 +108,8 @@ class Server:
         if settings.snapshot:
             self.core.on_models_changed = self._save_snapshot
         self.auth = None if settings.disable_token_auth else TokenAuthorization(
-            settings.working_dir / KEY_FILE_NAME, settings.token_expiration_min)
+            settings.working_dir / KEY_FILE_NAME, settings.token_expiration_min,
+            fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
         self.servers: list[grpc.aio.Server] = []
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()

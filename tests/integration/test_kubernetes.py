@@ -14,6 +14,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ROOT, ServerProcess
+from inference_service._proto import inference_pb2, inference_pb2_grpc
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
@@ -59,15 +60,28 @@ def test_probes_match_the_server_configured_by_the_manifests(store, tmp_path):
                   "grpc_management_port": "0"})
     config = tmp_path / "config.properties"
     config.write_text(javaproperties.dumps(props))
-    srv = ServerProcess(tmp_path / "work", store, ["--ts-config", str(config)])
+    env_keys = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"] if "valueFrom" in e}
+    assert env_keys == {"INFERENCE_SERVICE_INFERENCE_KEY": "inference",
+                        "INFERENCE_SERVICE_MANAGEMENT_KEY": "management"}
+    shared = {"INFERENCE_SERVICE_INFERENCE_KEY": "k8s-shared-inference-key-0123456789",
+              "INFERENCE_SERVICE_MANAGEMENT_KEY": "k8s-shared-management-key-0123456789"}
+    srv = ServerProcess(tmp_path / "work", store, ["--ts-config", str(config)], env=shared)
     try:
         host = _non_loopback_ipv4() or "127.0.0.1"
         channel = grpc.insecure_channel(f"{host}:{srv.inference_port}")
         health = health_pb2_grpc.HealthStub(channel)
         srv.wait_workers("echo", 1)
-        for name, probe in probes.items():
+        for name, probe in probes.items():  # probes need no token
             status = health.Check(health_pb2.HealthCheckRequest(service=probe["service"]), timeout=10).status
             assert status == health_pb2.HealthCheckResponse.SERVING, name
+        # token authorization is on: no key, no inference; the Secret's key works
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"k8s"})
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Predictions(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        metadata = [("authorization", f"Bearer {shared['INFERENCE_SERVICE_INFERENCE_KEY']}")]
+        assert stub.Predictions(request, timeout=10, metadata=metadata).prediction == b"k8s"
         channel.close()
     finally:
         assert srv.stop() == 0

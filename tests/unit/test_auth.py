@@ -283,3 +283,26 @@ def test_tls_settings_must_fit_together(tmp_path: Path):
     with pytest.raises(OSError, match="not PEM"):
         tls.server_credentials(Settings(enable_grpc_ssl=True, certificate_file=tmp_path / "not.pem",
                                         private_key_file=tmp_path / "not.pem"))
+
+
+def test_fixed_keys_are_used_and_never_rotate():
+    from inference_service.auth import KeyStore
+
+    now = [0.0]
+    store = KeyStore(0.01, clock=lambda: now[0], fixed={"inference": "i" * 20})
+    assert store.key("inference") == "i" * 20 and store.verify("inference", "i" * 20)
+    before = store.key("management")
+    now[0] += 3600
+    store.rotate_due()
+    assert store.key("inference") == "i" * 20 and store.key("management") != before
+    with pytest.raises(ValueError, match="16 characters"):
+        KeyStore(fixed={"inference": "short"})
+
+
+def test_short_key_from_environment_is_a_config_error(monkeypatch):
+    from inference_service.cli import build_parser, settings_from_args
+    from inference_service.config import ConfigError
+
+    monkeypatch.setenv("INFERENCE_SERVICE_INFERENCE_KEY", "short")
+    with pytest.raises(ConfigError, match="INFERENCE_SERVICE_INFERENCE_KEY"):
+        settings_from_args(build_parser().parse_args([]))
