@@ -17,6 +17,7 @@ archive's sanitised name plus a random suffix; the manifest and YAML are data
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -29,9 +30,10 @@ import urllib.error
 import urllib.request
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 import yaml
@@ -98,48 +100,61 @@ def _safe_member(name: str) -> PurePosixPath:
     return path
 
 
+@dataclass
+class _Member:
+    """One archive member, whatever the archive format."""
+
+    name: str
+    size: int
+    is_dir: bool
+    problem: str | None  # why it may not be extracted (a link, a device...), or None
+    open: Callable[[], IO[bytes]]
+
+
+def _zip_members(zf: zipfile.ZipFile) -> list[_Member]:
+    return [_Member(info.filename, info.file_size, info.is_dir(),
+                    "is a symbolic link" if stat.S_ISLNK(info.external_attr >> 16) else None,
+                    functools.partial(zf.open, info)) for info in zf.infolist()]
+
+
+def _tar_members(tf: tarfile.TarFile) -> list[_Member]:
+    def opener(member: tarfile.TarInfo) -> IO[bytes]:
+        fin = tf.extractfile(member)
+        assert fin is not None  # regular files only reach here
+        return fin
+
+    return [_Member(m.name, m.size, m.isdir(), None if m.isfile() or m.isdir() else "is not a regular file",
+                    functools.partial(opener, m)) for m in tf.getmembers()]
+
+
+def _extract_members(members: list[_Member], src: Path, dest: Path, max_bytes: int) -> None:
+    """Check every member (path stays inside, no links, total size capped), then write them."""
+    total = 0
+    for member in members:
+        _safe_member(member.name)
+        if member.problem:
+            raise InvalidArgument(f"archive member {member.name!r} {member.problem}; refusing to extract")
+        total += member.size
+        if total > max_bytes:
+            raise InvalidArgument(f"archive {src.name} expands beyond the {max_bytes}-byte limit")
+    for member in members:
+        target = dest / _safe_member(member.name)
+        if member.is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with member.open() as fin, open(target, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+
+
 def _extract_zip(src: Path, dest: Path, max_bytes: int) -> None:
     with zipfile.ZipFile(src) as zf:
-        infos = zf.infolist()
-        total = 0
-        for info in infos:
-            _safe_member(info.filename)
-            if stat.S_ISLNK(info.external_attr >> 16):
-                raise InvalidArgument(f"archive member {info.filename!r} is a symbolic link; refusing to extract")
-            total += info.file_size
-            if total > max_bytes:
-                raise InvalidArgument(f"archive {src.name} expands beyond the {max_bytes}-byte limit")
-        for info in infos:
-            target = dest / _safe_member(info.filename)
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as fin, open(target, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
+        _extract_members(_zip_members(zf), src, dest, max_bytes)
 
 
 def _extract_tar(src: Path, dest: Path, max_bytes: int) -> None:
     with tarfile.open(src, "r:*") as tf:
-        members = tf.getmembers()
-        total = 0
-        for member in members:
-            _safe_member(member.name)
-            if not (member.isfile() or member.isdir()):
-                raise InvalidArgument(f"archive member {member.name!r} is not a regular file; refusing to extract")
-            total += member.size
-            if total > max_bytes:
-                raise InvalidArgument(f"archive {src.name} expands beyond the {max_bytes}-byte limit")
-        for member in members:
-            target = dest / _safe_member(member.name)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fin = tf.extractfile(member)
-            assert fin is not None
-            with fin, open(target, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
+        _extract_members(_tar_members(tf), src, dest, max_bytes)
 
 
 def resolve_in_store(url: str, model_store: Path | None) -> Path:
