@@ -4,21 +4,26 @@ Custom handlers subclass it and override ``preprocess`` / ``inference`` /
 ``postprocess`` (or ``initialize`` / ``handle``); they read the attributes
 TorchServe's ``BaseHandler`` sets: ``self.context``, ``self.manifest``,
 ``self.model``, ``self.device``, ``self.map_location``, ``self.mapping``,
-``self.initialized``, ``self.model_pt_path``, ``self.model_dir``.
+``self.initialized``, ``self.model_pt_path``, ``self.model_dir``,
+``self.model_yaml_config``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import logging
 import os
+import pickle
 import sys
 import time
+import zipfile
+from collections.abc import Mapping
 from typing import Any
 
 from inference_service.handler.context import Context
+from inference_service.handler.timer import timed
+from inference_service.handler.util import load_label_mapping
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +47,36 @@ class BaseHandler:
             def postprocess(self, data):
                 return data
 
-    ``initialize`` loads the manifest's ``serializedFile`` when there is one:
-    with a ``modelFile`` it is an eager model (exactly one ``nn.Module`` class in
-    that file, plus a state dict), otherwise a TorchScript file
-    (``torch.jit.load``). ``index_to_name.json`` in the model directory, when
-    present, becomes ``self.mapping``. ``handle`` records ``HandlerTime`` (ms)
-    through ``context.metrics.add_time``, as TorchServe's does.
+    ``initialize`` loads the model named by the manifest, as TorchServe's does
+    (``torch-model-archiver`` options in brackets):
+
+    - ``modelFile`` [``--model-file``]: an eager model. The file must define
+      exactly one ``torch.nn.Module`` subclass, built with no arguments; the
+      ``serializedFile`` [``--serialized-file``], when given, is its state dict:
+      a ``.safetensors`` file (read with the ``safetensors`` package) or a
+      ``torch.save`` file read with ``torch.load(weights_only=True)`` (opt out
+      with ``handler: {weights_only: false}`` in ``model-config.yaml``, only
+      for archives you trust: it unpickles arbitrary objects).
+    - no ``modelFile``: the ``serializedFile`` is a TorchScript file
+      (``torch.jit.load``). A ``.safetensors`` file there is refused (weights
+      need their class), as are ``.onnx`` and AOT ``.so`` files (not supported).
+    - neither: no model is loaded (``self.model`` stays ``None``).
+
+    The model is moved to ``self.device`` (``cuda:<gpu_id>`` when the worker
+    has a GPU and CUDA is available, else CPU) and put in ``eval()`` mode.
+    ``model-config.yaml``'s ``pt2`` section compiles it with ``torch.compile``
+    (TorchServe's keys: ``pt2: {compile: {enable: true, backend: ..., mode: ...}}``,
+    or the deprecated ``pt2: "<backend>"`` / ``pt2: {backend: ...}``); a failed
+    compilation is logged and the model runs uncompiled, as in TorchServe.
+    ``index_to_name.json`` in the model directory, when present, becomes
+    ``self.mapping`` (:func:`~inference_service.handler.util.load_label_mapping`).
+    With ``handler: {profile: true}``, ``preprocess`` / ``inference`` /
+    ``postprocess`` record ``ts_handler_<stage>`` times (ms), as TorchServe's
+    ``@timed``. ``handle`` records ``HandlerTime`` (ms) through
+    ``context.metrics.add_time``, as TorchServe's does.
+
+    Every loading failure raises :class:`ModelLoadError` naming the archive file
+    and the cause; the worker reports it and registration fails with it.
     """
 
     def __init__(self) -> None:
@@ -58,6 +87,7 @@ class BaseHandler:
         self.initialized = False
         self.context: Context | None = None
         self.manifest: dict[str, Any] = {}
+        self.model_yaml_config: dict[str, Any] = {}
         self.model_pt_path: str | None = None
         self.model_dir: str = ""
         self.explain = False
@@ -67,12 +97,14 @@ class BaseHandler:
         """Load the model named by the manifest onto the worker's device.
 
         Raises:
-            ModelLoadError: the serialized or model file is missing or invalid.
+            ModelLoadError: the serialized or model file is missing or invalid,
+                or ``model-config.yaml``'s handler options are malformed.
         """
         import torch
 
         self.context = context
         self.manifest = context.manifest
+        self.model_yaml_config = context.model_yaml_config or {}
         properties = context.system_properties
         self.model_dir = properties.get("model_dir", "")
         gpu_id = properties.get("gpu_id")
@@ -85,39 +117,132 @@ class BaseHandler:
 
         model_info = self.manifest.get("model", {})
         serialized = model_info.get("serializedFile")
+        model_file = model_info.get("modelFile")
+        self.model_pt_path = None
         if serialized:
             self.model_pt_path = os.path.join(self.model_dir, serialized)
             if not os.path.isfile(self.model_pt_path):
                 raise ModelLoadError(f"serialized file {serialized!r} not found in {self.model_dir}")
-            model_file = model_info.get("modelFile")
-            if model_file:
-                self.model = self._load_pickled_model(self.model_dir, model_file, self.model_pt_path)
-            else:
-                self.model = self._load_torchscript_model(self.model_pt_path)
+        if model_file:
+            self.model = self._load_pickled_model(self.model_dir, model_file, self.model_pt_path)
+        elif self.model_pt_path is not None:
+            self.model = self._load_serialized_model(self.model_pt_path)
+        if self.model is not None:
             self.model.to(self.device)
             self.model.eval()
+            self.model = self._compile_model(self.model)
 
-        mapping_path = os.path.join(self.model_dir, "index_to_name.json")
-        if os.path.isfile(mapping_path):
-            with open(mapping_path, encoding="utf-8") as f:
-                self.mapping = json.load(f)
+        try:
+            self.mapping = load_label_mapping(os.path.join(self.model_dir, "index_to_name.json"))
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
         self.initialized = True
 
+    def get_device(self) -> Any:
+        """The ``torch.device`` the model runs on (TorchServe's accessor)."""
+        return self.device
+
+    # --- loading ---------------------------------------------------------------
+    def _handler_options(self) -> dict[str, Any]:
+        """The ``handler`` section of ``model-config.yaml`` (``{}`` if none).
+
+        Raises:
+            ModelLoadError: the section is not a mapping.
+        """
+        options = self.model_yaml_config.get("handler") if isinstance(self.model_yaml_config, dict) else None
+        if options is None:
+            return {}
+        if not isinstance(options, dict):
+            raise ModelLoadError(f"model-config.yaml: 'handler' must be a mapping, got {type(options).__name__}")
+        return options
+
+    def _weights_only(self) -> bool:
+        """``torch.load``'s ``weights_only`` (``handler: {weights_only: false}`` opts out)."""
+        value = self._handler_options().get("weights_only", True)
+        if not isinstance(value, bool):
+            raise ModelLoadError(f"model-config.yaml: handler.weights_only must be true or false, got {value!r}")
+        return value
+
+    def _display_name(self, path: str) -> str:
+        """``path`` relative to the model directory (how the archive names it)."""
+        try:
+            rel = os.path.relpath(path, self.model_dir) if self.model_dir else path
+        except ValueError:
+            return path
+        return path if rel.startswith("..") else rel
+
+    def _load_serialized_model(self, model_pt_path: str) -> Any:
+        """Load a ``serializedFile`` that has no ``modelFile``: a TorchScript archive.
+
+        Raises:
+            ModelLoadError: a weights-only format (``.safetensors``), an
+                unsupported one (``.onnx``, ``.so``), or not loadable.
+        """
+        name = self._display_name(model_pt_path)
+        ext = os.path.splitext(model_pt_path)[1].lower()
+        if ext == ".safetensors":
+            raise ModelLoadError(
+                f"serialized file {name!r} is a safetensors state dict: archive the model class "
+                "with --model-file to load it"
+            )
+        if ext == ".onnx":
+            raise ModelLoadError(f"serialized file {name!r}: ONNX models are not supported")
+        if ext == ".so":
+            raise ModelLoadError(f"serialized file {name!r}: AOT-compiled (torch.export .so) models are not supported")
+        return self._load_torchscript_model(model_pt_path)
+
     def _load_torchscript_model(self, model_pt_path: str) -> Any:
-        """Load a TorchScript archive. Raises ModelLoadError naming the file."""
+        """Load a TorchScript archive onto ``self.device``. Raises ModelLoadError naming the file."""
         import torch
 
+        name = self._display_name(model_pt_path)
         try:
             return torch.jit.load(model_pt_path, map_location=self.device)
         except Exception as exc:
-            raise ModelLoadError(f"cannot load TorchScript file {model_pt_path}: {exc}") from exc
+            hint = ""
+            if _is_torch_save_zip(model_pt_path):
+                hint = (" (it looks like a torch.save file, e.g. a state dict: archive its model class "
+                        "with --model-file)")
+            raise ModelLoadError(f"cannot load TorchScript file {name!r}: {_brief(exc)}{hint}") from exc
 
-    def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str) -> Any:
-        """Build the one ``nn.Module`` class of ``model_file`` and load its state dict.
+    def _load_state_dict(self, model_pt_path: str) -> Mapping[str, Any]:
+        """Read a state dict: safetensors, or ``torch.load`` (``weights_only`` unless opted out).
 
         Raises:
-            ModelLoadError: the file is missing, holds no or several module
-                classes, or the state dict does not fit.
+            ModelLoadError: unreadable, not a mapping, or (weights-only) it pickles objects.
+        """
+        import torch
+
+        name = self._display_name(model_pt_path)
+        if model_pt_path.lower().endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            try:
+                return load_file(model_pt_path, device=str(self.device))
+            except Exception as exc:
+                raise ModelLoadError(f"cannot read safetensors file {name!r}: {_brief(exc)}") from exc
+        weights_only = self._weights_only()
+        try:
+            state = torch.load(model_pt_path, map_location=self.device, weights_only=weights_only)
+        except pickle.UnpicklingError as exc:
+            hint = ""
+            if weights_only:
+                hint = (" (it pickles Python objects; save a plain state dict, or set handler: "
+                        "{weights_only: false} in model-config.yaml if you trust this archive)")
+            raise ModelLoadError(f"cannot load state dict {name!r}: {_brief(exc)}{hint}") from exc
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load state dict {name!r}: {_brief(exc)}") from exc
+        if not isinstance(state, Mapping):
+            raise ModelLoadError(f"serialized file {name!r} holds a {type(state).__name__}, not a state dict")
+        return state
+
+    def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
+        """Build the one ``nn.Module`` class of ``model_file`` and load its state dict (if any).
+
+        Raises:
+            ModelLoadError: the file is missing, fails to import, holds no or
+                several module classes, the class cannot be built without
+                arguments, or the state dict cannot be read or does not fit.
         """
         import torch
 
@@ -125,35 +250,91 @@ class BaseHandler:
         if not os.path.isfile(path):
             raise ModelLoadError(f"model file {model_file!r} not found in {model_dir}")
         module_name = os.path.splitext(os.path.basename(model_file))[0]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ModelLoadError(f"cannot import model file {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules.setdefault(module_name, module)
-        spec.loader.exec_module(module)
+        module = sys.modules.get(module_name)
+        if module is None or os.path.abspath(getattr(module, "__file__", "") or "") != os.path.abspath(path):
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise ModelLoadError(f"cannot import model file {model_file!r}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules.setdefault(module_name, module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"model file {model_file!r} failed to import: {type(exc).__name__}: {_brief(exc)}"
+                ) from exc
         classes = [
             obj for _, obj in inspect.getmembers(module, inspect.isclass)
             if issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
         ]
         if len(classes) != 1:
+            names = ", ".join(c.__name__ for c in classes)
             raise ModelLoadError(
                 f"model file {model_file!r} must define exactly one torch.nn.Module class, "
-                f"found {len(classes)}"
+                f"found {len(classes)}" + (f" ({names})" if names else "")
             )
-        model = classes[0]()
+        model_class = classes[0]
         try:
-            state_dict = torch.load(model_pt_path, map_location=self.device, weights_only=True)
-            model.load_state_dict(state_dict)
+            model = model_class()
         except Exception as exc:
-            raise ModelLoadError(f"cannot load state dict {model_pt_path}: {exc}") from exc
+            raise ModelLoadError(
+                f"cannot build {model_class.__name__}() from {model_file!r}: {type(exc).__name__}: {_brief(exc)}"
+            ) from exc
+        if model_pt_path:
+            state_dict = self._load_state_dict(model_pt_path)
+            try:
+                model.load_state_dict(state_dict)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"state dict {self._display_name(model_pt_path)!r} does not fit {model_class.__name__} "
+                    f"of {model_file!r}: {_brief(exc)}"
+                ) from exc
         return model
 
+    def _compile_model(self, model: Any) -> Any:
+        """Apply ``model-config.yaml``'s ``pt2`` section (``torch.compile``), as TorchServe does.
+
+        Returns:
+            The compiled model, or ``model`` when compilation is off, asked for
+            an unsupported mode (``pt2.export``), or failed (logged at WARNING).
+
+        Raises:
+            ModelLoadError: ``pt2`` is neither a backend name nor a mapping.
+        """
+        import torch
+
+        pt2 = self.model_yaml_config.get("pt2") if isinstance(self.model_yaml_config, dict) else None
+        if pt2 is None:
+            return model
+        if isinstance(pt2, str):
+            options: dict[str, Any] = {"backend": pt2}
+        elif isinstance(pt2, dict) and "compile" in pt2:
+            options = dict(pt2["compile"] or {})
+            if options.pop("enable", False) is not True:
+                return model
+        elif isinstance(pt2, dict) and "export" in pt2:
+            log.warning("model-config.yaml pt2.export (AOT compilation) is not supported; the model runs as loaded")
+            return model
+        elif isinstance(pt2, dict):
+            options = dict(pt2)
+        else:
+            raise ModelLoadError(f"model-config.yaml: pt2 must be a backend name or a mapping, got {pt2!r}")
+        try:
+            compiled = torch.compile(model, **options)
+        except Exception as exc:  # noqa: BLE001 - TorchServe proceeds uncompiled too
+            log.warning("compiling the model with %s failed, proceeding without compilation: %s", options, exc)
+            return model
+        log.info("compiled model with torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
+        return compiled
+
+    @timed
     def preprocess(self, data: list[dict[str, Any]]) -> Any:
         """Turn the batch's request dicts into model input (default: a tensor of the bodies)."""
         import torch
 
         return torch.as_tensor(data, device=self.device)
 
+    @timed
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run the model without gradients."""
         import torch
@@ -161,6 +342,7 @@ class BaseHandler:
         with torch.no_grad():
             return self.model(data, *args, **kwargs)
 
+    @timed
     def postprocess(self, data: Any) -> list[Any]:
         """Turn model output into one result per request (default: ``tolist()``)."""
         return data.tolist() if hasattr(data, "tolist") else list(data)
@@ -180,3 +362,23 @@ class BaseHandler:
         output = self.postprocess(self.inference(self.preprocess(data)))
         context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
         return output
+
+
+def _brief(exc: BaseException, limit: int = 500) -> str:
+    """An exception's message on one line, cut at ``limit`` characters (torch's can run to pages)."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_torch_save_zip(path: str) -> bool:
+    """Whether ``path`` is a ``torch.save`` zip without TorchScript code (e.g. a state dict)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except OSError:
+        return False
+    return any(n.endswith("/data.pkl") for n in names) and not any(n.endswith("/constants.pkl") for n in names)

@@ -39,39 +39,86 @@ def list_classes_from_module(module: ModuleType, parent_class: type | None = Non
     return classes
 
 
-def load_label_mapping(mapping_file_path: str) -> dict[str, Any] | None:
-    """Read ``index_to_name.json``: ``{"0": "label", ...}`` (values may be ``[id, label]`` lists).
+def load_label_mapping(mapping_file_path: str) -> dict[str, str] | None:
+    """Read ``index_to_name.json`` into ``{"<class index>": "label"}``, as TorchServe's does.
+
+    Accepted forms: ``{"0": "label", ...}``; ``{"0": ["n01440764", "tench"], ...}``
+    (ImageNet style: the last element is the label); ``{"object_type_names":
+    ["__background__", "person", ...]}`` (object detection: the list position is
+    the class index).
 
     Returns:
         The mapping, or ``None`` when the file does not exist.
 
     Raises:
-        ValueError: the file is not a JSON object.
+        ValueError: the file is not valid JSON, not an object, or a label is not
+            a string (or a list ending in one); the message names the file.
     """
     if not os.path.isfile(mapping_file_path):
         return None
-    with open(mapping_file_path, encoding="utf-8") as f:
-        mapping = json.load(f)
+    try:
+        with open(mapping_file_path, encoding="utf-8") as f:
+            mapping = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{mapping_file_path}: cannot read the label mapping: {exc}") from exc
     if not isinstance(mapping, dict):
-        raise ValueError(f"{mapping_file_path}: the label mapping must be a JSON object")
-    return mapping
+        raise ValueError(f'{mapping_file_path}: the label mapping must be a JSON object {{"0": "label", ...}}')
+    names = mapping.get("object_type_names")
+    if isinstance(names, list):
+        return {str(i): str(name) for i, name in enumerate(names)}
+    result: dict[str, str] = {}
+    for key, value in mapping.items():
+        label = value[-1] if isinstance(value, list) and value else value
+        if not isinstance(label, str):
+            raise ValueError(
+                f"{mapping_file_path}: label of class {key!r} must be a string or a list ending in one, "
+                f"got {value!r}"
+            )
+        result[str(key)] = label
+    return result
+
+
+def get_yaml_config(yaml_file_path: str) -> dict[str, Any]:
+    """Read a YAML file with ``yaml.safe_load`` (TorchServe's ``ts.utils.util.get_yaml_config``).
+
+    Returns:
+        The parsed document (``{}`` for an empty file).
+
+    Raises:
+        OSError: the file cannot be read.
+        yaml.YAMLError: the file is not valid YAML.
+    """
+    import yaml
+
+    with open(yaml_file_path, encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
 
 
 def map_class_to_label(
-    probs: list[list[float]], mapping: dict[str, Any] | None = None, lbl_classes: list[list[Any]] | None = None
-) -> list[dict[str, float]]:
+    probs: list[list[Any]], mapping: dict[str, Any] | None = None, lbl_classes: list[list[Any]] | None = None
+) -> list[dict[str, Any]]:
     """Pair each row of ``probs`` with its class labels: ``[{label: prob, ...}, ...]``.
 
+    As TorchServe's: the key is ``mapping[str(class)]`` (a list label gives its
+    last element), or ``str(class)`` without a mapping. Unlike TorchServe's, a
+    class missing from the mapping keeps ``str(class)`` instead of raising.
+    The values are taken as they are (the object detector passes boxes).
+
     Args:
-        probs: per request, the top-k probabilities.
+        probs: per request, the values to label (e.g. the top-k probabilities).
         mapping: ``index_to_name`` mapping (class index as a string -> label).
         lbl_classes: per request, the class indices of ``probs`` (default 0..k-1).
+
+    Raises:
+        TypeError: ``probs`` is not a list (convert tensors with ``tolist()`` first).
     """
+    if not isinstance(probs, list):
+        raise TypeError(f"map_class_to_label needs a list of rows, got {type(probs).__name__} (use tolist())")
     if lbl_classes is None:
         lbl_classes = [list(range(len(row))) for row in probs]
     results = []
     for row_probs, row_classes in zip(probs, lbl_classes, strict=False):
-        entry: dict[str, float] = {}
+        entry: dict[str, Any] = {}
         for cls, prob in zip(row_classes, row_probs, strict=False):
             label: Any = cls
             if mapping is not None:

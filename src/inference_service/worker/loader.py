@@ -4,7 +4,9 @@ Accepted forms (TorchServe's):
 - ``file.py`` or ``module``: a module (in the model directory, else importable,
   else a built-in ``ts.torch_handler.<name>``) that defines exactly one class;
   an instance of it is the service (``initialize(context)`` then
-  ``handle(data, context)``).
+  ``handle(data, context)``). A module-level ``__handler__ = SomeClass`` names
+  the class instead (an inference-service rule, used by the built-in
+  ``ts.torch_handler.*`` modules, which re-export classes defined elsewhere).
 - ``file.py:function`` or ``module:function``: ``function(data, context)`` is
   the service; it is called once with ``data=None`` at load.
 """
@@ -90,9 +92,13 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
         except Exception as exc:
             raise HandlerLoadError(f"handler {handler!r} failed to initialize: {type(exc).__name__}: {exc}") from exc
         return Service(fn, f"{module.__name__}:{function_name}")
-    classes = [
-        obj for _, obj in inspect.getmembers(module, inspect.isclass) if obj.__module__ == module.__name__
-    ]
+    explicit = getattr(module, "__handler__", None)
+    if inspect.isclass(explicit):
+        classes = [explicit]
+    else:
+        classes = [
+            obj for _, obj in inspect.getmembers(module, inspect.isclass) if obj.__module__ == module.__name__
+        ]
     if len(classes) != 1:
         raise HandlerLoadError(
             f"handler module {module.__name__!r} must define exactly one class (found {len(classes)}) "

@@ -1,0 +1,1 @@
+"""``ts.metrics`` (TorchServe import path): dimensions and metric types for ``context.metrics``."""

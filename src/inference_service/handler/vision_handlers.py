@@ -1,0 +1,241 @@
+"""TorchServe's built-in vision handlers: ``image_classifier``, ``image_segmenter``, ``object_detector``.
+
+Same names, class hierarchy and input/output contracts as TorchServe 0.12's
+``ts.torch_handler.*`` (which import these classes), so a ``.mar`` built with
+``--handler image_classifier`` and custom handlers subclassing
+``ts.torch_handler.image_classifier.ImageClassifier`` run unchanged.
+
+Input of every request: the encoded image (PNG, JPEG, ... anything Pillow
+decodes) in the input map's ``data`` or ``body`` entry; a ``str`` is taken as
+base64, a list as the image tensor itself (no preprocessing). Bytes that do not
+decode fail that request with INVALID_ARGUMENT and a message; the worker stays
+ready. Outputs are documented per class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inference_service.handler.base_handler import BaseHandler, ModelLoadError
+from inference_service.handler.context import Context
+from inference_service.handler.image_processing import ImageDecodeError, ImageNetPreprocess, ToTensor, decode_image
+from inference_service.handler.timer import timed
+from inference_service.handler.util import PredictionException, map_class_to_label
+
+
+class VisionHandler(BaseHandler):
+    """Base of the image handlers: decode each request's image and batch the tensors.
+
+    ``preprocess`` turns every request into ``self.image_processing(image)``
+    (a callable ``PIL.Image -> tensor``; subclasses set it, e.g. a torchvision
+    ``transforms.Compose``) and returns them stacked into one ``N x C x H x W``
+    tensor on ``self.device``, as TorchServe's ``VisionHandler``. When the
+    context's ``limit_max_image_pixels`` is false, Pillow's decompression-bomb
+    limit is lifted (``PIL.Image.MAX_IMAGE_PIXELS = None``), as in TorchServe.
+
+    A request whose image does not decode fails with HTTP 400 -> gRPC
+    INVALID_ARGUMENT: alone in its batch, through :class:`PredictionException`;
+    in a batch with good images, through ``context.set_response_status(400, ...)``
+    for that request only (the model runs on a zero placeholder in its slot, and
+    the other requests get their results).
+    """
+
+    image_processing: Callable[[Any], Any] = ToTensor()
+
+    def initialize(self, context: Context) -> None:
+        """Load the model (:meth:`BaseHandler.initialize`) and apply the image-size guard setting."""
+        super().initialize(context)
+        if not context.system_properties.get("limit_max_image_pixels", True):
+            from PIL import Image
+
+            Image.MAX_IMAGE_PIXELS = None
+
+    def _request_image(self, row: Mapping[str, Any]) -> Any:
+        """One request's image as a tensor (``image_processing`` applied). Raises ImageDecodeError."""
+        import torch
+
+        payload = (row.get("data") or row.get("body")) if isinstance(row, Mapping) else None
+        if payload is None:
+            raise ImageDecodeError("no image: send the image bytes in the input 'data' (or 'body')")
+        if isinstance(payload, (bytes, bytearray, memoryview, str)):
+            return self.image_processing(decode_image(payload))
+        if isinstance(payload, list):
+            return torch.as_tensor(payload, dtype=torch.float32)
+        raise ImageDecodeError(f"cannot read an image from a {type(payload).__name__}")
+
+    def load_images(self, data: list[dict[str, Any]]) -> list[Any]:
+        """Decode and process every request's image; bad ones are handled as the class describes.
+
+        Returns:
+            One tensor per request (a zero placeholder where the image was bad).
+
+        Raises:
+            PredictionException: (400) every image of the batch is bad.
+        """
+        import torch
+
+        images: list[Any] = []
+        errors: dict[int, str] = {}
+        for idx, row in enumerate(data):
+            try:
+                images.append(self._request_image(row))
+            except ImageDecodeError as exc:
+                errors[idx] = str(exc)
+                images.append(None)
+        if errors:
+            if len(errors) == len(data):
+                first = min(errors)
+                prefix = "" if len(data) == 1 else f"request {first} of the batch: "
+                raise PredictionException(prefix + errors[first], 400)
+            template = next(img for img in images if img is not None)
+            for idx, message in errors.items():
+                if self.context is not None:
+                    self.context.set_response_status(400, message, idx)
+                images[idx] = torch.zeros_like(template)
+        return images
+
+    @timed
+    def preprocess(self, data: list[dict[str, Any]]) -> Any:
+        """Images of the batch as one stacked float tensor on ``self.device`` (``N x C x H x W``).
+
+        Raises:
+            PredictionException: (400) no image of the batch decodes.
+        """
+        import torch
+
+        return torch.stack(self.load_images(data)).to(self.device)
+
+
+class ImageClassifier(VisionHandler):
+    """``image_classifier``: image -> the top-k classes with their probabilities.
+
+    Preprocessing: RGB, ``Resize(256)``, ``CenterCrop(224)``, ``ToTensor``,
+    ``Normalize`` with the ImageNet mean/std (:class:`ImageNetPreprocess`;
+    torchvision when importable, else the same steps without it). The model's
+    output ``N x classes`` goes through softmax; each request gets a JSON object
+    ``{"label": probability, ...}`` of its ``topk`` most likely classes, most
+    likely first (labels from ``index_to_name.json``, else the class index as a
+    string), as TorchServe's. ``topk`` is 5 (TorchServe's); change it with
+    ``set_max_result_classes(k)``, a ``topk`` class attribute, or (added here)
+    ``handler: {topk: k}`` in ``model-config.yaml``. A model with fewer than
+    ``topk`` classes returns all of them (TorchServe fails instead).
+
+    Quick start (TorchServe's densenet161 flow, with any eager model)::
+
+        torch-model-archiver --model-name densenet161 --version 1.0 --model-file model.py \\
+            --serialized-file densenet161.pth --handler image_classifier \\
+            --extra-files index_to_name.json --export-path model_store
+    """
+
+    topk = 5
+    image_processing: Callable[[Any], Any] = ImageNetPreprocess()
+
+    def initialize(self, context: Context) -> None:
+        """Load the model, then read ``handler.topk`` from ``model-config.yaml`` if set."""
+        super().initialize(context)
+        options = self._handler_options()
+        if "topk" in options:
+            topk = options["topk"]
+            if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+                raise ModelLoadError(f"model-config.yaml: handler.topk must be a positive integer, got {topk!r}")
+            self.set_max_result_classes(topk)
+
+    def set_max_result_classes(self, topk: int) -> None:
+        """Return the ``topk`` most likely classes per request (TorchServe's setter)."""
+        self.topk = topk
+
+    def get_max_result_classes(self) -> int:
+        """How many classes each response holds at most."""
+        return self.topk
+
+    @timed
+    def postprocess(self, data: Any) -> list[dict[str, float]]:
+        """Softmax the ``N x classes`` logits; ``[{label: probability}]`` of the top-k per request."""
+        import torch
+
+        probabilities = torch.nn.functional.softmax(data, dim=1)
+        k = min(self.topk, probabilities.shape[1])
+        probs, classes = torch.topk(probabilities, k, dim=1)
+        return map_class_to_label(probs.tolist(), self.mapping, classes.tolist())
+
+
+class ImageSegmenter(VisionHandler):
+    """``image_segmenter``: image -> the most likely class of every pixel, with its probability.
+
+    Preprocessing as :class:`ImageClassifier` (224 x 224 input). The model
+    returns ``N x classes x H x W`` logits, either as a tensor or, like
+    torchvision's segmentation models, in a dict under ``"out"``. Each request
+    gets a JSON ``H x W x 2`` nested list: ``[class index (as a float),
+    probability]`` per pixel, as TorchServe's (it returns only the top class per
+    pixel to keep responses small: about 1.3 MB of JSON for 224 x 224).
+    """
+
+    image_processing: Callable[[Any], Any] = ImageNetPreprocess()
+
+    @timed
+    def postprocess(self, data: Any) -> list[Any]:
+        """Per request, ``[[[class, probability] per pixel] per row]`` of the softmaxed logits."""
+        import torch
+
+        if isinstance(data, Mapping):
+            data = data["out"]
+        probabilities = torch.nn.functional.softmax(data, dim=1)
+        values, indices = torch.max(probabilities, dim=1)
+        return torch.stack([indices.to(values.dtype), values], dim=3).tolist()
+
+
+class ObjectDetector(VisionHandler):
+    """``object_detector``: image -> the detected objects with their boxes and scores.
+
+    Preprocessing: ``ToTensor`` only (no resizing; values in [0, 1]). The model
+    (a torchvision-style detector) takes the batch and returns, per image, a
+    dict with ``boxes`` (``K x 4``, ``x1, y1, x2, y2`` in pixels), ``labels``
+    (``K``) and ``scores`` (``K``). Each request gets a JSON list of the
+    detections scoring at least ``threshold`` (0.5, TorchServe's; added here:
+    ``handler: {threshold: t}`` in ``model-config.yaml``), in the model's order:
+    ``[{"<label>": [x1, y1, x2, y2], "score": s}, ...]``, the label from
+    ``index_to_name.json`` (``{"object_type_names": [...]}`` works too), else
+    the class index as a string, as TorchServe's. Images of different sizes in
+    one batch go to the model as a list of tensors instead of a stacked tensor.
+    """
+
+    image_processing: Callable[[Any], Any] = ToTensor()
+    threshold = 0.5
+
+    def initialize(self, context: Context) -> None:
+        """Load the model, then read ``handler.threshold`` from ``model-config.yaml`` if set."""
+        super().initialize(context)
+        options = self._handler_options()
+        if "threshold" in options:
+            value = options["threshold"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ModelLoadError(f"model-config.yaml: handler.threshold must be within [0, 1], got {value!r}")
+            self.threshold = float(value)
+
+    @timed
+    def preprocess(self, data: list[dict[str, Any]]) -> Any:
+        """The batch's images: one stacked tensor if they share a size, else a list of tensors."""
+        import torch
+
+        images = [image.to(self.device) for image in self.load_images(data)]
+        if all(image.shape == images[0].shape for image in images):
+            return torch.stack(images)
+        return images
+
+    @timed
+    def postprocess(self, data: Any) -> list[list[dict[str, Any]]]:
+        """Per image, ``[{label: box, "score": score}]`` of the detections scoring >= ``threshold``."""
+        result = []
+        for row in data:
+            keep = row["scores"] >= self.threshold
+            boxes = row["boxes"][keep].tolist()
+            labels = row["labels"][keep].tolist()
+            scores = row["scores"][keep].tolist()
+            detections = []
+            for label, box, score in zip(labels, boxes, scores, strict=True):
+                entry = map_class_to_label([[box]], self.mapping, [[label]])[0]
+                entry["score"] = score
+                detections.append(entry)
+            result.append(detections)
+        return result
