@@ -162,8 +162,8 @@ class ServerProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "server.log"
         cmd = [sys.executable, "-m", "inference_service", "--foreground", "--ncs",
-               "--grpc-inference-port", "0", "--grpc-management-port", "0",
-               "--model-store", str(store), *args]
+               "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
+               "--metrics-port", "0", "--model-store", str(store), *args]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
@@ -247,7 +247,12 @@ class ServerProcess:
         """Wait until ``count`` workers of the model are READY; returns them."""
         deadline = time.monotonic() + timeout
         while True:
-            workers = [w for w in self.describe(name)[0]["workers"] if w["status"] == "READY"]
+            try:
+                workers = [w for w in self.describe(name)[0]["workers"] if w["status"] == "READY"]
+            except grpc.RpcError as err:  # a startup model is registered just after the server listens
+                if err.code() != grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
+                    raise
+                workers = []
             if len(workers) == count:
                 return workers
             if time.monotonic() > deadline:

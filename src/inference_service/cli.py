@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 from inference_service import tls
+from inference_service.accesslog import configure_logging
 from inference_service.config import ConfigError, Settings, apply_properties, read_properties
 
 log = logging.getLogger("inference_service")
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-health-address", help="plaintext health-only port's bind address (127.0.0.1)")
     p.add_argument("--grpc-health-port", type=int,
                    help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes when TLS is on)")
+    p.add_argument("--http-address", help="HTTP/1.1 inference API (TorchServe's REST API) bind address (127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="HTTP/1.1 inference API port (8080; 0 = any free port)")
+    p.add_argument("--no-http", action="store_true", help="do not serve the HTTP/1.1 inference API")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve both gRPC ports over TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path,
@@ -68,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-backoff", type=float,
                    help="cap of the worker restart back-off in seconds (30)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (INFO)")
+    p.add_argument("--log-format", choices=("plain", "json"), default=None,
+                   help="plain lines (default) or one JSON object per line (log_format)")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="do not write the access log (one inference_service.access line per RPC)")
+    p.add_argument("--metrics-address", help="Prometheus /metrics bind address (127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (8082; 0 = any free port)")
+    p.add_argument("--metrics-mode", choices=("log", "prometheus", "legacy"), default=None,
+                   help="handler metrics: logged by the worker (log, default) or exported on /metrics "
+                        "(prometheus)")
+    p.add_argument("--disable-metrics-api", action="store_true",
+                   help="no /metrics endpoint and no metrics recorded (enable_metrics_api=false)")
     return p
 
 
@@ -98,9 +114,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "worker_threads": args.worker_threads,
         "drain_timeout_s": args.drain_timeout,
         "max_backoff_s": args.max_backoff,
-        "log_level": args.log_level,
+        "log_level": args.log_level.upper() if args.log_level else None,
+        "log_format": args.log_format,
+        "metrics_address": args.metrics_address,
+        "metrics_port": args.metrics_port,
+        "metrics_mode": args.metrics_mode,
         "health_address": args.grpc_health_address,
         "health_port": args.grpc_health_port,
+        "http_address": args.http_address,
+        "http_port": args.http_port,
         "certificate_file": args.tls_cert,
         "private_key_file": args.tls_key,
         "client_ca_file": args.tls_client_ca,
@@ -114,19 +136,29 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if getattr(settings, key) is not None:
             setattr(settings, key, getattr(settings, key).expanduser().resolve())
     tls.validate(settings)
+    if args.no_http:
+        settings.http_port = None
+    elif settings.http_tls and (settings.certificate_file is None or settings.private_key_file is None):
+        raise ConfigError("an https:// inference_address needs certificate_file and private_key_file "
+                          "(or --tls-cert and --tls-key)")
     if args.ncs:
         settings.snapshot = False
     if args.disable_token_auth:
         settings.disable_token_auth = True
     if args.enable_model_api:
         settings.enable_model_api = True
+    if args.no_access_log:
+        settings.access_log = False
+    if args.disable_metrics_api:
+        settings.enable_metrics_api = False
     settings.inference_key = os.environ.get("INFERENCE_SERVICE_INFERENCE_KEY") or None
     settings.management_key = os.environ.get("INFERENCE_SERVICE_MANAGEMENT_KEY") or None
     for name, key in (("INFERENCE_SERVICE_INFERENCE_KEY", settings.inference_key),
                       ("INFERENCE_SERVICE_MANAGEMENT_KEY", settings.management_key)):
         if key is not None and len(key) < 16:
             raise ConfigError(f"{name} must have at least 16 characters")
-    for port in (settings.inference_port, settings.management_port, settings.health_port or 0):
+    for port in (settings.inference_port, settings.management_port, settings.health_port or 0,
+                 settings.http_port or 0, settings.metrics_port):
         if not 0 <= port <= 65535:
             raise ConfigError(f"port {port} is out of range 0..65535")
     return settings
@@ -187,9 +219,12 @@ def _start_background(argv: list[str], settings: Settings) -> int:
             info = json.loads(status.read_text())
             if info.get("pid") == child.pid:
                 keys = f"; keys: {info['key_file']}" if info.get("key_file") else ""
+                http = f", HTTP {info['http_address']}:{info['http_port']}" if info.get("http_port") else ""
+                if info.get("metrics_port"):
+                    http += f", metrics http://{info['metrics_address']}:{info['metrics_port']}/metrics"
                 print(f"inference-service started (pid {child.pid}): inference "
                       f"{info['inference_address']}:{info['inference_port']}, management "
-                      f"{info['management_address']}:{info['management_port']}; log: {log_path}{keys}")
+                      f"{info['management_address']}:{info['management_port']}{http}; log: {log_path}{keys}")
                 return 0
         except (OSError, ValueError):
             pass
@@ -219,6 +254,7 @@ def _foreground(settings: Settings) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    faulthandler.enable()  # a crash in native code still leaves a Python traceback in the log
     args = build_parser().parse_args(argv)
     level = (args.log_level or "INFO").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -231,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"inference-service: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_level, settings.log_format)
     for name in ("log_config", "workflow_store", "plugins_path", "cpp_log_config"):
         if getattr(args, name):
             log.warning("--%s is not supported by this server; ignored", name.replace("_", "-"))

@@ -60,6 +60,12 @@ class Settings:
         client_ca_file: PEM CA bundle; set, clients must present a certificate it signed (mTLS).
         health_address / health_port: an optional plaintext port serving only
             ``grpc.health.v1`` (``None``: none), for probes when the main ports use TLS.
+        http_address / http_port: TorchServe's HTTP/1.1 inference API (``POST /predictions/...``,
+            ``GET /ping``; 127.0.0.1:8080 as TorchServe; port 0 = ephemeral; ``http_port`` ``None``:
+            off, ``--no-http``). Set from config.properties' ``inference_address``
+            (``http://host:port``), see :attr:`inference_http_url`.
+        http_tls: serve the HTTP API over TLS (``inference_address=https://...``) with
+            ``certificate_file`` / ``private_key_file``, as TorchServe.
         drain_timeout_s: how long in-flight requests may finish at shutdown.
         max_backoff_s: cap of the worker restart back-off (s).
         max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
@@ -68,7 +74,15 @@ class Settings:
         inference_key / management_key: fixed token keys, from the environment variables
             ``INFERENCE_SERVICE_INFERENCE_KEY`` / ``INFERENCE_SERVICE_MANAGEMENT_KEY`` (e.g. a
             Kubernetes Secret shared by all replicas); unset: random keys per start.
-        log_level: logging level name.
+        log_level: logging level name (``log_level``; workers use it too).
+        log_format: ``"plain"`` or ``"json"`` (one JSON object per line), for the whole log.
+        access_log: write one ``inference_service.access`` line per RPC (``enable_access_log``).
+        metrics_address / metrics_port: the Prometheus endpoint's bind (TorchServe's
+            ``metrics_address=http://127.0.0.1:8082``; port 0 = ephemeral).
+        enable_metrics_api: serve ``/metrics`` and record metrics at all (TorchServe's key).
+        metrics_mode: TorchServe's key: ``"log"`` (default) logs handler metrics in the worker
+            (TorchServe's StatsD-like lines); ``"prometheus"`` forwards them to ``/metrics``
+            instead. Frontend metrics are on ``/metrics`` in both (``"legacy"`` is ``"log"``).
     """
 
     inference_address: str = "127.0.0.1"
@@ -105,6 +119,9 @@ class Settings:
     client_ca_file: Path | None = None
     health_address: str = "127.0.0.1"
     health_port: int | None = None
+    http_address: str = "127.0.0.1"
+    http_port: int | None = 8080
+    http_tls: bool = False
     drain_timeout_s: float = 30.0
     max_backoff_s: float = 30.0
     max_archive_bytes: int = 10 * 1024**3
@@ -113,11 +130,39 @@ class Settings:
     inference_key: str | None = None
     management_key: str | None = None
     log_level: str = "INFO"
+    log_format: str = "plain"
+    access_log: bool = True
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 8082
+    enable_metrics_api: bool = True
+    metrics_mode: str = "log"
 
     @property
     def instance_dir(self) -> Path:
         """The per-instance directory (``run_dir``, default ``<working_dir>/.inference_service``)."""
         return self.run_dir or self.working_dir / ".inference_service"
+
+    @property
+    def inference_http_url(self) -> str:
+        """The HTTP inference API in TorchServe's ``inference_address`` form (``http://127.0.0.1:8080``)."""
+        host = f"[{self.http_address}]" if ":" in self.http_address else self.http_address
+        return f"{'https' if self.http_tls else 'http'}://{host}:{self.http_port}"
+
+    @inference_http_url.setter
+    def inference_http_url(self, bind: tuple[bool, str, int]) -> None:
+        """Set ``http_tls``, ``http_address`` and ``http_port`` from :func:`parse_http_url`'s result."""
+        self.http_tls, self.http_address, self.http_port = bind
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics API in TorchServe's ``metrics_address`` form (``http://127.0.0.1:8082``)."""
+        host = f"[{self.metrics_address}]" if ":" in self.metrics_address else self.metrics_address
+        return f"http://{host}:{self.metrics_port}"
+
+    @metrics_url.setter
+    def metrics_url(self, bind: tuple[str, int]) -> None:
+        """Set ``metrics_address`` and ``metrics_port`` (config.properties' ``metrics_address``)."""
+        self.metrics_address, self.metrics_port = bind
 
 
 # config.properties key -> (Settings field, parser)
@@ -157,11 +202,56 @@ def _regexes(value: str) -> list[str]:
     return patterns
 
 
+_HTTP_URL = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[^:/\[\]]+)(?::(\d+))?/?")
+
+
+def parse_http_url(value: str) -> tuple[bool, str, int]:
+    """TorchServe's ``inference_address`` (``http://host[:port]``, ``https://...``) as ``(tls, host, port)``.
+
+    As TorchServe, a missing port is 80 (http) or 443 (https); ``[::1]`` style IPv6 hosts
+    lose their brackets.
+
+    Raises:
+        ValueError: not an ``http(s)://host[:port]`` URL (e.g. ``unix:`` sockets), or a port
+            out of 0..65535.
+    """
+    match = _HTTP_URL.fullmatch(value.strip())
+    if match is None:
+        raise ValueError("must be http://host:port or https://host:port")
+    tls = match.group(1).lower() == "https"
+    port = int(match.group(3)) if match.group(3) is not None else (443 if tls else 80)
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0..65535")
+    return tls, match.group(2).strip("[]"), port
+
+
 def _json(value: str) -> dict[str, Any]:
     loaded = json.loads(value)
     if not isinstance(loaded, dict):
         raise ValueError("must be a JSON object")
     return loaded
+
+
+def _metrics_url(value: str) -> tuple[str, int]:
+    """TorchServe's ``metrics_address`` (``http://host:port``) as ``(host, port)``; https is refused."""
+    tls, host, port = parse_http_url(value)
+    if tls:
+        raise ValueError("the metrics API is served over plain http only")
+    return host, port
+
+
+def _choice(*choices: str) -> Any:
+    def parse(value: str) -> str:
+        text = value.strip().lower()
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _level(value: str) -> str:
+    return str(_choice("debug", "info", "warning", "error", "critical")(value)).upper()
 
 
 PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
@@ -195,10 +285,17 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "client_ca_file": ("client_ca_file", _path),
     "grpc_health_address": ("health_address", str.strip),
     "grpc_health_port": ("health_port", _int),
+    "inference_address": ("inference_http_url", parse_http_url),
     "drain_timeout_sec": ("drain_timeout_s", float),
     "number_of_gpu": ("number_of_gpu", _int),
     "worker_restart_max_backoff_sec": ("max_backoff_s", float),
     "max_archive_size": ("max_archive_bytes", _int),
+    "metrics_address": ("metrics_url", _metrics_url),
+    "enable_metrics_api": ("enable_metrics_api", _bool),
+    "metrics_mode": ("metrics_mode", _choice("log", "prometheus", "legacy")),
+    "enable_access_log": ("access_log", _bool),
+    "log_format": ("log_format", _choice("plain", "json")),
+    "log_level": ("log_level", _level),
 }
 
 

@@ -22,7 +22,6 @@ import inference_service
 from inference_service.archive import UrlPolicy, install_requirements, open_archive
 from inference_service.errors import (
     FailedPrecondition,
-    InferenceError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -30,6 +29,7 @@ from inference_service.errors import (
     WorkerLoadError,
 )
 from inference_service.jobs import CHUNK, ERROR, FINAL, Job
+from inference_service.metrics import Telemetry
 from inference_service.model import GpuAllocator, ModelConfig, ModelVersion
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,14 @@ class InferenceCore:
         settings: core settings.
         on_health_change: called with ``(model_name | None)`` when readiness may
             have changed (the health service recomputes).
+        telemetry: where requests are counted and RPCs access-logged (default: nothing is).
     """
 
     def __init__(self, settings: CoreSettings,
-                 on_health_change: Callable[[], None] | None = None) -> None:
+                 on_health_change: Callable[[], None] | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.settings = settings
+        self.telemetry = telemetry or Telemetry()
         self.models: dict[str, ModelEntry] = {}
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
@@ -197,10 +200,14 @@ class InferenceCore:
                 handler's error, ...
         """
         model = self.get(name, version)
+        stats = self.telemetry.model(name, version)
         job = Job(inputs, headers or {}, stream=False, deadline=self._deadline(time_remaining))
+        if stats is not None:
+            stats.requests += 1
         self._submit(model, job)
         self._enter()
         parts: list[bytes] = []
+        ok = cancelled = False
         try:
             while True:
                 kind, payload = await job.mailbox.get()
@@ -208,20 +215,26 @@ class InferenceCore:
                     parts.append(payload)  # type: ignore[arg-type]
                 elif kind == FINAL:
                     parts.append(payload)  # type: ignore[arg-type]
-                    return self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
+                    result = self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
+                    ok = True
+                    return result
                 else:
                     raise payload  # type: ignore[misc]
-        except BaseException:
+        except BaseException as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError) and not job.finished
             job.abort()
             raise
         finally:
             self._leave()
+            if stats is not None:
+                stats.finish(job, ok, cancelled)
 
     async def stream(self, name: str, version: str, inputs: dict[str, bytes],
                      headers: dict[str, str] | None = None,
                      time_remaining: float | None = None,
-                     sequence_id: str | None = None) -> AsyncIterator[bytes]:
-        """Streaming inference (batch of one): yields each intermediate response, then the final.
+                     sequence_id: str | None = None) -> AsyncIterator[tuple[bytes, bool]]:
+        """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
+        response, then for the final one (``is_final`` True).
 
         Closing the iterator early (client cancel) aborts the request in the worker.
 
@@ -229,22 +242,36 @@ class InferenceCore:
             InferenceError: as :meth:`predict`.
         """
         model = self.get(name, version)
+        stats = self.telemetry.model(name, version)
         job = Job(inputs, headers or {}, stream=True, sequence_id=sequence_id,
                   deadline=self._deadline(time_remaining))
+        if stats is not None:
+            stats.requests += 1
         self._submit(model, job)
         self._enter()
+        ok = cancelled = False
+        last = 0.0  # monotonic time of the previous message (metrics)
         try:
             while True:
                 kind, payload = await job.mailbox.get()
                 if kind == ERROR:
                     raise payload  # type: ignore[misc]
-                yield self._check_response(payload)  # type: ignore[arg-type]
-                if kind == FINAL:
+                data = self._check_response(payload)  # type: ignore[arg-type]
+                if stats is not None:
+                    last = stats.message(job, last)
+                ok = kind == FINAL
+                yield data, ok
+                if ok:
                     return
+        except (asyncio.CancelledError, GeneratorExit):
+            cancelled = not job.finished
+            raise
         finally:
             self._leave()
             if not job.finished:
                 job.abort()
+            if stats is not None:
+                stats.finish(job, ok, cancelled)
 
     def new_sequence_id(self) -> str:
         """A fresh sequence id in TorchServe's form ``ts-seq-<uuid>``."""
@@ -464,12 +491,12 @@ class InferenceCore:
     async def shutdown(self) -> None:
         """Stop accepting, stop every worker, remove extracted archives."""
         self.accepting = False
-        for name in list(self.models):
-            for version in list(self.models.get(name, ModelEntry()).versions):
-                try:
-                    await self._remove_version(name, version)
-                except InferenceError:  # pragma: no cover - best effort
-                    log.exception("error stopping %s %s", name, version)
+        versions = [(name, version) for name, entry in self.models.items() for version in entry.versions]
+        results = await asyncio.gather(*(self._remove_version(name, version) for name, version in versions),
+                                       return_exceptions=True)
+        for (name, version), result in zip(versions, results, strict=True):
+            if isinstance(result, BaseException):  # pragma: no cover - best effort
+                log.error("error stopping %s %s: %r", name, version, result)
 
 
 def _valid_name(name: str) -> bool:

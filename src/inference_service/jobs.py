@@ -39,6 +39,8 @@ class Job:
         deadline: ``time.monotonic()`` value after which the job is dropped, or ``None``.
         request_id: unique id (hex), the handler's ``context.request_ids`` value.
         enqueued: ``time.monotonic()`` at submission (starts ``max_batch_delay``).
+        dispatched: ``time.monotonic()`` when a worker took the job (0.0: not yet), for the
+            queue latency metric.
         mailbox: bounded queue of ``(kind, payload)``; ``payload`` is bytes for
             CHUNK/FINAL and an :class:`InferenceError` for ERROR.
     """
@@ -56,6 +58,7 @@ class Job:
     cancelled: bool = False
     finished: bool = False
     worker: WorkerProcess | None = None
+    dispatched: float = 0.0
 
     def expired(self, now: float) -> bool:
         """Whether the client's deadline passed."""

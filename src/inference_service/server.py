@@ -1,4 +1,5 @@
-"""The gRPC server: two ``grpc.aio`` servers (inference, management) over one core.
+"""The gRPC server: two ``grpc.aio`` servers (inference, management) over one core, plus
+TorchServe's HTTP/1.1 inference API (:mod:`inference_service.http_api`) in the same loop.
 
 Start-up order: health NOT_SERVING -> bind and start -> liveness SERVING ->
 startup models load in the background -> readiness SERVING when they are ready.
@@ -25,17 +26,21 @@ from grpc_reflection.v1alpha import reflection
 import inference_service
 from inference_service import tls
 from inference_service._proto import inference_pb2, management_pb2
+from inference_service.accesslog import AccessLog
 from inference_service.archive import MANIFEST, UrlPolicy
 from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
 from inference_service.config import Settings
 from inference_service.core import CoreSettings, InferenceCore, RegisterRequest
 from inference_service.errors import InferenceError
 from inference_service.health import Health
+from inference_service.http_api import HttpInferenceApi, server_ssl_context
+from inference_service.metrics import ServerMetrics, Telemetry
 from inference_service.model import detect_gpus
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
+from inference_service.worker.process import WorkerProcess
 
 log = logging.getLogger("inference_service")
 
@@ -84,6 +89,10 @@ class Server:
         self.instance_dir = settings.instance_dir
         self.extract_dir = self.instance_dir / f"models-{os.getpid()}"
         self.health = Health()
+        # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
+        self.metrics = ServerMetrics() if settings.enable_metrics_api else None
+        self.telemetry = Telemetry(
+            self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
             CoreSettings(
                 model_store=settings.model_store,
@@ -103,7 +112,10 @@ class Server:
                 number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
             ),
             on_health_change=self.health.changed,
+            telemetry=self.telemetry,
         )
+        if self.metrics is not None:
+            self.metrics.attach(self.core)
         self.snapshots = SnapshotStore(settings.working_dir / "logs" / "config")
         if settings.snapshot:
             self.core.on_models_changed = self._save_snapshot
@@ -111,6 +123,7 @@ class Server:
             settings.working_dir / KEY_FILE_NAME, settings.token_expiration_min,
             fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
         self.servers: list[grpc.aio.Server] = []
+        self.http_api: HttpInferenceApi | None = None
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
@@ -129,6 +142,10 @@ class Server:
             "management_address": self.settings.management_address,
             "management_port": self.ports.get("management"),
             "health_port": self.ports.get("health"),
+            "http_address": self.settings.http_address if self.settings.http_port is not None else None,
+            "http_port": self.ports.get("http"),
+            "metrics_address": self.settings.metrics_address if self.metrics is not None else None,
+            "metrics_port": self.ports.get("metrics"),
             "tls": self.settings.enable_grpc_ssl,
             "key_file": str(self.auth.key_file) if self.auth is not None else None,
             "version": inference_service.__version__,
@@ -191,6 +208,27 @@ class Server:
                  "plaintext" if credentials is None else "mutual TLS" if s.client_ca_file else "TLS")
         if "health" in self.ports:
             log.info("health-only port (plaintext) listening on %s:%d", s.health_address, self.ports["health"])
+        if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
+            ssl_context = server_ssl_context(s)
+            self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
+                                             max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
+            log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
+                     "HTTPS" if ssl_context is not None else "plaintext")
+        # Workers started from now on log at the server's level and, with metrics_mode=prometheus,
+        # forward handler metrics to /metrics instead of logging them.
+        WorkerProcess.log_level = s.log_level
+        WorkerProcess.metrics_sink = (self.metrics.handler_metrics if self.metrics is not None
+                                      and s.metrics_mode == "prometheus" else None)
+        if self.metrics is not None:
+            try:
+                self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
+                                                                s.metrics_port)
+            except OSError as exc:
+                raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
+                              f"{exc.strerror or exc}") from exc
+            log.info("metrics API listening on http://%s:%d/metrics (metrics_mode %s)",
+                     s.metrics_address, self.ports["metrics"], s.metrics_mode)
         self._write_status("serving")
         restored = self._snapshot_to_restore()
         if restored is not None:
@@ -291,7 +329,12 @@ class Server:
             log.warning("%d requests still in flight after the %.0fs drain timeout; cancelling them",
                         self.core.inflight, grace)
         await asyncio.gather(*(srv.stop(0.5) for srv in self.servers))
+        if self.http_api is not None:
+            await self.http_api.stop()
         await self.core.shutdown()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+        WorkerProcess.metrics_sink = None
         if self.auth is not None:
             await self.auth.stop()
         shutil.rmtree(self.extract_dir, ignore_errors=True)

@@ -16,8 +16,8 @@ from conftest import ServerProcess, _alive, _descendants, auth_metadata
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
 TORCHSERVE_CONFIG = """\
-# config.properties as a TorchServe deployment has it
-inference_address=http://0.0.0.0:8080
+# config.properties as a TorchServe deployment has it (inference_address on loopback here)
+inference_address=http://127.0.0.1:8080
 management_address=http://0.0.0.0:8081
 metrics_address=http://0.0.0.0:8082
 grpc_inference_port=0
@@ -47,10 +47,14 @@ def test_torchserve_config_properties_with_unsupported_keys(store, tmp_path):
         assert (desc["batchSize"], desc["maxBatchDelay"], desc["maxWorkers"]) == (3, 40, 2)
         assert srv.predict("echo", "configured") == b"configured"
         log = srv.log()
-        for key in ("inference_address", "management_address", "metrics_address", "number_of_netty_threads",
-                    "enable_envvars_config"):
+        # (metrics_address and inference_address are supported: the Prometheus endpoint and the HTTP API)
+        for key in ("management_address", "number_of_netty_threads", "enable_envvars_config"):
             assert log.count(f"config key '{key}'") == 1, key
             assert "WARNING" in log
+        # inference_address is TorchServe's HTTP API: supported; ServerProcess's --http-port 0 wins over 8080
+        assert "config key 'inference_address'" not in log
+        assert srv.status["http_address"] == "127.0.0.1" and srv.status["http_port"] not in (None, 0, 8080)
+        assert f"HTTP inference API listening on 127.0.0.1:{srv.status['http_port']}" in log
     finally:
         assert srv.stop() == 0
 
@@ -62,18 +66,27 @@ def test_malformed_config_value_is_a_clear_error(store, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "job_queue_size" in proc.stderr and "lots" in proc.stderr
+    for properties, args, message in (
+            ("inference_address=unix:/tmp/ts.sock\n", [], "invalid value for inference_address"),
+            ("inference_address=https://127.0.0.1:8443\n", [], "https:// inference_address needs certificate_file"),
+            ("", ["--http-port", "70000"], "port 70000 is out of range")):
+        config.write_text(properties)
+        proc = subprocess.run([sys.executable, "-m", "inference_service", "--foreground", "--ts-config", str(config),
+                               *args], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, (properties, args, proc.stderr)
 
 
 def test_start_and_stop_in_background(store, tmp_path):
     env = {**os.environ}
     cmd = [sys.executable, "-m", "inference_service", "--start", "--ncs", "--model-store", str(store),
-           "--models", "echo=echo.mar", "--workers-per-model", "1",
-           "--grpc-inference-port", "0", "--grpc-management-port", "0"]
+           "--models", "echo=echo.mar", "--workers-per-model", "1", "--no-http",
+           "--grpc-inference-port", "0", "--grpc-management-port", "0", "--metrics-port", "0"]
     started = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=90, env=env, check=False)
     assert started.returncode == 0, started.stderr
     assert "inference-service started" in started.stdout
     status = json.loads((tmp_path / ".inference_service" / "status.json").read_text())
     pid = status["pid"]
+    assert status["http_port"] is None and "HTTP" not in started.stdout  # --no-http
     channel = grpc.insecure_channel(f"127.0.0.1:{status['inference_port']}")
     stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
     key_file = tmp_path / "key_file.json"  # token authorization is on by default

@@ -9,17 +9,13 @@ only on those stubs against the real server, calling every RPC.
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "wheels"
+from torchserve_wheel import extract_torchserve_protos
 
 CLIENT = r'''
 import collections, json, sys, queue
@@ -81,26 +77,10 @@ print(json.dumps(out))
 '''
 
 
-def _torchserve_wheel() -> Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    found = sorted(CACHE.glob("torchserve-0.12.0-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "torchserve==0.12.0",
-                        "-d", str(CACHE)], check=True, timeout=300)
-        found = sorted(CACHE.glob("torchserve-0.12.0-*.whl"))
-    assert found, "torchserve 0.12.0 wheel not downloaded"
-    return found[0]
-
-
 @pytest.fixture(scope="module")
 def torchserve_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ts_stubs")
-    with zipfile.ZipFile(_torchserve_wheel()) as wheel:
-        jar_name = next(n for n in wheel.namelist() if n.endswith("model-server.jar"))
-        with zipfile.ZipFile(io.BytesIO(wheel.read(jar_name))) as jar:
-            for name in ("inference.proto", "management.proto"):
-                member = next(n for n in jar.namelist() if n.endswith("/" + name) or n == name)
-                (out / name).write_bytes(jar.read(member))
+    extract_torchserve_protos(out)
     import google.rpc.status_pb2
     import grpc_tools
 

@@ -8,12 +8,20 @@ Every failing RPC ends with the error's status code and message, plus a
 succeed, a ``RetryInfo``. Anything that is not an
 :class:`~inference_service.errors.InferenceError` becomes INTERNAL
 "Internal server error" with the traceback in the log only.
+
+The same decorators observe every RPC of both APIs: when it ends, its status
+is counted (``inference_service_errors_total`` for errors) and its access-log
+line written, through the core's :class:`~inference_service.metrics.Telemetry`.
+An RPC the client cancelled ends CANCELLED (DEADLINE_EXCEEDED when its deadline
+passed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,6 +31,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.metrics import Telemetry
 from inference_service.servicers.registration import Malformed
 
 log = logging.getLogger("inference_service.rpc")
@@ -30,6 +39,7 @@ log = logging.getLogger("inference_service.rpc")
 T = TypeVar("T")
 INTERNAL_MESSAGE = "Internal server error"
 DOMAIN = "inference-service"
+_OK = grpc.StatusCode.OK
 
 
 def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
@@ -52,11 +62,17 @@ def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=exc.message, details=details))
 
 
+def as_inference_error(exc: BaseException, method: str) -> InferenceError:
+    """``exc`` itself, or INTERNAL "Internal server error" for anything else (traceback logged)."""
+    if isinstance(exc, InferenceError):
+        return exc
+    log.error("%s failed", method, exc_info=exc)
+    return InferenceError(INTERNAL_MESSAGE)
+
+
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str, request: Any = None) -> None:
     """End the RPC with the status of ``exc`` (see the module docstring). Always raises."""
-    if not isinstance(exc, InferenceError):
-        log.error("%s failed", method, exc_info=exc)
-        exc = InferenceError(INTERNAL_MESSAGE)
+    exc = as_inference_error(exc, method)
     status = rich_status(exc, request)
     await context.abort(status.code, status.details, status.trailing_metadata)
 
@@ -67,35 +83,106 @@ def check_parsed(request: Any) -> None:
         raise InvalidArgument(f"request message does not parse: {request.error}", reason="MALFORMED_REQUEST")
 
 
+def _telemetry(servicer: Any) -> Telemetry | None:
+    return getattr(getattr(servicer, "core", None), "telemetry", None)
+
+
+def _client_gone(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+    """The status of an RPC whose handler was cancelled: its deadline passed, or the client cancelled.
+
+    ``time_remaining()`` only reads the deadline kept with the call, so it is safe here; ``peer()``
+    is not (it crashes the process once a cancelled call is gone), hence the peer is read at start.
+    """
+    try:
+        remaining = context.time_remaining()
+    except Exception:  # noqa: BLE001 - no deadline information: a plain cancel
+        remaining = None
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
+    return grpc.StatusCode.CANCELLED, "CANCELLED"
+
+
+def _aborted_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The code of an RPC the servicer aborted itself (``context.abort``)."""
+    try:
+        code = context.code()
+    except Exception:  # noqa: BLE001 - older grpc: unknown
+        code = None
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+
+
 def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Decorate a unary servicer method: map raised errors to statuses."""
+    """Decorate a unary servicer method: map raised errors to statuses; count and access-log the RPC."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        telemetry = _telemetry(self)
+        start = time.perf_counter()
+        peer = telemetry.peer(context) if telemetry is not None else ""
+        code, reason = _OK, ""
         try:
             check_parsed(request)
             return await method(self, request, context)
         except grpc.aio.AbortError:
+            code = _aborted_code(context)
+            raise
+        except asyncio.CancelledError:
+            code, reason = _client_gone(context)
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-            await abort(context, exc, method.__name__, request)
+            error = as_inference_error(exc, name)
+            code, reason = error.code, error.reason
+            await abort(context, error, name, request)
+        finally:
+            if telemetry is not None:
+                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     return wrapper
 
 
-def streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
-    """Decorate a streaming servicer method (an async generator): map raised errors to statuses."""
+def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Callable[..., AsyncIterator[T]]:
+    name = method.__name__
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
+        telemetry = _telemetry(self)
+        start = time.perf_counter()
+        peer = telemetry.peer(context) if telemetry is not None else ""
+        code, reason, messages = _OK, "", 0
         try:
-            check_parsed(request)
+            if parsed:
+                check_parsed(request)
             async for item in method(self, request, context):
                 yield item
+                messages += 1  # gRPC asks for the next item once this one is written
         except grpc.aio.AbortError:
+            code = _aborted_code(context)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            code, reason = _client_gone(context)
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-            await abort(context, exc, method.__name__, request)
+            error = as_inference_error(exc, name)
+            code, reason = error.code, error.reason
+            await abort(context, error, name, request)
+        finally:
+            if telemetry is not None:
+                telemetry.rpc_done(name, request, peer, code, reason, start, messages)
 
     return wrapper
+
+
+def streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """Decorate a server-streaming servicer method (an async generator): map raised errors to
+    statuses; count and access-log the RPC (with the number of messages sent)."""
+    return _stream_wrapper(method, parsed=True)
+
+
+def bidi_streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """Decorate a bidirectional-streaming servicer method (its request is an iterator), as
+    :func:`streaming`. Its access line names no model: requests may name different ones."""
+    return _stream_wrapper(method, parsed=False)

@@ -15,7 +15,7 @@ from google.rpc import status_pb2
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
-from inference_service.servicers.base import streaming, unary
+from inference_service.servicers.base import bidi_streaming, streaming, unary
 from inference_service.servicers.registration import Malformed
 
 PredictionResponse = inference_pb2.PredictionResponse
@@ -49,6 +49,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
     def __init__(self, core: InferenceCore) -> None:
         self.core = core
 
+    @unary
     async def Ping(self, request: empty_pb2.Empty,
                    context: grpc.aio.ServicerContext) -> inference_pb2.TorchServeHealthResponse:
         """``{"status": "Healthy", "code": 200}``, or Unhealthy/500 while a model has
@@ -74,11 +75,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
                                 context: grpc.aio.ServicerContext) -> AsyncIterator[PredictionResponse]:
         """Server-streaming inference: each intermediate response as the worker produces
         it, then the final one (batch size 1). A client cancel reaches the handler."""
-        async for payload in self.core.stream(
+        async for payload, _final in self.core.stream(
                 request.model_name, request.model_version, dict(request.input),
                 request_headers(context), context.time_remaining()):
             yield PredictionResponse(prediction=payload)
 
+    @bidi_streaming
     async def StreamPredictions2(self, request_iterator: AsyncIterator[inference_pb2.PredictionsRequest],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[PredictionResponse]:
         """One bidirectional stream per sequence (TorchServe's stateful inference).
@@ -139,7 +141,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
             for key in (SEQ_START, SEQ_END):
                 if key in inputs:
                     seq_headers[key] = bytes(inputs[key]).decode("utf-8", "replace")
-            async for payload in self.core.stream(request.model_name, model.version, inputs, seq_headers,
+            async for payload, _final in self.core.stream(request.model_name, model.version, inputs, seq_headers,
                                                   context.time_remaining(), sequence_id=seq):
                 yield PredictionResponse(prediction=payload, sequence_id=seq)
         except InferenceError as exc:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import inspect
 import logging
 import os
@@ -52,6 +53,7 @@ class WorkerChannel:
         self._rfile = sock.makefile("rb")
         self._lock = threading.Lock()
         self.cancelled: set[str] = set()
+        self.metrics: Metrics | None = None  # set when handler metrics go to the frontend
 
     def read_frame(self) -> tuple[int, bytes] | None:
         """Next frame ``(kind, body)``, or ``None`` when the frontend closed the channel."""
@@ -71,8 +73,12 @@ class WorkerChannel:
 
     # Channel protocol used by the handler API
     def send_intermediate(self, request_id: str, payload: bytes) -> None:
-        """Send one intermediate response (``CHUNK``)."""
-        self.send(protocol.encode_response(protocol.CHUNK, request_id, payload))
+        """Send one intermediate response (``CHUNK``), preceded by any queued handler metrics."""
+        data = protocol.encode_response(protocol.CHUNK, request_id, payload)
+        metrics = self.metrics
+        if metrics is not None and metrics.pending:
+            data = protocol.encode_metrics(metrics.drain()) + data
+        self.send(data)
 
     def is_cancelled(self, request_id: str) -> bool:
         """Whether a ``CANCEL`` arrived for ``request_id``."""
@@ -97,6 +103,9 @@ class Worker:
             model_yaml_config=spec.model_yaml_config,
         )
         self.context._channel = channel
+        if spec.forward_metrics:
+            self.context.metrics.forward()
+            channel.metrics = self.context.metrics
         self.service: Service | None = None
         self.batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
@@ -161,6 +170,9 @@ class Worker:
             out = [protocol.encode_error(rid, _INTERNAL, message) for rid in ids]
         for rid in ids:
             cancelled.discard(rid)
+        metrics = self.channel.metrics
+        if metrics is not None and metrics.pending:
+            out.append(protocol.encode_metrics(metrics.drain()))
         out.append(protocol.frame(protocol.DONE))
         self.channel.send(b"".join(out))
 
@@ -215,9 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     if first is None or first[0] != protocol.INIT:
         return 2
     spec = protocol.WorkerSpec.from_body(first[1])
+    faulthandler.enable()
+    # The frontend relays each stderr line at the level it starts with, under its own
+    # timestamp and the worker's model and id (worker/process.py).
     logging.basicConfig(
-        level=os.environ.get("INFERENCE_SERVICE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=os.environ.get("INFERENCE_SERVICE_LOG_LEVEL") or spec.log_level or "INFO",
+        format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     if COMPAT_PATH not in sys.path:
@@ -237,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(protocol.frame(protocol.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
     rank = int(os.environ.get("RANK", "0"))
+    if channel.metrics is not None and channel.metrics.pending:  # recorded by initialize()
+        channel.send(protocol.encode_metrics(channel.metrics.drain()))
     channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
     reader = threading.Thread(target=worker.read_loop, name="ipc-reader", daemon=True)
     reader.start()

@@ -1,7 +1,9 @@
 """Frontend side of one worker process: spawn, load, run batches, route responses, stop.
 
 One routing task per worker reads the IPC socket and hands every response to
-its job's mailbox by request id; nothing else reads the socket.
+its job's mailbox by request id; nothing else reads the socket. It also hands
+the handler metrics a worker forwards (``METRIC`` frames) to
+:attr:`WorkerProcess.metrics_sink`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 
@@ -35,6 +37,7 @@ from inference_service.worker import protocol
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
 class WorkerDied(Exception):
@@ -48,10 +51,20 @@ class WorkerProcess:
         spec: what the worker loads (sent as its ``INIT`` frame).
         env: environment of the process (thread counts, ``CUDA_VISIBLE_DEVICES``...).
         log_name: logger name for the worker's stdout/stderr lines.
+
+    Server-wide settings (class attributes, set once by the server at start):
+        metrics_sink: called with ``(spec, METRIC frame body)`` for the handler metrics a
+            worker forwards; ``None`` (the default) makes workers log them instead.
+        log_level: the workers' logging level name.
     """
+
+    metrics_sink: ClassVar[Callable[[protocol.WorkerSpec, bytes], None] | None] = None
+    log_level: ClassVar[str] = "INFO"
 
     def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str) -> None:
         self.spec = spec
+        spec.forward_metrics = WorkerProcess.metrics_sink is not None
+        spec.log_level = WorkerProcess.log_level
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
@@ -162,11 +175,36 @@ class WorkerProcess:
             shutil.rmtree(directory, ignore_errors=True)
 
     async def _relay(self, stream: asyncio.StreamReader | None, level: int) -> None:
+        """Log each line of the worker's stdout/stderr as ``[<model> worker-<id> pid <pid>] <line>``.
+
+        Blank lines are skipped. A line the worker's logging wrote (``LEVEL logger: message``) keeps its level;
+        traceback lines keep the level of the line they follow; any other line
+        (``print`` output) gets ``level``. The record carries ``model``,
+        ``model_version``, ``worker_id`` and ``worker_pid`` for the JSON log format.
+        """
         if stream is None:
             return
-        prefix = f"[{self.spec.model_name} worker-{self.spec.worker_id} pid {self.pid}]"
+        spec = self.spec
+        prefix = f"[{spec.model_name} worker-{spec.worker_id} pid {self.pid}]"
+        extra = {"model": spec.model_name, "model_version": spec.model_version, "worker_id": spec.worker_id,
+                 "worker_pid": self.pid}
+        current, in_traceback = level, False
         while line := await stream.readline():
-            self._log.log(level, "%s %s", prefix, line.decode("utf-8", "replace").rstrip())
+            text = line.decode("utf-8", "replace").rstrip()
+            if not text:
+                continue
+            head = text.split(" ", 1)[0]
+            if head in _LEVELS:
+                current, in_traceback = _LEVELS[head], False
+            elif text.startswith("Traceback ("):
+                in_traceback = True
+            elif text[:1].isspace():
+                pass
+            elif in_traceback:  # the exception line ends a traceback
+                in_traceback = False
+            else:
+                current = level
+            self._log.log(current, "%s %s", prefix, text, extra=extra)
 
     async def _route(self, reader: asyncio.StreamReader) -> None:
         """The single reader of one rank's socket: route each frame to its job or future.
@@ -220,6 +258,13 @@ class WorkerProcess:
                 elif kind == protocol.DONE:
                     if self._batch_done is not None and not self._batch_done.done():
                         self._batch_done.set_result(None)
+                elif kind == protocol.METRIC:
+                    sink = WorkerProcess.metrics_sink
+                    if sink is not None:
+                        try:
+                            sink(self.spec, body)
+                        except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
+                            log.exception("model %s: cannot export handler metrics", self.spec.model_name)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -268,8 +313,10 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         done = self._batch_done = loop.create_future()
         requests = []
+        now = time.monotonic()
         for job in jobs:
             job.worker = self
+            job.dispatched = now
             self._jobs[job.request_id] = job
             requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
         self._send(protocol.encode_batch(requests))

@@ -9,8 +9,9 @@ Frontend -> worker kinds: ``INIT`` (JSON :class:`WorkerSpec`), ``BATCH``
 (:func:`encode_batch`), ``CANCEL`` (request id), ``STOP``.
 Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
 (message), ``CHUNK`` (an intermediate response), ``FINAL`` (the last
-response), ``ERROR`` (request id, gRPC code, message) and ``DONE`` (the batch
-is finished and the worker is free). Responses carry the request id, so one
+response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
+is finished and the worker is free) and ``METRIC`` (handler metric updates,
+:func:`encode_metrics`, only when the spec asks to ``forward_metrics``). Responses carry the request id, so one
 routing task on the frontend can hand each to its request's mailbox.
 No pickle: bodies are JSON headers plus raw bytes.
 """
@@ -34,6 +35,7 @@ CHUNK = 12
 FINAL = 13
 ERROR = 14
 DONE = 15
+METRIC = 16
 
 HEADER = struct.Struct("!IB")
 _U16 = struct.Struct("!H")
@@ -136,6 +138,33 @@ def decode_error(body: bytes) -> tuple[str, int, str]:
     return body[3 : 3 + n].decode(), code, body[3 + n :].decode("utf-8", "replace")
 
 
+def encode_metrics(updates: list[tuple[str, str, str, dict[str, str], float]]) -> bytes:
+    """A ``METRIC`` frame: a JSON list of ``[name, type, unit, dimensions, value]`` updates
+    (a counter's increment, a gauge's new value, a histogram's observation)."""
+    return frame(METRIC, json.dumps(updates, separators=(",", ":")).encode())
+
+
+def decode_metrics(body: bytes) -> list[tuple[str, str, str, dict[str, str], float]]:
+    """Inverse of :func:`encode_metrics`; malformed entries are left out.
+
+    Raises:
+        ProtocolError: the body is not a JSON list.
+    """
+    try:
+        items = json.loads(body)
+    except ValueError as exc:
+        raise ProtocolError(f"malformed metric frame: {exc}") from exc
+    if not isinstance(items, list):
+        raise ProtocolError("malformed metric frame: not a list")
+    out = []
+    for item in items:
+        if (isinstance(item, list) and len(item) == 5 and isinstance(item[0], str) and isinstance(item[1], str)
+                and isinstance(item[3], dict) and isinstance(item[4], (int, float))):
+            out.append((item[0], item[1], str(item[2]), {str(k): str(v) for k, v in item[3].items()},
+                        float(item[4])))
+    return out
+
+
 @dataclass
 class WorkerSpec:
     """Everything a worker needs to load its model (sent as the ``INIT`` frame).
@@ -155,6 +184,9 @@ class WorkerSpec:
         extra_paths: extra ``sys.path`` entries (e.g. per-model dependencies).
         limit_max_image_pixels: TorchServe's Pillow guard flag.
         world_size: processes in the worker group (>1: launched with torchrun).
+        forward_metrics: send handler metrics to the frontend as ``METRIC`` frames
+            (``metrics_mode=prometheus``) instead of logging them.
+        log_level: the worker's logging level name (the server's ``--log-level``).
     """
 
     model_name: str
@@ -170,6 +202,8 @@ class WorkerSpec:
     extra_paths: list[str] = field(default_factory=list)
     limit_max_image_pixels: bool = True
     world_size: int = 1
+    forward_metrics: bool = False
+    log_level: str = "INFO"
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""

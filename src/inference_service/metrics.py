@@ -1,0 +1,461 @@
+"""Prometheus metrics, served over HTTP on the metrics port (TorchServe's metrics API).
+
+``GET http://127.0.0.1:8082/metrics`` (``metrics_address``, ``--metrics-port``)
+answers the Prometheus text format (0.0.4); ``?name[]=a&name[]=b`` keeps only
+those families, as TorchServe's API does. What is exported:
+
+- TorchServe's frontend counters, under TorchServe's names and labels
+  (``model_name``, ``model_version`` — the request's, ``"default"`` when it names
+  none — and ``hostname``): ``ts_inference_requests_total`` (requests received
+  for a registered model), ``ts_inference_latency_microseconds`` (total µs from
+  receipt to the final response of successful requests) and
+  ``ts_queue_latency_microseconds`` (total µs from receipt until a worker took
+  the request). Like TorchServe's they are rendered without a ``_total`` suffix
+  on the ``_microseconds`` counters, which ``prometheus_client`` would add: this
+  module renders them itself, beside ``prometheus_client``'s exposition of the rest.
+- For streaming users (labels ``model_name``, ``model_version``):
+  ``inference_service_time_to_first_response_seconds`` and
+  ``inference_service_response_gap_seconds`` (histograms),
+  ``inference_service_stream_messages_total``, ``inference_service_cancellations_total``.
+- ``inference_service_errors_total{method, code, reason}``: RPCs that ended with an
+  error status (``reason`` is the ``ErrorInfo`` reason).
+- Read from the core at scrape time: ``inference_service_requests_in_flight``,
+  ``inference_service_job_queue_depth``, ``inference_service_workers{state}``,
+  ``inference_service_worker_restarts_total``.
+- Handler metrics (``context.metrics``; ``metrics_mode=prometheus``): under the
+  handler's name, labelled with the metric's dimensions plus ``Hostname``
+  (TorchServe's form); counters and gauges as such, ``histogram`` metrics as
+  Prometheus histograms with the default buckets.
+
+Quick start::
+
+    metrics = ServerMetrics()
+    metrics.attach(core)
+    port = metrics.serve("127.0.0.1", 0)   # the bound port
+    stats = metrics.model("echo", "")      # cached per (model, version label)
+    ...
+    metrics.stop()
+
+Recording happens on the event loop thread; scrapes run on the HTTP server's
+thread and read snapshots, so a scrape never waits for the loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from inference_service.worker import protocol
+
+if TYPE_CHECKING:
+    from inference_service.accesslog import AccessLog
+    from inference_service.core import InferenceCore
+    from inference_service.jobs import Job
+
+log = logging.getLogger(__name__)
+
+TTFR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+WORKER_STATES = ("STARTING", "READY", "BUSY", "RESTARTING", "FAILED", "UNLOADING")
+METRICS_MODES = ("log", "prometheus", "legacy")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what render() writes
+
+_TS_COUNTERS = (
+    ("ts_inference_requests_total", "requests", "Total number of inference requests received."),
+    ("ts_inference_latency_microseconds", "latency_us",
+     "Total inference latency in microseconds (receipt to final response, successful requests)."),
+    ("ts_queue_latency_microseconds", "queue_us",
+     "Total queue latency in microseconds (receipt until a worker took the request)."),
+)
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
+_OK = grpc.StatusCode.OK
+
+
+class ModelStats:
+    """The hot-path numbers of one ``(model_name, model_version label)`` pair.
+
+    Plain attributes, written only on the event loop thread (no lock, no label
+    lookup per request); the scrape thread reads them.
+
+    Attributes:
+        requests: requests received (``ts_inference_requests_total``).
+        latency_us / queue_us: total microseconds (TorchServe's two latency counters).
+        messages: messages sent on streams. cancellations: requests the client cancelled.
+    """
+
+    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "_ttfr", "_gap")
+
+    def __init__(self, ttfr: Any, gap: Any) -> None:
+        self.requests = 0
+        self.latency_us = 0.0
+        self.queue_us = 0.0
+        self.messages = 0
+        self.cancellations = 0
+        self._ttfr = ttfr
+        self._gap = gap
+
+    def message(self, job: Job, last: float) -> float:
+        """One stream message is sent: observe time to first response (``last`` 0.0) or the gap.
+
+        Returns:
+            The ``time.monotonic()`` of this message (pass it as ``last`` next time).
+        """
+        now = time.monotonic()
+        if last:
+            self._gap.observe(now - last)
+        else:
+            self._ttfr.observe(now - job.enqueued)
+        self.messages += 1
+        return now
+
+    def finish(self, job: Job, ok: bool, cancelled: bool = False) -> None:
+        """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count."""
+        if job.dispatched:
+            self.queue_us += (job.dispatched - job.enqueued) * 1e6
+        if ok:
+            self.latency_us += (time.monotonic() - job.enqueued) * 1e6
+        if cancelled:
+            self.cancellations += 1
+
+
+class _HandlerFamily:
+    """One handler metric name: its type, label names and values per label set."""
+
+    __slots__ = ("name", "type", "unit", "labels", "values")
+
+    def __init__(self, name: str, metric_type: str, unit: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.type = metric_type
+        self.unit = unit
+        self.labels = labels
+        # label values -> value (counter, gauge) or [bucket counts..., sum, count] (histogram)
+        self.values: dict[tuple[str, ...], Any] = {}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(names: Iterable[str], values: Iterable[str]) -> str:
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
+
+
+class ServerMetrics:
+    """Every metric of one server, its registry and its HTTP endpoint.
+
+    Args:
+        hostname: the ``hostname`` label of TorchServe's counters (default: this host's name).
+    """
+
+    def __init__(self, hostname: str | None = None) -> None:
+        self.hostname = hostname or socket.gethostname()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._ttfr = Histogram(
+            "inference_service_time_to_first_response_seconds",
+            "Seconds from receipt of a streaming request to its first response message.",
+            ("model_name", "model_version"), registry=self.registry, buckets=TTFR_BUCKETS)
+        self._gap = Histogram(
+            "inference_service_response_gap_seconds",
+            "Seconds between consecutive response messages of a stream.",
+            ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
+        self._models: dict[str, dict[str, ModelStats]] = {}
+        self._errors: dict[tuple[str, str, str], int] = {}
+        self._handler: dict[str, _HandlerFamily] = {}
+        self._handler_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.core: InferenceCore | None = None
+        self.registry.register(_Collector(self))
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------- recording
+    def model(self, name: str, version: str) -> ModelStats:
+        """The cached :class:`ModelStats` of a model and the request's version (``""``: "default")."""
+        versions = self._models.get(name)
+        if versions is not None:
+            stats = versions.get(version)
+            if stats is not None:
+                return stats
+        label = version or "default"
+        stats = ModelStats(self._ttfr.labels(name, label), self._gap.labels(name, label))
+        self._models.setdefault(name, {})[version] = stats
+        return stats
+
+    def error(self, method: str, code: grpc.StatusCode, reason: str) -> None:
+        """Count an RPC that ended with status ``code`` (``inference_service_errors_total``)."""
+        key = (method, code.name, reason)
+        self._errors[key] = self._errors.get(key, 0) + 1
+
+    def attach(self, core: InferenceCore) -> None:
+        """Read queue depth, workers and restarts from ``core`` at scrape time."""
+        self.core = core
+
+    def handler_metrics(self, spec: protocol.WorkerSpec, body: bytes) -> None:
+        """Apply a worker's ``METRIC`` frame (the :attr:`WorkerProcess.metrics_sink`).
+
+        A counter adds the value, a gauge takes it, a histogram observes it. Updates
+        that cannot be exported are dropped with one warning per metric name and cause: a name
+        of this server's own metrics, a type or dimension names that differ from the
+        metric's first update, a negative counter increment. Never raises.
+        """
+        try:
+            updates = protocol.decode_metrics(body)
+        except protocol.ProtocolError as exc:
+            self._warn("frame", f"model {spec.model_name}: dropped handler metrics: {exc}")
+            return
+        with self._handler_lock:
+            for name, metric_type, unit, dims, value in updates:
+                self._apply(name, metric_type, unit, dims, value)
+
+    def _apply(self, raw_name: str, metric_type: str, unit: str, dims: dict[str, str], value: float) -> None:
+        name = _NAME_RE.sub("_", raw_name)
+        if not name or name[0].isdigit():
+            name = "_" + name
+        if metric_type not in ("counter", "gauge", "histogram"):
+            self._warn(name + ":type", f"handler metric {raw_name!r} has type {metric_type!r}; exported as a gauge")
+            metric_type = "gauge"
+        if name.startswith(("ts_inference_", "ts_queue_", "inference_service_")):
+            self._warn(name + ":reserved",
+                       f"handler metric {raw_name!r} uses a name of the server's own metrics; dropped")
+            return
+        labels = tuple(_NAME_RE.sub("_", k) for k in dims) + ("Hostname",)
+        family = self._handler.get(name)
+        if family is None:
+            family = self._handler[name] = _HandlerFamily(name, metric_type, unit, labels)
+        elif family.type != metric_type or family.labels != labels:
+            self._warn(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
+                             f"({family.type} {family.labels[:-1]} first); update dropped")
+            return
+        key = (*dims.values(), self.hostname)
+        if metric_type == "counter":
+            if value < 0:
+                self._warn(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
+                                 "negative increments are dropped")
+                return
+            family.values[key] = family.values.get(key, 0.0) + value
+        elif metric_type == "gauge":
+            family.values[key] = value
+        else:
+            counts = family.values.get(key)
+            if counts is None:
+                counts = family.values[key] = [0] * (len(HANDLER_BUCKETS) + 1) + [0.0, 0]
+            counts[bisect.bisect_left(HANDLER_BUCKETS, value)] += 1
+            counts[-2] += value
+            counts[-1] += 1
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
+    # ------------------------------------------------------------- exposition
+    def render(self, names: set[str] | None = None) -> bytes:
+        """The Prometheus text exposition (0.0.4), limited to the families in ``names`` if given."""
+        out: list[str] = []
+        models = [(n, list(v.items())) for n, v in list(self._models.items())]
+        for metric, attr, help_text in _TS_COUNTERS:
+            if names is not None and metric not in names:
+                continue
+            out.append(f"# HELP {metric} {help_text}\n# TYPE {metric} counter\n")
+            for name, versions in models:
+                for version, stats in versions:
+                    labels = _labels(("model_name", "model_version", "hostname"),
+                                     (name, version or "default", self.hostname))
+                    out.append(f"{metric}{{{labels}}} {floatToGoString(getattr(stats, attr))}\n")
+        with self._handler_lock:
+            families = [(f, list(f.values.items())) for f in self._handler.values()]
+        for family, values in families:
+            if names is not None and family.name not in names:
+                continue
+            kind = family.type
+            out.append(f"# HELP {family.name} handler metric, unit: {family.unit}\n"
+                       f"# TYPE {family.name} {kind}\n")
+            for key, value in values:
+                labels = _labels(family.labels, key)
+                if kind != "histogram":
+                    out.append(f"{family.name}{{{labels}}} {floatToGoString(value)}\n")
+                    continue
+                cumulative = 0
+                for bound, count in zip((*HANDLER_BUCKETS, float("inf")), value[:-2], strict=True):
+                    cumulative += count
+                    out.append(f'{family.name}_bucket{{{labels},le="{floatToGoString(bound)}"}} {cumulative}\n')
+                out.append(f"{family.name}_sum{{{labels}}} {floatToGoString(value[-2])}\n"
+                           f"{family.name}_count{{{labels}}} {value[-1]}\n")
+        registry = self.registry if names is None else self.registry.restricted_registry(
+            {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
+        return "".join(out).encode() + generate_latest(registry)
+
+    def serve(self, address: str, port: int) -> int:
+        """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        host = address.strip("[]")
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,),
+                            {"address_family": family, "daemon_threads": True})
+        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self})
+        self._httpd = server_class((host, port), handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
+                                        name="metrics-http", daemon=True)
+        self._thread.start()
+        return int(self._httpd.server_address[1])
+
+    def stop(self) -> None:
+        """Stop the HTTP endpoint (blocks up to the server's poll interval)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """``GET /metrics`` (``/`` too): the exposition; anything else 404."""
+
+    metrics: ServerMetrics
+    server_version = "inference-service-metrics"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        url = urlsplit(self.path)
+        if url.path not in ("/metrics", "/"):
+            self.send_error(404, "only /metrics is served here")
+            return
+        query = parse_qs(url.query)
+        wanted = query.get("name[]") or query.get("name")
+        try:
+            body = self.metrics.render(set(wanted) if wanted else None)
+        except Exception:  # noqa: BLE001 - a scrape must answer, the cause goes to the log
+            log.exception("metrics scrape failed")
+            self.send_error(500, "metrics scrape failed; see the server log")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
+
+
+class _Collector:
+    """``prometheus_client`` collector of the counters kept as plain numbers and of the core's state."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
+        for name in ("inference_service_stream_messages", "inference_service_cancellations",
+                     "inference_service_errors", "inference_service_worker_restarts"):
+            yield CounterMetricFamily(name, "")
+        for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
+                     "inference_service_workers"):
+            yield GaugeMetricFamily(name, "")
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families, from snapshots taken under the GIL (never raises on concurrent changes)."""
+        m = self.metrics
+        labels = ["model_name", "model_version"]
+        messages = CounterMetricFamily("inference_service_stream_messages",
+                                       "Response messages sent on streaming RPCs.", labels=labels)
+        cancels = CounterMetricFamily("inference_service_cancellations",
+                                      "Requests the client cancelled (or whose deadline passed) while "
+                                      "queued or running.", labels=labels)
+        for name, versions in list(m._models.items()):
+            for version, stats in list(versions.items()):
+                messages.add_metric([name, version or "default"], stats.messages)
+                cancels.add_metric([name, version or "default"], stats.cancellations)
+        yield messages
+        yield cancels
+        errors = CounterMetricFamily("inference_service_errors", "RPCs that ended with an error status.",
+                                     labels=["method", "code", "reason"])
+        for (method, code, reason), count in list(m._errors.items()):
+            errors.add_metric([method, code, reason], count)
+        yield errors
+        core = m.core
+        if core is None:
+            return
+        yield GaugeMetricFamily("inference_service_requests_in_flight",
+                                "Inference requests being served (queued or running).", value=core.inflight)
+        depth = GaugeMetricFamily("inference_service_job_queue_depth",
+                                  "Requests waiting in the model version's job queue.", labels=labels)
+        workers = GaugeMetricFamily("inference_service_workers", "Workers of the model version by state.",
+                                    labels=[*labels, "state"])
+        restarts = CounterMetricFamily("inference_service_worker_restarts",
+                                       "Worker process restarts of the model version's current workers.",
+                                       labels=labels)
+        for name, entry in list(core.models.items()):
+            for version, model in list(entry.versions.items()):
+                depth.add_metric([name, version], len(model.queue))
+                slots = list(model.slots.values())
+                states = dict.fromkeys(WORKER_STATES, 0)
+                for slot in slots:
+                    states[slot.state.value] = states.get(slot.state.value, 0) + 1
+                for state, count in states.items():
+                    workers.add_metric([name, version, state], count)
+                restarts.add_metric([name, version], sum(slot.restarts for slot in slots))
+        yield depth
+        yield workers
+        yield restarts
+
+
+class Telemetry:
+    """What the core and the servicers record into: metrics (``None``: off) and the access log (``None``: off).
+
+    Args:
+        metrics: the server's metrics, or ``None`` (``enable_metrics_api=false``).
+        access_log: the access log, or ``None`` (``--no-access-log``).
+    """
+
+    def __init__(self, metrics: ServerMetrics | None = None, access_log: AccessLog | None = None) -> None:
+        self.metrics = metrics
+        self.access_log = access_log
+
+    def model(self, name: str, version: str) -> ModelStats | None:
+        """The :class:`ModelStats` to record a request of a registered model into (``None``: metrics off)."""
+        metrics = self.metrics
+        return None if metrics is None else metrics.model(name, version)
+
+    def peer(self, context: Any) -> str:
+        """The client's address for the access log ("" when the access log is off).
+
+        Call it while the RPC runs: grpc's ``context.peer()`` is not safe once the call
+        has ended (it crashes the process after a cancel).
+        """
+        return context.peer() if self.access_log is not None else ""
+
+    def rpc_done(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
+                 start: float, messages: int) -> None:
+        """One RPC ended: count an error status; write its access-log line.
+
+        Args:
+            method: the RPC's name (``Predictions``...).
+            request: the request message (its ``model_name`` / ``model_version`` are logged).
+            peer: :meth:`peer`'s answer, taken when the RPC began.
+            code / reason: the final status and the ``ErrorInfo`` reason ("" when OK).
+            start: ``time.perf_counter()`` when the RPC began.
+            messages: response messages sent.
+        """
+        if code is not _OK and self.metrics is not None:
+            self.metrics.error(method, code, reason)
+        if self.access_log is not None:
+            self.access_log.record(method, request, peer, code, reason, start, messages)

@@ -1,0 +1,130 @@
+"""The access log (one line per RPC, plain or JSON), relayed worker lines, and the switches."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2
+
+from conftest import ServerProcess
+from inference_service._proto import inference_pb2, management_pb2
+
+PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) version=(\S+) status=(\w+) "
+                   r"reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) peer=(\S+)$")
+
+
+def new_lines(srv: ServerProcess, since: int) -> list[str]:
+    return srv.log()[since:].splitlines()
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def access(lines: list[str]) -> list[tuple[str, ...]]:
+    return [m.groups() for line in lines if (m := PLAIN.match(line))]
+
+
+def test_plain_line_per_rpc(server):
+    since = len(server.log())
+    missing = f"nope-{uuid.uuid4().hex[:8]}"
+    assert server.predict("echo", "hi", version="1.0") == b"hi"
+    assert server.stream("echo", "stream:2") == [b"part0;", b"part1;", b"end"]
+    with pytest.raises(grpc.RpcError):
+        server.predict(missing, "x")
+    with pytest.raises(grpc.RpcError):
+        server.describe(missing)
+    server.inference.Ping(empty_pb2.Empty(), timeout=10)
+    replies = list(server.inference.StreamPredictions2(
+        iter([inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"x"})]), timeout=10))
+    assert replies[0].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]  # in-band, the RPC is OK
+    # an error status may reach the client just before its line is written
+    wait_for(lambda: any(r[0] == "StreamPredictions2" for r in access(new_lines(server, since))))
+    rows = access(new_lines(server, since))
+    by_call = [(method, model, version, status, reason, messages) for method, model, version, status, reason, _,
+               messages, _ in rows if method != "DescribeModel" or model == missing]
+    assert by_call == [
+        ("Predictions", "echo", "1.0", "OK", "-", "1"),
+        ("StreamPredictions", "echo", "-", "OK", "-", "3"),
+        ("Predictions", missing, "-", "NOT_FOUND", "MODEL_NOT_FOUND", "0"),
+        ("DescribeModel", missing, "-", "NOT_FOUND", "MODEL_NOT_FOUND", "0"),
+        ("Ping", "-", "-", "OK", "-", "1"),
+        ("StreamPredictions2", "-", "-", "OK", "-", "1"),
+    ]
+    assert all(float(r[5]) >= 0 and r[7].startswith("ipv4:127.0.0.1:") for r in rows)
+
+
+def test_cancelled_stream_is_logged_cancelled(server):
+    since = len(server.log())
+    call = server.inference.StreamPredictions(
+        inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"stream:200:0.05"}), timeout=30)
+    assert next(call).prediction == b"part0;"
+    call.cancel()
+    wait_for(lambda: any(r[0] == "StreamPredictions" and r[3] == "CANCELLED"
+                         for r in access(new_lines(server, since))))
+    row = next(r for r in access(new_lines(server, since)) if r[3] == "CANCELLED")
+    assert row[4] == "CANCELLED" and int(row[6]) >= 1
+    server.wait_workers("echo", 2)
+
+
+@pytest.fixture(scope="module")
+def json_server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("jsonlog"), store,
+                        ["--models", "echo=echo.mar", "--workers-per-model", "1", "--log-format", "json"])
+    try:
+        srv.wait_workers("echo", 1)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_json_format_access_and_worker_lines(json_server):
+    assert json_server.predict("echo", "hi") == b"hi"
+    with pytest.raises(grpc.RpcError) as err:
+        json_server.predict("echo", "boom")
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    wait_for(lambda: '"status": "INTERNAL"' in json_server.log())  # written just after the status is sent
+    records = [json.loads(line) for line in json_server.log().splitlines() if line.strip()]  # every line is JSON
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    rows = [r for r in records if r["logger"] == "inference_service.access" and r["method"] == "Predictions"]
+    ok, failed = rows[-2:]
+    assert ok["level"] == "INFO" and ok["model"] == "echo" and ok["version"] == "-" and ok["status"] == "OK"
+    assert ok["code"] == 0 and ok["messages"] == 1 and ok["reason"] == "-" and isinstance(ok["latency_ms"], float)
+    assert ok["peer"].startswith("ipv4:127.0.0.1:") and ok["message"].startswith("Predictions model=echo ")
+    assert failed["status"] == "INTERNAL" and failed["code"] == 13 and failed["reason"] == "HANDLER_ERROR"
+    worker = [r for r in records if r["logger"] == "inference_service.worker.echo"]
+    failure = next(r for r in worker if "handler failed on requests" in r["message"])
+    assert failure["level"] == "ERROR" and failure["model"] == "echo" and failure["model_version"] == "1.0"
+    assert isinstance(failure["worker_id"], int) and isinstance(failure["worker_pid"], int)
+    assert failure["message"].startswith(f"[echo worker-{failure['worker_id']} pid {failure['worker_pid']}]")
+    trace = [r for r in worker if "boom: the handler failed" in r["message"]]
+    assert trace and all(r["level"] == "ERROR" for r in trace)  # traceback lines keep the error's level
+
+
+def test_switches_access_log_off_and_level_warning(store, tmp_path):
+    quiet = ServerProcess(tmp_path / "quiet", store, ["--log-level", "WARNING"])
+    try:
+        with pytest.raises(grpc.RpcError):
+            quiet.describe("nope")
+        wait_for(lambda: "DescribeModel model=nope" in quiet.log())
+        assert "inference API listening" not in quiet.log()  # INFO of other loggers is filtered
+    finally:
+        assert quiet.stop() == 0, quiet.log()
+    off = ServerProcess(tmp_path / "off", store, ["--no-access-log"])
+    try:
+        off.inference.Ping(empty_pb2.Empty(), timeout=10)
+        with pytest.raises(grpc.RpcError):
+            off.management.DescribeModel(management_pb2.DescribeModelRequest(model_name="nope"), timeout=10)
+        assert "inference API listening" in off.log() and "inference_service.access" not in off.log()
+    finally:
+        assert off.stop() == 0, off.log()

@@ -1,0 +1,214 @@
+"""The Prometheus endpoint of a real server after real traffic: exact counts, TorchServe's names."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2
+
+from conftest import ServerProcess, build_mar
+from inference_service._proto import inference_pb2
+
+LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(srv: ServerProcess, query: str = "") -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``{(sample name, labels): value}`` of the server's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.status['metrics_port']}/metrics{query}", timeout=10) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = LINE.match(line)
+        assert match is not None, line
+        labels = frozenset(LABEL.findall(match.group(2) or ""))
+        samples[(match.group(1), labels)] = float(match.group(3))
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """The sample ``name`` whose labels include ``labels`` (0 when absent; exactly one may match)."""
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else 0.0
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def msrv(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """echo (2 workers) with handler metrics forwarded to /metrics; ``mh`` archived for registering."""
+    build_mar(store, "mh", "metrics_handler.py")
+    srv = ServerProcess(tmp_path_factory.mktemp("metrics"), store,
+                        ["--enable-model-api", "--models", "echo=echo.mar", "--workers-per-model", "2",
+                         "--metrics-mode", "prometheus"])
+    try:
+        srv.wait_workers("echo", 2)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def _req(body: str, model: str = "echo", version: str = "") -> inference_pb2.PredictionsRequest:
+    return inference_pb2.PredictionsRequest(model_name=model, model_version=version, input={"data": body.encode()})
+
+
+def test_endpoint_serves_prometheus_text_and_filters_by_name(msrv):
+    assert msrv.status["metrics_port"] > 0 and msrv.status["metrics_address"] == "127.0.0.1"
+    assert f"metrics API listening on http://127.0.0.1:{msrv.status['metrics_port']}/metrics" in msrv.log()
+    assert msrv.predict("echo", "x") == b"x"
+    only = scrape(msrv, "?name[]=ts_inference_requests_total&name[]=inference_service_workers")
+    assert {name for name, _ in only} == {"ts_inference_requests_total", "inference_service_workers"}
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{msrv.status['metrics_port']}/nothing", timeout=10)
+    assert err.value.code == 404
+
+
+def test_exact_counts_after_known_traffic(msrv):
+    before = scrape(msrv)
+    for _ in range(4):
+        assert msrv.predict("echo", "hi") == b"hi"
+    for _ in range(2):
+        assert msrv.predict("echo", "hi", version="1.0") == b"hi"
+    for _ in range(3):
+        assert msrv.stream("echo", "stream:2") == [b"part0;", b"part1;", b"end"]
+    with pytest.raises(grpc.RpcError) as err:
+        msrv.predict("echo", "boom")
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    with pytest.raises(grpc.RpcError) as err:
+        msrv.predict("nope", "x")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    msrv.inference.Ping(empty_pb2.Empty(), timeout=10)
+    after = scrape(msrv)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    default = {"model_name": "echo", "model_version": "default"}
+    # TorchServe's counters: requests received for a registered model, by the request's version
+    assert delta("ts_inference_requests_total", **default) == 4 + 3 + 1
+    assert delta("ts_inference_requests_total", model_name="echo", model_version="1.0") == 2
+    assert not [k for k in after if ("model_name", "nope") in k[1]]  # unknown models are not labels
+    host = next(dict(ls)["hostname"] for n, ls in after if n == "ts_inference_requests_total")
+    assert host and value(after, "ts_inference_requests_total", hostname=host, **default) > 0
+    # latencies are totals in microseconds: each request took more than 1 µs and less than 10 s
+    assert 7 < delta("ts_inference_latency_microseconds", **default) < 7 * 10e6
+    assert 0 < delta("ts_queue_latency_microseconds", **default) <= delta("ts_inference_latency_microseconds",
+                                                                          **default) + 1e6
+    assert delta("ts_inference_latency_microseconds", model_name="echo", model_version="1.0") > 0
+    # streams: 3 messages each; one time-to-first-response and two gaps per stream
+    assert delta("inference_service_stream_messages_total", **default) == 9
+    assert delta("inference_service_time_to_first_response_seconds_count", **default) == 3
+    assert delta("inference_service_response_gap_seconds_count", **default) == 6
+    assert delta("inference_service_time_to_first_response_seconds_bucket", le="+Inf", **default) == 3
+    assert 0 < delta("inference_service_time_to_first_response_seconds_sum", **default) < 30
+    # errors by status code and reason; successful RPCs (Ping included) are not errors
+    assert delta("inference_service_errors_total", method="Predictions", code="INTERNAL",
+                 reason="HANDLER_ERROR") == 1
+    assert delta("inference_service_errors_total", method="Predictions", code="NOT_FOUND",
+                 reason="MODEL_NOT_FOUND") == 1
+    assert sum(v for (n, _), v in after.items() if n == "inference_service_errors_total") - sum(
+        v for (n, _), v in before.items() if n == "inference_service_errors_total") == 2
+    assert delta("inference_service_cancellations_total", **default) == 0
+
+
+def test_cancel_and_deadline_are_counted(msrv):
+    before = scrape(msrv)
+    call = msrv.inference.StreamPredictions(_req("stream:200:0.05", version="1.0"), timeout=30)
+    assert next(call).prediction == b"part0;"
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as err:
+        msrv.inference.Predictions(_req("sleep:0.6"), timeout=0.2)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def delta(name: str, **labels: str) -> float:
+        return value(scrape(msrv), name, **labels) - value(before, name, **labels)
+
+    wait_for(lambda: delta("inference_service_cancellations_total", model_name="echo", model_version="1.0") == 1
+             and delta("inference_service_cancellations_total", model_name="echo", model_version="default") == 1)
+    after = scrape(msrv)
+    assert value(after, "inference_service_errors_total", method="StreamPredictions", code="CANCELLED") - value(
+        before, "inference_service_errors_total", method="StreamPredictions", code="CANCELLED") == 1
+    assert value(after, "inference_service_errors_total", method="Predictions", code="DEADLINE_EXCEEDED") - value(
+        before, "inference_service_errors_total", method="Predictions", code="DEADLINE_EXCEEDED") == 1
+    # the cancelled stream got at least its first message out, and no successful latency
+    v10 = {"model_name": "echo", "model_version": "1.0"}
+    assert value(after, "inference_service_stream_messages_total", **v10) - value(
+        before, "inference_service_stream_messages_total", **v10) >= 1
+    assert value(after, "ts_inference_latency_microseconds", **v10) == value(
+        before, "ts_inference_latency_microseconds", **v10)
+    wait_for(lambda: value(scrape(msrv), "inference_service_requests_in_flight") == 0)
+    msrv.wait_workers("echo", 2)
+
+
+def test_workers_queue_depth_and_restarts(msrv):
+    labels = {"model_name": "echo", "model_version": "1.0"}
+    now = scrape(msrv)
+    assert value(now, "inference_service_workers", state="READY", **labels) == 2
+    assert value(now, "inference_service_workers", state="FAILED", **labels) == 0
+    assert value(now, "inference_service_job_queue_depth", **labels) == 0
+    restarts = value(now, "inference_service_worker_restarts_total", **labels)
+    died = value(now, "inference_service_errors_total", code="UNAVAILABLE", reason="WORKER_DIED")
+    with pytest.raises(grpc.RpcError) as err:
+        msrv.predict("echo", "exit")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    wait_for(lambda: value(scrape(msrv), "inference_service_worker_restarts_total", **labels) == restarts + 1)
+    wait_for(lambda: value(scrape(msrv), "inference_service_workers", state="READY", **labels) == 2)
+    assert value(scrape(msrv), "inference_service_errors_total", code="UNAVAILABLE", reason="WORKER_DIED") == died + 1
+
+
+def test_handler_metrics_reach_the_endpoint(msrv):
+    msrv.register("mh.mar", initial_workers=1)
+    try:
+        for _ in range(3):
+            assert msrv.predict("mh", "abcd") == b"abcd"
+        assert msrv.stream("mh", "stream:2") == [b"step0", b"step1", b"stream:2"]
+        samples = scrape(msrv)
+        dims = {"ModelName": "mh", "Level": "Model"}
+        assert value(samples, "LoadCount", **dims) == 1  # recorded in initialize(), before READY
+        assert value(samples, "EchoRequests", kind="plain", **dims) == 3
+        assert value(samples, "EchoRequests", kind="stream", **dims) == 1
+        assert value(samples, "StreamSteps", **dims) == 2
+        assert value(samples, "LastBatchSize", **dims) == 1
+        assert value(samples, "PayloadBytes_count", **dims) == 4
+        assert value(samples, "PayloadBytes_sum", **dims) == 3 * 4 + len("stream:2")
+        assert value(samples, "PayloadBytes_bucket", le="+Inf", **dims) == 4
+        assert all(dict(ls).get("Hostname") for n, ls in samples if n == "EchoRequests")
+        assert "EchoRequests.Count" not in msrv.log()  # prometheus mode: exported, not logged
+    finally:
+        msrv.unregister("mh")
+
+
+def test_metrics_port_conflict_fails_startup_and_api_can_be_off(msrv, store, tmp_path):
+    taken = msrv.status["metrics_port"]
+    proc = subprocess.run([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
+                           "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
+                           "--metrics-port", str(taken), "--model-store", str(store)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1 and f"cannot bind the metrics API to 127.0.0.1:{taken}" in proc.stderr
+    off = ServerProcess(tmp_path / "off", store, ["--disable-metrics-api"])
+    try:
+        assert off.status["metrics_port"] is None and off.status["metrics_address"] is None
+        assert "metrics API listening" not in off.log()
+        assert json.loads(off.inference.Ping(empty_pb2.Empty(), timeout=10).health)["status"] == "Healthy"
+    finally:
+        assert off.stop() == 0, off.log()
