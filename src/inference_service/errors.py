@@ -146,5 +146,12 @@ _BY_CODE: dict[grpc.StatusCode, type[InferenceError]] = {
 
 
 def error_for_code(code: grpc.StatusCode, message: str) -> InferenceError:
-    """The :class:`InferenceError` subclass instance for a gRPC code (INTERNAL -> HandlerError)."""
-    return _BY_CODE.get(code, HandlerError)(message)
+    """The error a worker reported for one request, as an :class:`InferenceError`.
+
+    INTERNAL is the handler's exception (reason HANDLER_ERROR); CANCELLED a cancel; any
+    other code came from a status the handler set (TorchServe's table), reason HANDLER_STATUS.
+    """
+    cls = _BY_CODE.get(code, HandlerError)
+    if cls in (HandlerError, Cancelled):
+        return cls(message)
+    return cls(message, reason="HANDLER_STATUS")

@@ -53,3 +53,8 @@ def test_invalid_argument_and_management_reasons(server):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and info.reason == "INVALID_ARGUMENT"
     code, info, _ = _details(server.register, "broken.mar")
     assert info.reason == "MODEL_LOAD_FAILED"
+
+
+def test_status_set_by_handler_has_its_own_reason(server):
+    code, info, _ = _details(server.predict, "echo", "status:404")
+    assert code == grpc.StatusCode.NOT_FOUND and info.reason == "HANDLER_STATUS"
