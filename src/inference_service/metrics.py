@@ -401,7 +401,7 @@ class _Collector:
         workers = GaugeMetricFamily("inference_service_workers", "Workers of the model version by state.",
                                     labels=[*labels, "state"])
         restarts = CounterMetricFamily("inference_service_worker_restarts",
-                                       "Worker process restarts of the model version's current workers.",
+                                       "Worker process restarts of the model version (monotonic).",
                                        labels=labels)
         for name, entry in list(core.models.items()):
             for version, model in list(entry.versions.items()):
@@ -412,7 +412,7 @@ class _Collector:
                     states[slot.state.value] = states.get(slot.state.value, 0) + 1
                 for state, count in states.items():
                     workers.add_metric([name, version, state], count)
-                restarts.add_metric([name, version], sum(slot.restarts for slot in slots))
+                restarts.add_metric([name, version], model.restarts_total)
         yield depth
         yield workers
         yield restarts

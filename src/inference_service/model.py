@@ -256,6 +256,7 @@ class WorkerSlot:
         while not self.stopping:
             if attempts:
                 self.restarts += 1
+                self.model.restarts_total += 1
             attempts += 1
             self._set_state(WorkerState.STARTING)
             process = WorkerProcess(self.model.worker_spec(self), self.model.worker_env(self),
@@ -404,6 +405,7 @@ class ModelVersion:
         self.slots: dict[int, WorkerSlot] = {}
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}
+        self.restarts_total = 0  # worker restarts of this version, kept when workers are removed
         self.gpus = gpus or GpuAllocator(0)
         # workers placed on GPUs: all of them where there are GPUs, unless deviceType is cpu
         self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0
