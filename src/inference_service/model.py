@@ -124,6 +124,17 @@ class ModelConfig:
         "sequence_timeout_ms": (0, 86_400_000),
     }
 
+    def torchserve_fields(self) -> dict[str, int]:
+        """The worker and batch settings under TorchServe's names (DescribeModel, snapshots)."""
+        return {
+            "minWorkers": self.min_workers,
+            "maxWorkers": self.max_workers,
+            "batchSize": self.batch_size,
+            "maxBatchDelay": self.max_batch_delay_ms,
+            "responseTimeout": self.response_timeout_s,
+            "startupTimeout": self.startup_timeout_s,
+        }
+
     @classmethod
     def resolve(cls, yaml_config: dict[str, Any], overrides: dict[str, Any],
                 defaults: dict[str, Any] | None = None) -> ModelConfig:
@@ -588,12 +599,7 @@ class ModelVersion:
             "modelVersion": self.version,
             "modelUrl": self.archive.url,
             "runtime": str(self.archive.manifest.get("runtime", "python")),
-            "minWorkers": c.min_workers,
-            "maxWorkers": c.max_workers,
-            "batchSize": c.batch_size,
-            "maxBatchDelay": c.max_batch_delay_ms,
-            "responseTimeout": c.response_timeout_s,
-            "startupTimeout": c.startup_timeout_s,
+            **c.torchserve_fields(),
             "maxRetryTimeoutInSec": c.max_retry_timeout_s,
             "deviceType": c.device_type or ("gpu" if self.gpu_count and self.gpus.count else "cpu"),
             "loadedAtStartup": self.loaded_at_startup,

@@ -79,16 +79,10 @@ class SnapshotStore:
         models: dict[str, dict[str, Any]] = {}
         for model_name, entry in sorted(core.models.items()):
             for version, model in sorted(entry.versions.items()):
-                c = model.config
-                record = {
+                record: dict[str, Any] = {
                     "defaultVersion": version == entry.default_version,
                     "marName": model.archive.url,
-                    "minWorkers": c.min_workers,
-                    "maxWorkers": c.max_workers,
-                    "batchSize": c.batch_size,
-                    "maxBatchDelay": c.max_batch_delay_ms,
-                    "responseTimeout": c.response_timeout_s,
-                    "startupTimeout": c.startup_timeout_s,
+                    **model.config.torchserve_fields(),
                 }
                 if model.handler != model.archive.handler:
                     record["handler"] = model.handler
