@@ -13,12 +13,10 @@ worker calls ``close()`` on the generator, which stops generation at once
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 from typing import Any
 
 from inference_service.handler import Context
-from inference_service.llm.generation import GenerationResult
 from inference_service.llm.handler import LLMHandler
 
 
@@ -43,29 +41,16 @@ class LLMGeneratorHandler(LLMHandler):
             object; a rejected request's error message, which the worker
             discards in favour of INVALID_ARGUMENT).
         """
-        start = time.perf_counter()
-        self.context = context
-        results: list[Any] = []
-        for idx, row in enumerate(data):
-            prepared = self._prepare(row, idx, context)
-            if isinstance(prepared, str):
-                results.append(prepared)
-                continue
-            request, prompt_ids = prepared
-            started = time.perf_counter()
-            pieces = self._pieces(request, prompt_ids, idx, context)
-            try:
-                while True:
-                    try:
-                        piece = next(pieces)
-                    except StopIteration as done:
-                        result: GenerationResult = done.value
-                        break
-                    message: list[Any] = [None] * len(data)
-                    message[idx] = piece
-                    yield message
-            finally:
-                pieces.close()  # on GeneratorExit: stop generating and free the KV cache now
-            results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
-        return results
+        batch = self._generate_batch(data, context)
+        try:
+            item = next(batch)
+            while True:
+                idx, piece = item
+                message: list[Any] = [None] * len(data)
+                message[idx] = piece
+                yield message
+                item = batch.send(False)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            batch.close()  # on GeneratorExit: stop generating and free the KV cache now

@@ -158,23 +158,20 @@ class LLMHandler(BaseHandler):
         )
         return final_message(result, request.params)
 
-    # --- the TorchServe entry point --------------------------------------------------
-    def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
-        """Generate for each request of the batch in turn, streaming its text pieces.
+    def _generate_batch(
+        self, data: list[dict[str, Any]], context: Context
+    ) -> Generator[tuple[int, str], bool, list[Any]]:
+        """Generate for each request of the batch in turn; the one loop both handler forms drive.
 
-        Args:
-            data: one input map per request (body under ``data`` or ``body``).
-            context: the worker's context for this batch.
+        Yields ``(batch index, new text piece)``. The driver sends back ``True`` when it
+        could not deliver the piece (no request id: called outside a worker), so the
+        piece is kept for that request's final message. Closing the generator stops
+        generation at once and frees the KV cache.
 
         Returns:
-            One final message per request: the text not yet sent, or the usage
-            object (see the module docstring); for a request that failed
-            validation, its error message (discarded by the worker, which
-            answers INVALID_ARGUMENT).
-
-        Raises:
-            RequestCancelled: from ``send_intermediate_predict_response`` when
-                the client went away (propagated to the worker).
+            One final message per request: the text not yet sent, or the usage object
+            (see the module docstring); for a request that failed validation, its error
+            message (discarded by the worker, which answers INVALID_ARGUMENT).
         """
         start = time.perf_counter()
         self.context = context
@@ -186,9 +183,8 @@ class LLMHandler(BaseHandler):
                 continue
             request, prompt_ids = prepared
             started = time.perf_counter()
-            request_id = context.request_ids.get(idx)
             pieces = self._pieces(request, prompt_ids, idx, context)
-            unsent: list[str] = []  # only used without a request id (called outside a worker)
+            unsent: list[str] = []
             try:
                 while True:
                     try:
@@ -196,19 +192,45 @@ class LLMHandler(BaseHandler):
                     except StopIteration as done:
                         result: GenerationResult = done.value
                         break
-                    if request_id is None:
+                    if (yield idx, piece):
                         unsent.append(piece)
-                        continue
-                    if context.is_cancelled(idx):
-                        continue  # nobody to send to; the generator stops before its next token
+            finally:
+                pieces.close()  # on cancel too: stop generating and free the KV cache now
+            result.remaining_text = "".join(unsent) + result.remaining_text
+            results.append(self._finish(idx, request, result, started, context))
+        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+        return results
+
+    # --- the TorchServe entry point --------------------------------------------------
+    def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
+        """Generate for each request of the batch in turn, streaming its text pieces.
+
+        Args:
+            data: one input map per request (body under ``data`` or ``body``).
+            context: the worker's context for this batch.
+
+        Returns:
+            One final message per request (see :meth:`_generate_batch`).
+
+        Raises:
+            RequestCancelled: from ``send_intermediate_predict_response`` when
+                the client went away (propagated to the worker).
+        """
+        batch = self._generate_batch(data, context)
+        try:
+            item = next(batch)
+            while True:
+                idx, piece = item
+                request_id = context.request_ids.get(idx)
+                # a cancelled request has nobody to send to; generation stops before its next token
+                if request_id is not None and not context.is_cancelled(idx):
                     message: list[Any] = [None] * len(data)
                     message[idx] = piece
                     send_intermediate_predict_response(
                         message, {idx: request_id}, "Intermediate Prediction success", 200, context
                     )
-            finally:
-                pieces.close()  # on RequestCancelled too: free the KV cache at once
-            result.remaining_text = "".join(unsent) + result.remaining_text
-            results.append(self._finish(idx, request, result, started, context))
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
-        return results
+                item = batch.send(request_id is None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            batch.close()
