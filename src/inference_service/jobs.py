@@ -1,8 +1,13 @@
-"""Requests in flight: :class:`Job` (one request and its mailbox) and :class:`JobQueue`.
+"""Requests in flight: :class:`Job` (one request and its :class:`Mailbox`) and :class:`JobQueue`.
 
-A job's mailbox is a bounded ``asyncio.Queue`` fed only by the routing task of
-the worker that runs it; the RPC that owns the job reads it. Abort marks the
-job so the routing task drops further output and the queue skips it.
+A job's mailbox is fed only by the routing callback of the worker that runs it; the RPC
+that owns the job reads it. Abort marks the job so the routing drops further output and
+the queue skips it.
+
+Dispatch is synchronous: a job put into the queue goes to a free worker within the same
+call, and a worker that reports its batch done takes the next ready batch within the
+routing callback that read the report; no task wakes up in between. Only a batch that
+waits for ``max_batch_delay`` arms a timer.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +31,85 @@ MAILBOX_SIZE = 256
 CHUNK = 0
 FINAL = 1
 ERROR = 2
+
+Dispatch = Callable[[list["Job"]], bool]
+"""Hands a batch to one worker; False when the worker can no longer take it."""
+
+
+class Mailbox:
+    """A job's responses on their way to its RPC: one producer (the worker's routing
+    callback), one consumer (the RPC's coroutine).
+
+    :meth:`put` never blocks: it returns False once ``capacity`` items wait, and the
+    routing then pauses reading from that worker until the consumer has made room
+    (:attr:`on_space` is called), so a lagging client back-pressures its worker.
+
+    Args:
+        capacity: items after which :meth:`put` asks the producer to pause.
+    """
+
+    __slots__ = ("capacity", "on_space", "_items", "_waiter")
+
+    def __init__(self, capacity: int = MAILBOX_SIZE) -> None:
+        self.capacity = capacity
+        self.on_space: Callable[[], None] | None = None
+        self._items: deque[tuple[int, object]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        """Whether ``capacity`` items wait."""
+        return len(self._items) >= self.capacity
+
+    def empty(self) -> bool:
+        """Whether no item waits."""
+        return not self._items
+
+    def put(self, item: tuple[int, object]) -> bool:
+        """Append ``item`` (never blocks) and wake the consumer; False when now full."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        return len(self._items) < self.capacity
+
+    async def get(self) -> tuple[int, object]:
+        """The next item ``(kind, payload)``, waiting for one."""
+        items = self._items
+        while not items:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        item = items.popleft()
+        if self.on_space is not None and len(items) < self.capacity:
+            self._space()
+        return item
+
+    def get_nowait(self) -> tuple[int, object]:
+        """The next item. Raises IndexError when empty."""
+        item = self._items.popleft()
+        if self.on_space is not None and len(self._items) < self.capacity:
+            self._space()
+        return item
+
+    def clear(self) -> None:
+        """Drop every waiting item (the producer may go on)."""
+        self._items.clear()
+        if self.on_space is not None:
+            self._space()
+
+    def _space(self) -> None:
+        callback, self.on_space = self.on_space, None
+        if callback is not None:
+            callback()
 
 
 @dataclass(eq=False)
@@ -41,8 +126,8 @@ class Job:
         enqueued: ``time.monotonic()`` at submission (starts ``max_batch_delay``).
         dispatched: ``time.monotonic()`` when a worker took the job (0.0: not yet), for the
             queue latency metric.
-        mailbox: bounded queue of ``(kind, payload)``; ``payload`` is bytes for
-            CHUNK/FINAL and an :class:`InferenceError` for ERROR.
+        mailbox: ``(kind, payload)`` items; ``payload`` is bytes for CHUNK/FINAL and an
+            :class:`InferenceError` for ERROR.
     """
 
     inputs: dict[str, bytes]
@@ -52,9 +137,7 @@ class Job:
     deadline: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     enqueued: float = field(default_factory=time.monotonic)
-    mailbox: asyncio.Queue[tuple[int, object]] = field(
-        default_factory=lambda: asyncio.Queue(MAILBOX_SIZE)
-    )
+    mailbox: Mailbox = field(default_factory=Mailbox)
     cancelled: bool = False
     finished: bool = False
     worker: WorkerProcess | None = None
@@ -65,45 +148,49 @@ class Job:
         return self.deadline is not None and now >= self.deadline
 
     def fail(self, error: InferenceError) -> None:
-        """End the job with ``error`` unless it already ended (never blocks)."""
+        """End the job with ``error`` (the terminal item) unless it already ended (never blocks)."""
         if self.finished:
             return
         self.finished = True
         if self.cancelled:
             return
-        while self.mailbox.full():  # make room: the error is the terminal item
-            self.mailbox.get_nowait()
-        self.mailbox.put_nowait((ERROR, error))
+        self.mailbox.put((ERROR, error))
 
     def abort(self) -> None:
         """The client went away: drop buffered output and tell the worker running it."""
         if self.cancelled:
             return
         self.cancelled = True
-        while not self.mailbox.empty():
-            self.mailbox.get_nowait()
+        self.mailbox.clear()
         if self.worker is not None and not self.finished:
             self.worker.cancel(self.request_id)
 
 
 class JobQueue:
-    """A model version's bounded job queue, plus per-worker queues for sequences.
+    """A model version's bounded job queue, plus per-worker queues for sequences, and the
+    free workers it dispatches to.
 
-    Jobs without a sequence go to the shared queue and are batched by whichever
-    worker is free (one worker forms a batch at a time, as TorchServe's
-    workers poll). A sequence's jobs go to the queue of the worker the
-    sequence is pinned to.
+    Jobs without a sequence go to the shared queue and are batched for whichever worker
+    is free first (TorchServe's rule); a sequence's jobs go to the queue of the worker
+    the sequence is pinned to. A batch starts with the oldest shared job and is
+    dispatched as soon as it holds ``batch_size`` jobs or its first job has waited
+    ``max_batch_delay_ms``; a streaming job always forms a batch of one.
 
     Args:
         capacity: most jobs waiting at once (``job_queue_size``).
+        batch_size: most jobs per batch.
+        max_batch_delay_ms: how long a batch waits to fill (ms).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0) -> None:
         self.capacity = capacity
+        self.batch_size = max(1, batch_size)
+        self.max_batch_delay_s = max(0, max_batch_delay_ms) / 1000.0
         self._shared: deque[Job] = deque()
         self._pinned: dict[int, deque[Job]] = {}
-        self._waiters: list[asyncio.Future[None]] = []
-        self._forming = False
+        self._idle: dict[int, Dispatch] = {}  # free workers, in the order they became free
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._size = 0
 
     def __len__(self) -> int:
@@ -114,7 +201,7 @@ class JobQueue:
         return max(0, self.capacity - self._size)
 
     def put(self, job: Job, worker_id: int | None = None) -> None:
-        """Enqueue ``job`` (pinned to ``worker_id`` when given).
+        """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready.
 
         Raises:
             ResourceExhausted: the queue holds ``capacity`` jobs already.
@@ -127,41 +214,98 @@ class JobQueue:
         else:
             self._pinned.setdefault(worker_id, deque()).append(job)
         self._size += 1
-        self._notify()
+        if self._idle:
+            self._dispatch()
 
-    def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+    def offer(self, worker_id: int, send: Dispatch) -> None:
+        """Worker ``worker_id`` is free: ``send`` it a batch now if one is ready, else when one is."""
+        self._idle[worker_id] = send
+        self._dispatch()
 
-    async def _wait(self, timeout: float | None = None) -> bool:
-        """Wait for a put (or wake_all); False when ``timeout`` seconds passed first."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            if timeout is None:
-                await fut
-            else:
-                await asyncio.wait_for(fut, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
+    def withdraw(self, worker_id: int) -> None:
+        """Worker ``worker_id`` takes no more batches (it stops or died)."""
+        self._idle.pop(worker_id, None)
+
+    def _dispatch(self) -> None:
+        idle = self._idle
+        if self._pinned:
+            for wid in [w for w in idle if self._pinned.get(w)]:
+                job = self._pop_live(self._pinned[wid])
+                if job is not None:
+                    self._hand(wid, [job], pinned=True)
+        while idle and self._shared:
+            batch = self._take_shared()
+            if batch is None:
+                return
+            self._hand(next(iter(idle)), batch)
+
+    def _hand(self, worker_id: int, batch: list[Job], pinned: bool = False) -> None:
+        send = self._idle.pop(worker_id)
+        if send(batch):
+            return
+        # The worker went away meanwhile: the jobs go back to the front of their queue.
+        dq = self._pinned.setdefault(worker_id, deque()) if pinned else self._shared
+        dq.extendleft(reversed(batch))
+        self._size += len(batch)
+
+    def _take_shared(self) -> list[Job] | None:
+        """The next batch of shared jobs, or None (nothing live, or the batch still fills:
+        a timer dispatches it when ``max_batch_delay`` passes)."""
+        shared = self._shared
+        first = self._pop_live(shared)
+        if first is None:
+            return None
+        if first.stream or self.batch_size <= 1:
+            return [first]
+        batch = [first]
+        ready = False
+        for job in shared:
+            if job.stream:
+                ready = True
+                break
+            if not job.cancelled:
+                batch.append(job)
+                if len(batch) >= self.batch_size:
+                    ready = True
+                    break
+        due = first.enqueued + self.max_batch_delay_s
+        if not ready and time.monotonic() < due:
+            shared.appendleft(first)
+            self._size += 1
+            self._arm(due)
+            return None
+        out = [first]
+        while len(out) < self.batch_size and shared and not shared[0].stream:
+            job = self._pop_live(shared)
+            if job is not None:
+                out.append(job)
+        return out
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
 
     def _pop_live(self, dq: deque[Job]) -> Job | None:
-        now = time.monotonic()
+        now = 0.0
         while dq:
             job = dq.popleft()
             self._size -= 1
             if job.cancelled:
                 continue
-            if job.expired(now):
-                job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
-                                          reason="DEADLINE_IN_QUEUE"))
-                continue
+            if job.deadline is not None:
+                now = now or time.monotonic()
+                if now >= job.deadline:
+                    job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
+                                              reason="DEADLINE_IN_QUEUE"))
+                    continue
             return job
         return None
 
@@ -174,60 +318,13 @@ class JobQueue:
                 dq.popleft().fail(error)
                 self._size -= 1
 
-    async def next_batch(self, worker_id: int, batch_size: int, max_batch_delay_ms: int) -> list[Job]:
-        """Wait for the next batch for worker ``worker_id``.
-
-        A job pinned to this worker is returned alone. Otherwise the batch
-        starts with the oldest shared job and is dispatched as soon as it holds
-        ``batch_size`` jobs or its first job has waited ``max_batch_delay_ms``;
-        a streaming job always forms a batch of one.
-        """
-        while True:
-            pinned = self._pinned.get(worker_id)
-            if pinned and (job := self._pop_live(pinned)) is not None:
-                return [job]
-            if self._shared and not self._forming:
-                first = self._pop_live(self._shared)
-                if first is not None:
-                    break
-                continue
-            await self._wait()
-        if first.stream or batch_size <= 1:
-            return [first]
-        self._forming = True
-        batch = [first]
-        try:
-            deadline = first.enqueued + max_batch_delay_ms / 1000.0
-            while len(batch) < batch_size:
-                if self._shared:
-                    if self._shared[0].stream:
-                        break
-                    job = self._pop_live(self._shared)
-                    if job is not None:
-                        batch.append(job)
-                    continue
-                timeout = deadline - time.monotonic()
-                if timeout <= 0 or not await self._wait(timeout):
-                    break
-            return batch
-        except asyncio.CancelledError:
-            self.requeue(batch)  # the worker went away while the batch was forming
-            raise
-        finally:
-            self._forming = False
-            self._notify()
-
     def requeue(self, jobs: list[Job]) -> None:
         """Put jobs that were taken but never ran back at the front of the shared queue."""
         for job in reversed(jobs):
             if not job.cancelled and not job.finished:
                 self._shared.appendleft(job)
                 self._size += 1
-        self._notify()
-
-    def wake_all(self) -> None:
-        """Wake every waiting worker (used when workers stop)."""
-        self._notify()
+        self._dispatch()
 
 
 def cancelled_error() -> Cancelled:

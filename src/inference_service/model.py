@@ -29,7 +29,7 @@ from inference_service.errors import (
 )
 from inference_service.jobs import Job, JobQueue
 from inference_service.worker import protocol
-from inference_service.worker.process import WorkerDied, WorkerProcess
+from inference_service.worker.process import WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +246,7 @@ class WorkerSlot:
         self.task: asyncio.Task[None] | None = None
         self.start_time = time.time()
         self.gpu: int | None = None
+        self._end_serving: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Start the slot's supervision task."""
@@ -307,57 +308,65 @@ class WorkerSlot:
         self._set_state(WorkerState.UNLOADING)
 
     async def _serve(self, process: WorkerProcess) -> None:
-        """Feed batches to ``process`` until it dies or the slot stops."""
+        """Offer ``process`` to the job queue until it dies or the slot stops.
+
+        Batches reach the worker without this task: the queue calls ``send`` when a batch is
+        ready and the worker is free, and the worker's routing calls ``done`` when it has
+        answered one, which offers the worker again (see :mod:`inference_service.jobs`).
+        """
         model = self.model
-        config = model.config
-        died = asyncio.ensure_future(process.dead.wait())
+        queue = model.queue
+        timeout = model.config.response_timeout_s
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def end(_process: object = None) -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        def send(batch: list[Job]) -> bool:
+            if self.stopping or not process.send_batch(batch, timeout, done):
+                return False
+            self.state = WorkerState.BUSY
+            return True
+
+        def done() -> None:
+            if self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+            if self.stopping:
+                end()
+            else:
+                queue.offer(self.id, send)
+
+        process.on_exit = end
+        self._end_serving = end
+        queue.offer(self.id, send)
         try:
-            while not self.stopping:
-                waiting = asyncio.ensure_future(
-                    model.queue.next_batch(self.id, config.batch_size, config.max_batch_delay_ms))
-                try:
-                    await asyncio.wait({waiting, died}, return_when=asyncio.FIRST_COMPLETED)
-                except asyncio.CancelledError:
-                    waiting.cancel()
-                    if self.stopping:
-                        return
-                    raise
-                if not waiting.done():  # the worker died while idle: restart it
-                    waiting.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await waiting
-                    self.last_error = f"worker {self.id} of model {model.name} exited while idle"
-                    log.error("%s", self.last_error)
-                    return
-                batch = waiting.result()
-                self.state = WorkerState.BUSY
-                try:
-                    await process.run_batch(batch, config.response_timeout_s)
-                except WorkerDied as exc:
-                    model.queue.requeue([job for job in batch if job.worker is None])
-                    self.last_error = str(exc)
-                    log.error("%s", exc)
-                    model.queue.drain(Unavailable(str(exc), reason="WORKER_DIED"), self.id)
-                    return
-                except Exception as exc:  # DeadlineExceeded: the worker was killed
-                    self.last_error = str(exc)
-                    return
-                finally:
-                    if self.state is WorkerState.BUSY:
-                        self.state = WorkerState.READY
-                if not process.alive:
-                    return
+            await ended
         finally:
-            died.cancel()
+            queue.withdraw(self.id)
+            self._end_serving = None
+            if self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+        if not process.alive or process.failure is not None:
+            if process.failure is not None and "response_timeout" in process.failure:
+                self.last_error = process.failure
+            elif process.died_busy:
+                self.last_error = process.failure
+                log.error("%s", process.failure)
+                queue.drain(Unavailable(str(process.failure), reason="WORKER_DIED"), self.id)
+            else:
+                self.last_error = f"worker {self.id} of model {model.name} exited while idle"
+                log.error("%s", self.last_error)
 
     async def stop(self, timeout: float) -> None:
         """Stop after the running batch (waiting at most ``timeout`` s), then stop the process."""
+        busy = self.process is not None and self.process.busy
         self.stopping = True
+        self.model.queue.withdraw(self.id)
         self._set_state(WorkerState.UNLOADING)
         if self.task is not None:
-            busy = self.state is WorkerState.BUSY
-            if not busy:
-                self.task.cancel()
+            if not busy and self._end_serving is not None:
+                self._end_serving()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self.task), timeout)
             self.task.cancel()
@@ -412,7 +421,7 @@ class ModelVersion:
         self.loaded_at_startup = loaded_at_startup
         self.extra_paths = extra_paths or []
         self.base_env = dict(base_env if base_env is not None else os.environ)
-        self.queue = JobQueue(config.job_queue_size)
+        self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms)
         self.slots: dict[int, WorkerSlot] = {}
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}

@@ -1,9 +1,11 @@
 """Frontend side of one worker process: spawn, load, run batches, route responses, stop.
 
-One routing task per worker reads the IPC socket and hands every response to
-its job's mailbox by request id; nothing else reads the socket. It also hands
-the handler metrics a worker forwards (``METRIC`` frames) to
-:attr:`WorkerProcess.metrics_sink`.
+One routing callback per worker connection (:class:`_Channel`, an asyncio protocol: no
+task, no await) parses the IPC frames as they arrive and hands every response to its
+job's mailbox by request id; nothing else reads the socket. When the worker reports a
+batch done, the callback given with the batch runs right there (the slot hands the
+worker its next batch). It also hands the handler metrics a worker forwards (``METRIC``
+frames) to :attr:`WorkerProcess.metrics_sink`.
 """
 
 from __future__ import annotations
@@ -40,8 +42,57 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
-class WorkerDied(Exception):
-    """The worker process exited while it held requests."""
+class _Channel(asyncio.Protocol):
+    """One rank's IPC connection: frames in, routed by :meth:`WorkerProcess._frame`."""
+
+    def __init__(self, owner: WorkerProcess) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.answers = owner.spec.world_size == 1  # only rank 0 answers clients
+        self._buf = bytearray()
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.owner._attach(self)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data
+        end, size, pos = len(src), protocol.HEADER.size, 0
+        unpack = protocol.HEADER.unpack_from
+        frame_handler = self.owner._frame
+        while end - pos >= size:
+            length, kind = unpack(src, pos)
+            stop = pos + 4 + length
+            if stop > end:
+                break
+            body = src[pos + size:stop]
+            pos = stop
+            frame_handler(self, kind, bytes(body) if isinstance(body, bytearray) else body)
+        if src is buf:
+            del buf[:pos]
+        elif pos < end:
+            self._buf = bytearray(src[pos:])
+
+    def pause(self) -> None:
+        """Stop reading until :meth:`resume` (a mailbox is full: back-pressure the worker)."""
+        if not self._paused and self.transport is not None and not self.transport.is_closing():
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read again."""
+        if self._paused and self.transport is not None and not self.transport.is_closing():
+            self._paused = False
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        asyncio.ensure_future(self.owner._on_channel_closed())
 
 
 class WorkerProcess:
@@ -69,14 +120,19 @@ class WorkerProcess:
         self.pid: int | None = None
         self.start_time = time.time()
         self.proc: asyncio.subprocess.Process | None = None
-        self._writers: list[asyncio.StreamWriter] = []
+        self._channels: list[_Channel] = []
         self._ready_count = 0
         self._closed = False
         self.dead = asyncio.Event()
         self._jobs: dict[str, Job] = {}
         self._ready: asyncio.Future[str | None] | None = None
-        self._batch_done: asyncio.Future[None] | None = None
-        self._progress = asyncio.Event()
+        self._on_done: Callable[[], None] | None = None  # set while a batch runs
+        self._last_progress = 0.0  # time.monotonic() of the last frame of the running batch
+        self._response_timeout = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.busy = False
+        self.failure: str | None = None  # why the process is being replaced
+        self.died_busy = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._log = logging.getLogger(log_name)
         self.exit_code: int | None = None
@@ -119,10 +175,10 @@ class WorkerProcess:
             asyncio.create_task(self._relay(self.proc.stderr, logging.INFO)),
         ]
 
-    def _attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.append(writer)
-        self._tasks.append(asyncio.create_task(self._route(reader), name=f"route-{self.spec.worker_id}"))
-        writer.write(self.spec.to_frame())
+    def _attach(self, channel: _Channel) -> None:
+        self._channels.append(channel)
+        assert channel.transport is not None
+        channel.transport.write(self.spec.to_frame())
 
     async def _spawn_single(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -136,8 +192,7 @@ class WorkerProcess:
         self.pid = self.proc.pid
         self.start_time = time.time()
         self._watch_output()
-        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
-        self._attach(reader, writer)
+        await asyncio.get_running_loop().create_unix_connection(lambda: _Channel(self), sock=parent)
 
     async def _spawn_group(self, startup_timeout: float) -> None:
         """torchrun group: every rank connects to a private Unix socket of this worker."""
@@ -146,12 +201,13 @@ class WorkerProcess:
         path = os.path.join(directory, "group.sock")
         connected = asyncio.Event()
 
-        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self._attach(reader, writer)
-            if len(self._writers) == world:
-                connected.set()
+        def channel() -> _Channel:
+            made = _Channel(self)
+            loop.call_soon(lambda: connected.set() if len(self._channels) >= world else None)
+            return made
 
-        listener = await asyncio.start_unix_server(on_connect, path=path, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_unix_server(channel, path=path)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
@@ -168,7 +224,7 @@ class WorkerProcess:
             exited.cancel()
             if waiter not in done and self._ready is not None and not self._ready.done():
                 self._ready.set_result(
-                    f"only {len(self._writers)} of {world} ranks connected (launcher "
+                    f"only {len(self._channels)} of {world} ranks connected (launcher "
                     f"{'exited' if exited in done else 'timed out'})")
         finally:
             listener.close()
@@ -206,69 +262,55 @@ class WorkerProcess:
                 current = level
             self._log.log(current, "%s %s", prefix, text, extra=extra)
 
-    async def _route(self, reader: asyncio.StreamReader) -> None:
-        """The single reader of one rank's socket: route each frame to its job or future.
-
-        Only rank 0 answers clients; the other ranks' responses are dropped.
-        """
-        jobs = self._jobs
-        header = protocol.HEADER
-        answers = self.spec.world_size == 1
-        try:
-            while True:
-                head = await reader.readexactly(header.size)
-                length, kind = header.unpack(head)
-                body = await reader.readexactly(length - 1) if length > 1 else b""
-                if kind == protocol.READY:
-                    info = json.loads(body)
-                    if int(info.get("rank", 0)) == 0:
-                        answers = True
-                        self.pid = int(info.get("pid", self.pid))
-                    self._ready_count += 1
-                    if self._ready_count == self.spec.world_size and self._ready is not None \
-                            and not self._ready.done():
-                        self._ready.set_result(None)
-                    continue
-                if kind == protocol.LOAD_FAILED:
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(body.decode("utf-8", "replace"))
-                    continue
-                if not answers:
-                    continue
-                self._progress.set()
-                if kind == protocol.CHUNK or kind == protocol.FINAL:
-                    rid, payload = protocol.decode_response(body)
-                    job = jobs.get(rid)
-                    if job is None or job.cancelled:
-                        continue
-                    item = (CHUNK, payload)
-                    if kind == protocol.FINAL:
-                        job.finished = True
-                        del jobs[rid]
-                        item = (FINAL, payload)
-                    if job.mailbox.full():  # the client lags: back-pressure the worker
-                        await job.mailbox.put(item)
-                    else:
-                        job.mailbox.put_nowait(item)
-                elif kind == protocol.ERROR:
-                    rid, code, message = protocol.decode_error(body)
-                    job = jobs.pop(rid, None)
-                    if job is not None:
-                        job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
-                elif kind == protocol.DONE:
-                    if self._batch_done is not None and not self._batch_done.done():
-                        self._batch_done.set_result(None)
-                elif kind == protocol.METRIC:
-                    sink = WorkerProcess.metrics_sink
-                    if sink is not None:
-                        try:
-                            sink(self.spec, body)
-                        except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
-                            log.exception("model %s: cannot export handler metrics", self.spec.model_name)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            await self._on_channel_closed()
+    def _frame(self, channel: _Channel, kind: int, body: bytes) -> None:
+        """Route one frame of ``channel``: a response to its job, a batch end to its callback."""
+        if kind == protocol.CHUNK or kind == protocol.FINAL:
+            if not channel.answers:
+                return
+            self._last_progress = time.monotonic()
+            rid, payload = protocol.decode_response(body)
+            job = self._jobs.get(rid)
+            if job is None or job.cancelled:
+                return
+            if kind == protocol.FINAL:
+                job.finished = True
+                del self._jobs[rid]
+                item = (FINAL, payload)
+            else:
+                item = (CHUNK, payload)
+            if not job.mailbox.put(item):  # the client lags: back-pressure the worker
+                channel.pause()
+                job.mailbox.on_space = channel.resume
+        elif kind == protocol.DONE:
+            if channel.answers:
+                self._batch_finished()
+        elif kind == protocol.ERROR:
+            if not channel.answers:
+                return
+            self._last_progress = time.monotonic()
+            rid, code, message = protocol.decode_error(body)
+            job = self._jobs.pop(rid, None)
+            if job is not None:
+                job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
+        elif kind == protocol.METRIC:
+            sink = WorkerProcess.metrics_sink
+            if sink is not None and channel.answers:
+                try:
+                    sink(self.spec, body)
+                except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
+                    log.exception("model %s: cannot export handler metrics", self.spec.model_name)
+        elif kind == protocol.READY:
+            info = json.loads(body)
+            if int(info.get("rank", 0)) == 0:
+                channel.answers = True
+                self.pid = int(info.get("pid", self.pid))
+            self._ready_count += 1
+            if self._ready_count == self.spec.world_size and self._ready is not None \
+                    and not self._ready.done():
+                self._ready.set_result(None)
+        elif kind == protocol.LOAD_FAILED:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(body.decode("utf-8", "replace"))
 
     async def _on_channel_closed(self) -> None:
         if self._closed:
@@ -285,9 +327,11 @@ class WorkerProcess:
         error = Unavailable(
             f"worker {self.spec.worker_id} of model {self.spec.model_name} died ({reason}); "
             "it is being restarted", reason="WORKER_DIED")
+        self.died_busy = self.busy
+        if self.failure is None:
+            self.failure = error.message
+        self._stop_clock()
         self._fail_all(error)
-        if self._batch_done is not None and not self._batch_done.done():
-            self._batch_done.set_exception(WorkerDied(error.message))
         if self.on_exit is not None:
             self.on_exit(self)
 
@@ -296,53 +340,71 @@ class WorkerProcess:
         for job in jobs.values():
             job.fail(error)
 
-    async def run_batch(self, jobs: list[Job], response_timeout: float) -> None:
-        """Send ``jobs`` to the worker and wait until it has answered them all.
+    def send_batch(self, jobs: list[Job], response_timeout: float, on_done: Callable[[], None]) -> bool:
+        """Send ``jobs`` to the worker (never blocks); ``on_done()`` runs when it has answered them all.
 
-        Each job's responses reach its mailbox as they arrive. The
-        ``response_timeout`` clock restarts at every response, so a stream
-        that makes progress is never cut.
+        Each job's responses reach its mailbox as they arrive. If no response comes for
+        ``response_timeout`` seconds (the clock restarts at every response, so a stream that
+        makes progress is never cut), the jobs fail with DEADLINE_EXCEEDED, :attr:`failure`
+        says why and the process is killed; ``on_done`` is then never called. If the process
+        dies, its jobs fail with UNAVAILABLE.
 
-        Raises:
-            WorkerDied: the process died (its jobs already failed with UNAVAILABLE).
-            DeadlineExceeded: no response for ``response_timeout`` seconds
-                (the jobs failed with DEADLINE_EXCEEDED and the worker is killed).
+        Returns:
+            False (nothing sent) when the process is already gone.
         """
         if self._closed:
-            raise WorkerDied(f"worker {self.spec.worker_id} of model {self.spec.model_name} is gone")
-        loop = asyncio.get_running_loop()
-        done = self._batch_done = loop.create_future()
-        requests = []
+            return False
         now = time.monotonic()
+        jobs_by_id = self._jobs
+        requests = []
         for job in jobs:
             job.worker = self
             job.dispatched = now
-            self._jobs[job.request_id] = job
+            jobs_by_id[job.request_id] = job
             requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
         self._send(protocol.encode_batch(requests))
-        for job in jobs:
-            if job.cancelled:
-                self.cancel(job.request_id)
-        while not done.done():
-            self._progress.clear()
-            progress = asyncio.ensure_future(self._progress.wait())
-            finished, _ = await asyncio.wait({done, progress}, timeout=response_timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
-            progress.cancel()
-            if not finished:
-                error = DeadlineExceeded(
-                    f"model {self.spec.model_name} gave no response within response_timeout="
-                    f"{response_timeout:g}s; its worker was replaced", reason="RESPONSE_TIMEOUT")
-                self._fail_all(error)
-                await self.kill()
-                raise error
-        done.result()
+        self.busy = True
+        self._on_done = on_done
+        self._last_progress = now
+        self._response_timeout = response_timeout
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(now + response_timeout, self._check_timeout)
+        return True
+
+    def _batch_finished(self) -> None:
+        self.busy = False
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def _stop_clock(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_timeout(self) -> None:
+        """The response_timeout timer: re-armed while responses come, else the worker is replaced."""
+        self._timer = None
+        if not self.busy or self._closed:
+            return
+        due = self._last_progress + self._response_timeout
+        if time.monotonic() < due:
+            self._timer = asyncio.get_running_loop().call_at(due, self._check_timeout)
+            return
+        error = DeadlineExceeded(
+            f"model {self.spec.model_name} gave no response within response_timeout="
+            f"{self._response_timeout:g}s; its worker was replaced", reason="RESPONSE_TIMEOUT")
+        self.failure = error.message
+        self._on_done = None
+        self._fail_all(error)
+        self._tasks.append(asyncio.ensure_future(self.kill()))
 
     def _send(self, data: bytes) -> None:
         """Write a frame to every rank (all ranks see every request)."""
-        for writer in self._writers:
-            if not writer.is_closing():
-                writer.write(data)
+        for channel in self._channels:
+            transport = channel.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(data)
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker that the client of ``request_id`` went away."""
@@ -360,9 +422,6 @@ class WorkerProcess:
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit (``STOP``), killing it after ``timeout`` seconds."""
         self._send(protocol.frame(protocol.STOP))
-        for writer in self._writers:
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
         if await self.wait_exit(timeout) is None:
             await self.kill()
         await self._close()
@@ -379,8 +438,10 @@ class WorkerProcess:
         await self._close()
 
     async def _close(self) -> None:
-        for writer in self._writers:
-            writer.close()
+        self._stop_clock()
+        for channel in self._channels:
+            if channel.transport is not None:
+                channel.transport.close()
         for task in self._tasks:
             if task is not asyncio.current_task():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
