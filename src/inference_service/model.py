@@ -246,7 +246,6 @@ class WorkerSlot:
         self.task: asyncio.Task[None] | None = None
         self.start_time = time.time()
         self.gpu: int | None = None
-        self._end_serving: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Start the slot's supervision task."""
@@ -338,17 +337,15 @@ class WorkerSlot:
                 queue.offer(self.id, send)
 
         process.on_exit = end
-        self._end_serving = end
         queue.offer(self.id, send)
         try:
             await ended
         finally:
             queue.withdraw(self.id)
-            self._end_serving = None
             if self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
         if not process.alive or process.failure is not None:
-            if process.failure is not None and "response_timeout" in process.failure:
+            if process.timed_out:
                 self.last_error = process.failure
             elif process.died_busy:
                 self.last_error = process.failure
@@ -365,8 +362,8 @@ class WorkerSlot:
         self.model.queue.withdraw(self.id)
         self._set_state(WorkerState.UNLOADING)
         if self.task is not None:
-            if not busy and self._end_serving is not None:
-                self._end_serving()
+            if not busy:
+                self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self.task), timeout)
             self.task.cancel()

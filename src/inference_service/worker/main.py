@@ -4,8 +4,12 @@
 1. Read the ``INIT`` frame (a :class:`~.protocol.WorkerSpec`) from the inherited socket.
 2. Put the TorchServe import shims (``ts.*``) and the model directory on ``sys.path``.
 3. Load the handler; answer ``READY`` (or ``LOAD_FAILED`` with the cause, then exit 1).
-4. Run batches one at a time on the main thread, while a reader thread takes
-   ``CANCEL`` frames at any moment, so a cancel reaches a running handler:
+4. Run batches one at a time on the main thread, which reads the socket itself (no
+   reader thread: a request costs no thread hand-off). While a handler runs, every
+   place where it can observe a cancel (``context.is_cancelled()``,
+   ``send_intermediate_predict_response``, each item of a generator handler) first
+   takes the frames that arrived meanwhile without blocking (at most every
+   :data:`POLL_INTERVAL_S`), so a cancel reaches a running handler:
    ``send_intermediate_predict_response`` raises :class:`RequestCancelled`,
    ``context.is_cancelled()`` turns true and a generator handler is closed.
 """
@@ -17,11 +21,12 @@ import faulthandler
 import inspect
 import logging
 import os
-import queue
 import socket
 import sys
 import threading
+import time
 import traceback
+from collections import deque
 from http import HTTPStatus
 from typing import Any
 
@@ -39,6 +44,8 @@ log = logging.getLogger("inference_service.worker")
 COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compat")
 _CANCELLED = 1  # grpc.StatusCode.CANCELLED
 _INTERNAL = 13
+POLL_INTERVAL_S = 0.001  # how often a running handler's cancel checks read the socket, at most
+_RECV_BYTES = 1 << 18
 
 
 def _code_number(status: int) -> int:
@@ -46,25 +53,74 @@ def _code_number(status: int) -> int:
 
 
 class WorkerChannel:
-    """The worker's end of the IPC socket: framed writes under a lock, frame reads, cancel set."""
+    """The worker's end of the IPC socket: framed writes under a lock, frame reads, cancel set.
+
+    Only the main thread reads: :meth:`read_frame` blocks between batches, :meth:`poll`
+    takes what arrived while a handler runs (``CANCEL`` frames go to :attr:`cancelled`,
+    others wait in order for :meth:`read_frame`).
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._rfile = sock.makefile("rb")
-        self._lock = threading.Lock()
+        self._buf = bytearray()
+        self._pending: deque[tuple[int, bytes] | None] = deque()
+        self._polled = 0.0
+        self._lock = threading.Lock()  # writes
+        self._reading = threading.Lock()  # reads: the main thread, or a handler's thread polling
         self.cancelled: set[str] = set()
         self.metrics: Metrics | None = None  # set when handler metrics go to the frontend
 
-    def read_frame(self) -> tuple[int, bytes] | None:
-        """Next frame ``(kind, body)``, or ``None`` when the frontend closed the channel."""
-        head = self._rfile.read(protocol.HEADER.size)
-        if len(head) < protocol.HEADER.size:
+    def _next_buffered(self) -> tuple[int, bytes] | None:
+        buf = self._buf
+        size = protocol.HEADER.size
+        if len(buf) < size:
             return None
-        length, kind = protocol.HEADER.unpack(head)
-        body = self._rfile.read(length - 1)
-        if len(body) < length - 1:
+        length, kind = protocol.HEADER.unpack_from(buf, 0)
+        end = 4 + length
+        if len(buf) < end:
             return None
+        body = bytes(buf[size:end])
+        del buf[:end]
         return kind, body
+
+    def read_frame(self) -> tuple[int, bytes] | None:
+        """Next frame ``(kind, body)`` (blocking), or ``None`` when the frontend closed the channel."""
+        with self._reading:
+            if self._pending:
+                return self._pending.popleft()
+            while (item := self._next_buffered()) is None:
+                data = self._sock.recv(_RECV_BYTES)
+                if not data:
+                    return None
+                self._buf += data
+            return item
+
+    def poll(self) -> None:
+        """Take the frames that already arrived, without blocking: record cancels, keep the rest.
+
+        Does nothing while another thread reads."""
+        if not self._reading.acquire(blocking=False):
+            return
+        try:
+            self._poll()
+        finally:
+            self._reading.release()
+
+    def _poll(self) -> None:
+        self._polled = time.monotonic()
+        try:
+            while data := self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT):
+                self._buf += data
+            self._pending.append(None)  # end of stream: the frontend is gone
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._pending.append(None)
+        while (item := self._next_buffered()) is not None:
+            if item[0] == protocol.CANCEL:
+                self.cancelled.add(item[1].decode())
+            else:
+                self._pending.append(item)
 
     def send(self, data: bytes) -> None:
         """Write one or more encoded frames atomically."""
@@ -81,7 +137,10 @@ class WorkerChannel:
         self.send(data)
 
     def is_cancelled(self, request_id: str) -> bool:
-        """Whether a ``CANCEL`` arrived for ``request_id``."""
+        """Whether a ``CANCEL`` arrived for ``request_id`` (reads the socket at most every
+        :data:`POLL_INTERVAL_S`)."""
+        if time.monotonic() - self._polled >= POLL_INTERVAL_S:
+            self.poll()
         return request_id in self.cancelled
 
 
@@ -107,29 +166,22 @@ class Worker:
             self.context.metrics.forward()
             channel.metrics = self.context.metrics
         self.service: Service | None = None
-        self.batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def load(self) -> None:
         """Load the handler. Raises HandlerLoadError with the cause."""
         self.service = load_service(self.spec.handler, self.spec.model_dir, self.context)
 
-    def read_loop(self) -> None:
-        """Reader thread: queue batches, record cancels, stop on ``STOP`` or EOF."""
-        while True:
-            item = self.channel.read_frame()
-            if item is None or item[0] == protocol.STOP:
-                self.batches.put(None)
-                return
+    def serve(self) -> None:
+        """Main thread: run batches until ``STOP`` or the channel closes; record cancels between them."""
+        channel = self.channel
+        while (item := channel.read_frame()) is not None:
             kind, body = item
             if kind == protocol.BATCH:
-                self.batches.put(body)
+                self.run_batch(body)
             elif kind == protocol.CANCEL:
-                self.channel.cancelled.add(body.decode())
-
-    def serve(self) -> None:
-        """Main thread: run batches until the channel closes."""
-        while (body := self.batches.get()) is not None:
-            self.run_batch(body)
+                channel.cancelled.add(body.decode())
+            elif kind == protocol.STOP:
+                return
 
     def run_batch(self, body: bytes) -> None:
         """Run one batch through the handler and answer every request in it, then ``DONE``."""
@@ -149,6 +201,7 @@ class Worker:
             if not isinstance(result, (list, tuple)) or len(result) != len(ids):
                 got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
                 raise TypeError(f"handler returned {got} results for a batch of {len(ids)} requests")
+            self.channel.poll()
             for idx, rid in enumerate(ids):
                 status = self.context.get_response_status(idx)
                 if rid in cancelled:
@@ -168,8 +221,7 @@ class Worker:
             log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
             message = str(exc) or type(exc).__name__
             out = [protocol.encode_error(rid, _INTERNAL, message) for rid in ids]
-        for rid in ids:
-            cancelled.discard(rid)
+        cancelled.difference_update(ids)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
             out.append(protocol.encode_metrics(metrics.drain()))
@@ -188,6 +240,7 @@ class Worker:
                         f"{len(ids)} entries"
                     )
                 live = 0
+                self.channel.is_cancelled("")  # take the cancels that arrived meanwhile
                 for rid, value in zip(ids, item, strict=True):
                     if rid in cancelled:
                         continue
@@ -255,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     if channel.metrics is not None and channel.metrics.pending:  # recorded by initialize()
         channel.send(protocol.encode_metrics(channel.metrics.drain()))
     channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
-    reader = threading.Thread(target=worker.read_loop, name="ipc-reader", daemon=True)
-    reader.start()
     worker.serve()
     return 0
 

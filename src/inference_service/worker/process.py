@@ -121,6 +121,7 @@ class WorkerProcess:
         self.start_time = time.time()
         self.proc: asyncio.subprocess.Process | None = None
         self._channels: list[_Channel] = []
+        self._connected: asyncio.Event | None = None  # torchrun group: every rank connected
         self._ready_count = 0
         self._closed = False
         self.dead = asyncio.Event()
@@ -133,6 +134,7 @@ class WorkerProcess:
         self.busy = False
         self.failure: str | None = None  # why the process is being replaced
         self.died_busy = False
+        self.timed_out = False  # killed for response_timeout
         self._tasks: list[asyncio.Task[Any]] = []
         self._log = logging.getLogger(log_name)
         self.exit_code: int | None = None
@@ -179,6 +181,8 @@ class WorkerProcess:
         self._channels.append(channel)
         assert channel.transport is not None
         channel.transport.write(self.spec.to_frame())
+        if self._connected is not None and len(self._channels) >= self.spec.world_size:
+            self._connected.set()
 
     async def _spawn_single(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -199,15 +203,8 @@ class WorkerProcess:
         world = self.spec.world_size
         directory = tempfile.mkdtemp(prefix="inference-service-")  # mode 0700
         path = os.path.join(directory, "group.sock")
-        connected = asyncio.Event()
-
-        def channel() -> _Channel:
-            made = _Channel(self)
-            loop.call_soon(lambda: connected.set() if len(self._channels) >= world else None)
-            return made
-
-        loop = asyncio.get_running_loop()
-        listener = await loop.create_unix_server(channel, path=path)
+        connected = self._connected = asyncio.Event()
+        listener = await asyncio.get_running_loop().create_unix_server(lambda: _Channel(self), path=path)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
@@ -395,6 +392,7 @@ class WorkerProcess:
             f"model {self.spec.model_name} gave no response within response_timeout="
             f"{self._response_timeout:g}s; its worker was replaced", reason="RESPONSE_TIMEOUT")
         self.failure = error.message
+        self.timed_out = True
         self._on_done = None
         self._fail_all(error)
         self._tasks.append(asyncio.ensure_future(self.kill()))

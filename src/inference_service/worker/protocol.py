@@ -13,7 +13,7 @@ response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
 is finished and the worker is free) and ``METRIC`` (handler metric updates,
 :func:`encode_metrics`, only when the spec asks to ``forward_metrics``). Responses carry the request id, so one
 routing task on the frontend can hand each to its request's mailbox.
-No pickle: bodies are JSON headers plus raw bytes.
+No pickle: bodies are length-prefixed binary fields (JSON for the rare control frames).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ HEADER = struct.Struct("!IB")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _ERR = struct.Struct("!HB")
+_NONE = 0xFFFF  # u16 length of an absent sequence id
+_NONE_BYTES = _U16.pack(_NONE)
 MAX_FRAME = 1 << 31
 
 
@@ -70,21 +72,53 @@ class Request:
     sequence_id: str | None = None
 
 
+def _text(value: str) -> bytes:
+    data = value.encode("utf-8", "surrogatepass")
+    if len(data) >= _NONE:
+        raise ValueError(f"text field of {len(data)} bytes exceeds {_NONE - 1}")
+    return data
+
+
 def encode_batch(requests: list[Request]) -> bytes:
-    """The ``BATCH`` frame for ``requests``: a JSON index, then the input blobs in order."""
-    index: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    """The ``BATCH`` frame for ``requests`` (binary, no JSON: this runs once per request)::
+
+        u16 count, then per request:
+          u16 len | request id | u16 len (0xFFFF: none) | sequence id
+          u16 headers, each: u16 len | name | u32 len | value  (UTF-8)
+          u16 inputs, each: u16 len | name | u32 len | bytes
+
+    Raises:
+        ValueError: an id, name or header longer than 65534 bytes.
+    """
+    parts: list[bytes] = [_U16.pack(len(requests))]
+    append = parts.append
+    u16, u32 = _U16.pack, _U32.pack
     for req in requests:
-        names = list(req.inputs)
-        index.append({
-            "id": req.request_id,
-            "seq": req.sequence_id,
-            "headers": req.headers,
-            "inputs": [[name, len(req.inputs[name])] for name in names],
-        })
-        blobs.extend(req.inputs[name] for name in names)
-    head = json.dumps(index, separators=(",", ":")).encode()
-    return frame(BATCH, _U32.pack(len(head)) + head + b"".join(blobs))
+        rid = _text(req.request_id)
+        append(u16(len(rid)))
+        append(rid)
+        if req.sequence_id is None:
+            append(_NONE_BYTES)
+        else:
+            seq = _text(req.sequence_id)
+            append(u16(len(seq)))
+            append(seq)
+        append(u16(len(req.headers)))
+        for name, value in req.headers.items():
+            key, val = _text(name), value.encode("utf-8", "surrogatepass")
+            append(u16(len(key)))
+            append(key)
+            append(u32(len(val)))
+            append(val)
+        append(u16(len(req.inputs)))
+        for name, blob in req.inputs.items():
+            key = _text(name)
+            append(u16(len(key)))
+            append(key)
+            append(u32(len(blob)))
+            append(blob)
+    body = b"".join(parts)
+    return HEADER.pack(len(body) + 1, BATCH) + body
 
 
 def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dict[str, bytearray]]]:
@@ -95,21 +129,52 @@ def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dic
     Raises:
         ProtocolError: the body is malformed.
     """
+    u16, u32 = _U16.unpack_from, _U32.unpack_from
+    end = len(body)
+
+    def take(pos: int, size: int) -> bytes:
+        if pos + size > end:
+            raise ValueError("field runs past the end")
+        return body[pos:pos + size]
+
     try:
-        (head_len,) = _U32.unpack_from(body, 0)
-        index = json.loads(body[4 : 4 + head_len])
-        view = memoryview(body)
-        pos = 4 + head_len
+        (count,) = u16(body, 0)
+        pos = 2
         out = []
-        for item in index:
+        for _ in range(count):
+            (n,) = u16(body, pos)
+            rid = take(pos + 2, n).decode("utf-8", "surrogatepass")
+            pos += 2 + n
+            (n,) = u16(body, pos)
+            pos += 2
+            seq = None
+            if n != _NONE:
+                seq = take(pos, n).decode("utf-8", "surrogatepass")
+                pos += n
+            (n,) = u16(body, pos)
+            pos += 2
+            headers: dict[str, str] = {}
+            for _ in range(n):
+                (k,) = u16(body, pos)
+                key = take(pos + 2, k).decode("utf-8", "surrogatepass")
+                pos += 2 + k
+                (v,) = u32(body, pos)
+                headers[key] = take(pos + 4, v).decode("utf-8", "surrogatepass")
+                pos += 4 + v
+            (n,) = u16(body, pos)
+            pos += 2
             inputs: dict[str, bytearray] = {}
-            for name, size in item["inputs"]:
-                inputs[name] = bytearray(view[pos : pos + size])
-                pos += size
-            out.append((item["id"], item["seq"], item["headers"], inputs))
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
+            for _ in range(n):
+                (k,) = u16(body, pos)
+                key = take(pos + 2, k).decode("utf-8", "surrogatepass")
+                pos += 2 + k
+                (v,) = u32(body, pos)
+                inputs[key] = bytearray(take(pos + 4, v))
+                pos += 4 + v
+            out.append((rid, seq, headers, inputs))
+    except (ValueError, struct.error) as exc:
         raise ProtocolError(f"malformed batch frame: {exc}") from exc
-    if pos != len(body):
+    if pos != end:
         raise ProtocolError("malformed batch frame: trailing bytes")
     return out
 
