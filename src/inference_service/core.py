@@ -213,6 +213,7 @@ class InferenceCore:
                 kind, payload = await job.mailbox.get()
                 if kind == CHUNK:
                     parts.append(payload)  # type: ignore[arg-type]
+                    job.took_chunk()
                 elif kind == FINAL:
                     parts.append(payload)  # type: ignore[arg-type]
                     result = self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
@@ -260,6 +261,8 @@ class InferenceCore:
                 if stats is not None:
                     last = stats.message(job, last)
                 ok = kind == FINAL
+                if not ok:
+                    job.took_chunk()
                 yield data, ok
                 if ok:
                     return

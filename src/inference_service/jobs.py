@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from inference_service.worker.process import WorkerProcess
 
 MAILBOX_SIZE = 256
+STREAM_WINDOW = 64  # intermediate responses a worker may send ahead of the client (protocol.CREDIT)
+CREDIT_BATCH = STREAM_WINDOW // 2  # credits go back in batches of this many
 
 # Mailbox item kinds.
 CHUNK = 0
@@ -153,6 +155,15 @@ class Job:
     finished: bool = False
     worker: WorkerProcess | None = None
     dispatched: float = 0.0
+    taken: int = 0  # intermediate responses taken since the last credit
+
+    def took_chunk(self) -> None:
+        """The RPC took one intermediate response: credit the worker every :data:`CREDIT_BATCH`."""
+        self.taken += 1
+        if self.taken >= CREDIT_BATCH:
+            self.taken = 0
+            if self.worker is not None and not self.finished:
+                self.worker.credit(self.request_id, CREDIT_BATCH)
 
     def expired(self, now: float) -> bool:
         """Whether the client's deadline passed."""

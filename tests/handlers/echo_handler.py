@@ -5,7 +5,9 @@ apart, ``pid`` answers the worker's pid, ``boom`` raises, ``sleep:S`` sleeps,
 ``status:CODE`` sets a response status, ``exit`` kills the worker process,
 ``headers`` answers the request headers as JSON, ``batch`` the batch size,
 ``touch:PATH`` appends a line to PATH, ``repeat:N`` answers N bytes, ``tensor``
-a torch tensor; anything else is echoed.
+a torch tensor, ``streamclock:N:SIZE`` sends N intermediate responses of SIZE bytes
+(``<i>:`` then padding) as fast as it may and answers ``time.monotonic()`` when it has
+sent them; anything else is echoed.
 """
 import os
 import time
@@ -33,6 +35,14 @@ class EchoHandler:
                     if delay:
                         time.sleep(delay)
                 out.append("end")
+            elif text.startswith("streamclock:"):
+                _, count, size = text.split(":")
+                for i in range(int(count)):
+                    head = f"{i}:"
+                    send_intermediate_predict_response(
+                        [head + "x" * (int(size) - len(head)) for _ in data], context.request_ids,
+                        "Intermediate Prediction success", 200, context)
+                out.append(repr(time.monotonic()))
             elif text == "pid":
                 out.append(str(os.getpid()))
             elif text == "boom":

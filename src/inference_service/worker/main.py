@@ -57,7 +57,12 @@ class WorkerChannel:
 
     Only the main thread reads: :meth:`read_frame` blocks between batches, :meth:`poll`
     takes what arrived while a handler runs (``CANCEL`` frames go to :attr:`cancelled`,
-    others wait in order for :meth:`read_frame`).
+    ``CREDIT`` frames to the running requests' credits, others wait in order for
+    :meth:`read_frame`).
+
+    Flow control (:attr:`window` > 0): a running request may send ``window``
+    intermediate responses beyond its credits; the next :meth:`send_intermediate`
+    blocks until a ``CREDIT`` (or a ``CANCEL``) for it arrives.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -69,6 +74,9 @@ class WorkerChannel:
         self._reading = threading.Lock()  # reads: the main thread, or a handler's thread polling
         self.cancelled: set[str] = set()
         self.metrics: Metrics | None = None  # set when handler metrics go to the frontend
+        self.window = 0
+        self._credit: dict[str, int] = {}  # running request -> intermediate responses it may still send
+        self._eof = False
 
     def _next_buffered(self) -> tuple[int, bytes] | None:
         buf = self._buf
@@ -91,9 +99,48 @@ class WorkerChannel:
             while (item := self._next_buffered()) is None:
                 data = self._sock.recv(_RECV_BYTES)
                 if not data:
+                    self._eof = True
                     return None
                 self._buf += data
             return item
+
+    def begin(self, request_ids: list[str]) -> None:
+        """A batch starts: each request may send :attr:`window` intermediate responses uncredited."""
+        if self.window:
+            for rid in request_ids:
+                self._credit[rid] = self.window
+
+    def end(self, request_ids: list[str]) -> None:
+        """A batch ended: forget its cancels and credits."""
+        self.cancelled.difference_update(request_ids)
+        for rid in request_ids:
+            self._credit.pop(rid, None)
+
+    def _take(self, item: tuple[int, bytes]) -> None:
+        kind, body = item
+        if kind == protocol.CANCEL:
+            self.cancelled.add(body.decode())
+        elif kind == protocol.CREDIT:
+            rid, count = protocol.decode_credit(body)
+            if rid in self._credit:
+                self._credit[rid] += count
+        else:
+            self._pending.append(item)
+
+    def _await_credit(self, request_id: str) -> None:
+        """Block until ``request_id`` has credit, is cancelled, or the frontend is gone."""
+        with self._reading:
+            while True:
+                while (item := self._next_buffered()) is not None:
+                    self._take(item)
+                if self._credit.get(request_id, 1) > 0 or request_id in self.cancelled or self._eof:
+                    return
+                data = self._sock.recv(_RECV_BYTES)
+                if not data:
+                    self._eof = True
+                    self._pending.append(None)
+                    return
+                self._buf += data
 
     def poll(self) -> None:
         """Take the frames that already arrived, without blocking: record cancels, keep the rest.
@@ -108,19 +155,19 @@ class WorkerChannel:
 
     def _poll(self) -> None:
         self._polled = time.monotonic()
-        try:
-            while data := self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT):
-                self._buf += data
-            self._pending.append(None)  # end of stream: the frontend is gone
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            self._pending.append(None)
+        if not self._eof:
+            try:
+                while data := self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT):
+                    self._buf += data
+                self._eof = True  # end of stream: the frontend is gone
+                self._pending.append(None)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self._eof = True
+                self._pending.append(None)
         while (item := self._next_buffered()) is not None:
-            if item[0] == protocol.CANCEL:
-                self.cancelled.add(item[1].decode())
-            else:
-                self._pending.append(item)
+            self._take(item)
 
     def send(self, data: bytes) -> None:
         """Write one or more encoded frames atomically."""
@@ -129,7 +176,15 @@ class WorkerChannel:
 
     # Channel protocol used by the handler API
     def send_intermediate(self, request_id: str, payload: bytes) -> None:
-        """Send one intermediate response (``CHUNK``), preceded by any queued handler metrics."""
+        """Send one intermediate response (``CHUNK``), preceded by any queued handler metrics.
+
+        Blocks while the request has no credit left (see the class docstring)."""
+        credit = self._credit.get(request_id)
+        if credit is not None:
+            if credit <= 0:
+                self._await_credit(request_id)
+                credit = self._credit.get(request_id, 1)
+            self._credit[request_id] = credit - 1
         data = protocol.encode_response(protocol.CHUNK, request_id, payload)
         metrics = self.metrics
         if metrics is not None and metrics.pending:
@@ -189,6 +244,7 @@ class Worker:
         batch = protocol.decode_batch(body)
         ids = [rid for rid, _, _, _ in batch]
         self.context._begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
+        self.channel.begin(ids)
         data: list[dict[str, Any]] = [inputs for _, _, _, inputs in batch]
         out: list[bytes] = []
         cancelled = self.channel.cancelled
@@ -221,7 +277,7 @@ class Worker:
             log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
             message = str(exc) or type(exc).__name__
             out = [protocol.encode_error(rid, _INTERNAL, message) for rid in ids]
-        cancelled.difference_update(ids)
+        self.channel.end(ids)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
             out.append(protocol.encode_metrics(metrics.drain()))
@@ -280,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if first is None or first[0] != protocol.INIT:
         return 2
     spec = protocol.WorkerSpec.from_body(first[1])
+    channel.window = spec.stream_window
     faulthandler.enable()
     # The frontend relays each stderr line at the level it starts with, under its own
     # timestamp and the worker's model and id (worker/process.py).

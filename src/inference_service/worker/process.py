@@ -33,7 +33,7 @@ from inference_service.errors import (
     WorkerLoadError,
     error_for_code,
 )
-from inference_service.jobs import CHUNK, FINAL, Job
+from inference_service.jobs import CHUNK, FINAL, STREAM_WINDOW, Job
 from inference_service.worker import protocol
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class WorkerProcess:
         self.spec = spec
         spec.forward_metrics = WorkerProcess.metrics_sink is not None
         spec.log_level = WorkerProcess.log_level
+        spec.stream_window = STREAM_WINDOW
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
@@ -403,6 +404,11 @@ class WorkerProcess:
             transport = channel.transport
             if transport is not None and not transport.is_closing():
                 transport.write(data)
+
+    def credit(self, request_id: str, count: int) -> None:
+        """Let the worker send ``count`` more intermediate responses of ``request_id`` (flow control)."""
+        if request_id in self._jobs:
+            self._send(protocol.encode_credit(request_id, count))
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker that the client of ``request_id`` went away."""

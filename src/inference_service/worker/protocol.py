@@ -6,7 +6,13 @@ frame::
     u32 length (of what follows, big-endian) | u8 kind | body
 
 Frontend -> worker kinds: ``INIT`` (JSON :class:`WorkerSpec`), ``BATCH``
-(:func:`encode_batch`), ``CANCEL`` (request id), ``STOP``.
+(:func:`encode_batch`), ``CANCEL`` (request id), ``STOP`` and ``CREDIT``
+(:func:`encode_credit`: the client took that many more intermediate responses of a request).
+
+Intermediate responses are flow-controlled per request: a worker sends at most
+:attr:`WorkerSpec.stream_window` ``CHUNK`` frames of a request beyond those the frontend
+has credited, then waits for a ``CREDIT``. A fast handler streaming to a slower client
+therefore waits instead of burning a core that the frontend and the client need.
 Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
 (message), ``CHUNK`` (an intermediate response), ``FINAL`` (the last
 response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
@@ -28,6 +34,7 @@ INIT = 1
 BATCH = 2
 CANCEL = 3
 STOP = 4
+CREDIT = 5
 # worker -> frontend
 READY = 10
 LOAD_FAILED = 11
@@ -191,6 +198,17 @@ def decode_response(body: bytes) -> tuple[str, bytes]:
     return body[2 : 2 + n].decode(), body[2 + n :]
 
 
+def encode_credit(request_id: str, count: int) -> bytes:
+    """A ``CREDIT`` frame: ``count`` (u32) more intermediate responses of ``request_id`` may come."""
+    return frame(CREDIT, _U32.pack(count) + request_id.encode())
+
+
+def decode_credit(body: bytes) -> tuple[str, int]:
+    """Inverse of :func:`encode_credit`: ``(request_id, count)``."""
+    (count,) = _U32.unpack_from(body, 0)
+    return body[4:].decode(), count
+
+
 def encode_error(request_id: str, code: int, message: str) -> bytes:
     """An ``ERROR`` frame: u16 id length, u8 gRPC code number, id, UTF-8 message."""
     rid = request_id.encode()
@@ -252,6 +270,8 @@ class WorkerSpec:
         forward_metrics: send handler metrics to the frontend as ``METRIC`` frames
             (``metrics_mode=prometheus``) instead of logging them.
         log_level: the worker's logging level name (the server's ``--log-level``).
+        stream_window: intermediate responses a request may have in flight beyond the
+            frontend's credits (0: no flow control).
     """
 
     model_name: str
@@ -269,6 +289,7 @@ class WorkerSpec:
     world_size: int = 1
     forward_metrics: bool = False
     log_level: str = "INFO"
+    stream_window: int = 0
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""
