@@ -438,8 +438,11 @@ ROWS = [  # (scenario, metric, label, higher is better)
     ("c_stream", "msg_per_s_4_streams", "(c) 4 streams msg/s", True),
     ("c_stream", "server_cpu_us_per_msg_4_streams", "(c) 4 streams server CPU µs/msg", False),
     ("d_llm_stream", "server_tokens_per_s", "(d) LLM 64 tokens streamed, tokens/s", True),
+    ("d_llm_stream", "inprocess_tokens_per_s", "(d) LLM in-process tokens/s", True),
     ("d_llm_stream", "server_ttft_s", "(d) LLM time to first token, s", False),
+    ("d_llm_stream", "inprocess_ttft_s", "(d) LLM in-process time to first token, s", False),
     ("d_llm_stream", "tokens_per_s_ratio", "(d) LLM tokens/s served / in-process", True),
+    ("d_llm_stream", "ttft_ratio", "(d) LLM TTFT served / in-process", False),
 ]
 
 
@@ -478,14 +481,70 @@ def table(results: list[dict[str, Any]], servers: list[str]) -> tuple[str, dict[
     return text, ratios
 
 
+def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (server, scenario): the median of each numeric figure over the runs."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for result in results:
+        groups.setdefault((result["server"], result["scenario"]), []).append(result)
+    out = []
+    for (server, scenario), group in groups.items():
+        merged: dict[str, Any] = {"server": server, "scenario": scenario, "runs": len(group)}
+        for key in group[0]:
+            values = [r[key] for r in group if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
+            if key not in ("server", "scenario", "run") and len(values) == len(group):
+                merged[key] = round(statistics.median(values), 3)
+        out.append(merged)
+    return out
+
+
+TARGETS = [  # (label, scenario, metric, other server or None for absolute, bound, "<=" or ">=")
+    ("(c) stream server CPU/msg <= 1.5x bare, 1 stream", "c_stream", "server_cpu_us_per_msg", "bare", 1.5, "<="),
+    ("(c) stream server CPU/msg <= 1.5x bare, 4 streams", "c_stream", "server_cpu_us_per_msg_4_streams", "bare",
+     1.5, "<="),
+    ("(c) stream time to first message <= 2 ms (p50)", "c_stream", "ttft_ms", None, 2.0, "<="),
+    ("(a) unary c=32 req/s >= 2x TorchServe", "a_unary_c32", "req_per_s", "torchserve", 2.0, ">="),
+    ("(a) unary c=32 req/s >= 0.7x bare", "a_unary_c32", "req_per_s", "bare", 0.7, ">="),
+    ("(a) unary c=32 p99 < TorchServe's", "a_unary_c32", "p99_ms", "torchserve", 1.0, "<"),
+    ("(a) unary c=1 p50 <= 1.3x bare", "a_unary_c1", "p50_ms", "bare", 1.3, "<="),
+    ("(d) LLM tokens/s served >= 0.95x in-process", "d_llm_stream", "tokens_per_s_ratio", None, 0.95, ">="),
+    ("(d) LLM TTFT served <= 1.1x in-process", "d_llm_stream", "ttft_ratio", None, 1.1, "<="),
+    ("(e) RegisterModel <= 1/3 TorchServe's", "e_register", "register_ms", "torchserve", 1 / 3, "<="),
+    ("(f) cold start to SERVING <= 1 s", "f_cold_start", "cold_start_s", None, 1.0, "<="),
+    ("(g) idle server RSS <= 1/2 TorchServe's", "g_idle_memory", "server_rss_mib", "torchserve", 0.5, "<="),
+]
+
+
+def check_targets(results: list[dict[str, Any]]) -> str:
+    """Issue 9's targets against ``results`` (the medians): value, bound and met / MISSED per line."""
+    value = {(r["server"], r["scenario"], m): v for r in results for m, v in r.items()}
+    lines = []
+    for label, scenario, metric, other, bound, op in TARGETS:
+        mine = value.get(("project", scenario, metric))
+        if not isinstance(mine, (int, float)):
+            continue
+        if other is None:
+            got, shown = mine, f"{mine:g}"
+        else:
+            theirs = value.get((other, scenario, metric))
+            if not isinstance(theirs, (int, float)) or not theirs:
+                continue
+            got, shown = mine / theirs, f"{mine:g} / {theirs:g} = {mine / theirs:.2f}x"
+        met = {"<=": got <= bound, ">=": got >= bound, "<": got < bound}[op]
+        lines.append(f"{'met   ' if met else 'MISSED'}  {label}: {shown}")
+    return "\n".join(lines)
+
+
 def main() -> int:
-    """Run every server in turn, print the table and the JSON lines."""
+    """Run every server in turn (``--repeat`` times), print the table(s), the targets and the JSON lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="seconds of tiny work; never starts TorchServe")
     parser.add_argument("--servers", default=None, help="comma list of project,torchserve,bare")
     parser.add_argument("--llm", action="store_true",
                         help="also (d): benchmarks/llm_bench.py, SmolLM2 streaming 64 tokens (project only, minutes)")
+    parser.add_argument("--llm-runs", type=int, default=5, help="alternating (d) runs whose median is reported (5)")
     parser.add_argument("--ts-warmup", type=float, default=None, help="TorchServe JVM warm-up seconds (60)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="full runs of every server (servers alternate within each); the table shows medians")
     args = parser.parse_args()
     work = SMOKE if args.smoke else FULL
     if args.ts_warmup is not None:
@@ -498,25 +557,35 @@ def main() -> int:
     build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
     results: list[dict[str, Any]] = []
     try:
-        for name in servers:
-            workdir = root / name
-            workdir.mkdir()
-            server = {"project": lambda w: start_project(store, w), "torchserve": lambda w: start_torchserve(store, w),
-                      "bare": start_bare}[name](workdir)
-            try:
-                results += asyncio.run(bench_server(server, work))
-            finally:
-                server.stop()
-            print(f"# {name} done", file=sys.stderr, flush=True)
+        for run in range(max(1, args.repeat)):
+            for name in servers:
+                workdir = root / f"{name}-{run}"
+                workdir.mkdir()
+                server = {"project": lambda w: start_project(store, w),
+                          "torchserve": lambda w: start_torchserve(store, w), "bare": start_bare}[name](workdir)
+                try:
+                    results += [{**r, "run": run} for r in asyncio.run(bench_server(server, work))]
+                finally:
+                    server.stop()
+                print(f"# run {run + 1}: {name} done", file=sys.stderr, flush=True)
         if args.llm:
-            results.append(llm_scenario(1 if args.smoke else 3))
+            results.append({**llm_scenario(1 if args.smoke else args.llm_runs), "run": 0})
     except BaseException:
         print(f"# logs kept in {root}", file=sys.stderr)
         raise
     shutil.rmtree(root, ignore_errors=True)
-    text, ratios = table(results, servers)
-    print(f"# {'smoke' if args.smoke else 'full'} run on {os.cpu_count()} CPUs; absolute numbers are this machine's")
+    runs = max(1, args.repeat)
+    if runs > 1:
+        for run in range(runs):
+            print(f"# run {run + 1} of {runs}")
+            print(table([r for r in results if r["run"] == run or r["scenario"] == "d_llm_stream"], servers)[0])
+    summary = medians(results)
+    text, ratios = table(summary, servers)
+    print(f"# {'smoke' if args.smoke else 'full'} run on {os.cpu_count()} CPUs; absolute numbers are this machine's"
+          + (f"; median of {runs} runs" if runs > 1 else ""))
     print(text)
+    print("# targets (issue 9)" + (f", on the medians of {runs} runs" if runs > 1 else ", one run"))
+    print(check_targets(summary))
     for result in results:
         print(json.dumps(result))
     print(json.dumps({"scenario": "ratios", "ratios": ratios}))
