@@ -571,7 +571,10 @@ def main() -> int:
                     server.stop()
                 print(f"# run {run + 1}: {name} done", file=sys.stderr, flush=True)
         if args.llm:
-            results.append({**llm_scenario(1 if args.smoke else args.llm_runs), "run": 0})
+            try:
+                results.append({**llm_scenario(1 if args.smoke else args.llm_runs), "run": 0})
+            except subprocess.CalledProcessError as exc:  # keep the load scenarios' figures
+                print(f"# (d) llm_bench.py failed:\n{(exc.stderr or '')[-2000:]}", file=sys.stderr)
     except BaseException:
         print(f"# logs kept in {root}", file=sys.stderr)
         raise

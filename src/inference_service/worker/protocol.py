@@ -18,7 +18,7 @@ Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
 response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
 is finished and the worker is free) and ``METRIC`` (handler metric updates,
 :func:`encode_metrics`, only when the spec asks to ``forward_metrics``). Responses carry the request id, so one
-routing task on the frontend can hand each to its request's mailbox.
+routing callback on the frontend can hand each to its request's mailbox.
 No pickle: bodies are length-prefixed binary fields (JSON for the rare control frames).
 """
 

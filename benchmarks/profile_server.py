@@ -7,8 +7,8 @@ per process, the share of samples in each function (inclusive and self) and, for
 frontend, the share spent in this project's own code. Raw py-spy stacks are kept in
 ``--out`` (default ``benchmarks/.profile/``) for speedscope or flame graphs.
 
-    .venv/bin/python benchmarks/profile.py --scenario unary --seconds 10
-    .venv/bin/python benchmarks/profile.py --scenario stream --seconds 10
+    .venv/bin/python benchmarks/profile_server.py --scenario unary --seconds 10
+    .venv/bin/python benchmarks/profile_server.py --scenario stream --seconds 10
 
 Needs py-spy (``requirements-dev.txt``) and the right to ptrace the server (root, or
 ``kernel.yama.ptrace_scope=0``). Sampling costs CPU: read the shares, not the rates.
