@@ -144,40 +144,38 @@ def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dic
             raise ValueError("field runs past the end")
         return body[pos:pos + size]
 
+    def text(pos: int) -> tuple[str, int]:
+        """u16 len | UTF-8 text."""
+        (n,) = u16(body, pos)
+        return take(pos + 2, n).decode("utf-8", "surrogatepass"), pos + 2 + n
+
+    def pairs(pos: int) -> tuple[list[tuple[str, bytes]], int]:
+        """u16 count, then count times: u16 len | UTF-8 name | u32 len | value."""
+        (n,) = u16(body, pos)
+        pos += 2
+        items = []
+        for _ in range(n):
+            key, pos = text(pos)
+            (v,) = u32(body, pos)
+            items.append((key, take(pos + 4, v)))
+            pos += 4 + v
+        return items, pos
+
     try:
         (count,) = u16(body, 0)
         pos = 2
         out = []
         for _ in range(count):
-            (n,) = u16(body, pos)
-            rid = take(pos + 2, n).decode("utf-8", "surrogatepass")
-            pos += 2 + n
-            (n,) = u16(body, pos)
-            pos += 2
+            rid, pos = text(pos)
             seq = None
-            if n != _NONE:
-                seq = take(pos, n).decode("utf-8", "surrogatepass")
-                pos += n
-            (n,) = u16(body, pos)
-            pos += 2
-            headers: dict[str, str] = {}
-            for _ in range(n):
-                (k,) = u16(body, pos)
-                key = take(pos + 2, k).decode("utf-8", "surrogatepass")
-                pos += 2 + k
-                (v,) = u32(body, pos)
-                headers[key] = take(pos + 4, v).decode("utf-8", "surrogatepass")
-                pos += 4 + v
-            (n,) = u16(body, pos)
-            pos += 2
-            inputs: dict[str, bytearray] = {}
-            for _ in range(n):
-                (k,) = u16(body, pos)
-                key = take(pos + 2, k).decode("utf-8", "surrogatepass")
-                pos += 2 + k
-                (v,) = u32(body, pos)
-                inputs[key] = bytearray(take(pos + 4, v))
-                pos += 4 + v
+            if body[pos:pos + 2] == _NONE_BYTES:
+                pos += 2
+            else:
+                seq, pos = text(pos)
+            header_items, pos = pairs(pos)
+            headers = {key: value.decode("utf-8", "surrogatepass") for key, value in header_items}
+            input_items, pos = pairs(pos)
+            inputs = {key: bytearray(value) for key, value in input_items}
             out.append((rid, seq, headers, inputs))
     except (ValueError, struct.error) as exc:
         raise ProtocolError(f"malformed batch frame: {exc}") from exc
