@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inference_service.errors import Cancelled, DeadlineExceeded, InferenceError, ResourceExhausted
+from inference_service.errors import DeadlineExceeded, InferenceError, ResourceExhausted
 
 if TYPE_CHECKING:
     from inference_service.worker.process import WorkerProcess
@@ -69,17 +69,6 @@ class Mailbox:
         self._items: deque[tuple[int, object]] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def full(self) -> bool:
-        """Whether ``capacity`` items wait."""
-        return len(self._items) >= self.capacity
-
-    def empty(self) -> bool:
-        """Whether no item waits."""
-        return not self._items
-
     def put(self, item: tuple[int, object]) -> bool:
         """Append ``item`` (never blocks) and wake the consumer; False when now full."""
         self._items.append(item)
@@ -103,13 +92,6 @@ class Mailbox:
                     self._waiter = None
         item = items.popleft()
         if self.on_space is not None and len(items) < self.capacity:
-            self._space()
-        return item
-
-    def get_nowait(self) -> tuple[int, object]:
-        """The next item. Raises IndexError when empty."""
-        item = self._items.popleft()
-        if self.on_space is not None and len(self._items) < self.capacity:
             self._space()
         return item
 
@@ -212,7 +194,6 @@ class JobQueue:
         self._pinned: dict[int, deque[Job]] = {}
         self._idle: dict[int, Dispatch] = {}  # free workers, in the order they became free
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._size = 0
 
     def __len__(self) -> int:
@@ -305,10 +286,9 @@ class JobQueue:
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
-            if self._timer_at <= when:
+            if self._timer.when() <= when:
                 return
             self._timer.cancel()
-        self._timer_at = when
         self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -316,18 +296,16 @@ class JobQueue:
         self._dispatch()
 
     def _pop_live(self, dq: deque[Job]) -> Job | None:
-        now = 0.0
+        now = time.monotonic()
         while dq:
             job = dq.popleft()
             self._size -= 1
             if job.cancelled:
                 continue
-            if job.deadline is not None:
-                now = now or time.monotonic()
-                if now >= job.deadline:
-                    job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
-                                              reason="DEADLINE_IN_QUEUE"))
-                    continue
+            if job.expired(now):
+                job.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
+                                          reason="DEADLINE_IN_QUEUE"))
+                continue
             return job
         return None
 
@@ -339,16 +317,3 @@ class JobQueue:
             while dq:
                 dq.popleft().fail(error)
                 self._size -= 1
-
-    def requeue(self, jobs: list[Job]) -> None:
-        """Put jobs that were taken but never ran back at the front of the shared queue."""
-        for job in reversed(jobs):
-            if not job.cancelled and not job.finished:
-                self._shared.appendleft(job)
-                self._size += 1
-        self._dispatch()
-
-
-def cancelled_error() -> Cancelled:
-    """The error a cancelled job ends with."""
-    return Cancelled("request cancelled by the client")

@@ -94,15 +94,23 @@ class WorkerChannel:
     def read_frame(self) -> tuple[int, bytes] | None:
         """Next frame ``(kind, body)`` (blocking), or ``None`` when the frontend closed the channel."""
         with self._reading:
-            if self._pending:
-                return self._pending.popleft()
-            while (item := self._next_buffered()) is None:
-                data = self._sock.recv(_RECV_BYTES)
-                if not data:
-                    self._eof = True
-                    return None
-                self._buf += data
-            return item
+            while True:
+                if self._pending:
+                    return self._pending.popleft()
+                if (item := self._next_buffered()) is not None:
+                    return item
+                self._receive()
+
+    def _receive(self, flags: int = 0) -> bool:
+        """One ``recv`` into the buffer; False at end of stream (``None`` then waits among the
+        pending frames, for :meth:`read_frame`). Hold :attr:`_reading`."""
+        data = self._sock.recv(_RECV_BYTES, flags)
+        if data:
+            self._buf += data
+            return True
+        self._eof = True
+        self._pending.append(None)
+        return False
 
     def begin(self, request_ids: list[str]) -> None:
         """A batch starts: each request may send :attr:`window` intermediate responses uncredited."""
@@ -135,12 +143,7 @@ class WorkerChannel:
                     self._take(item)
                 if self._credit.get(request_id, 1) > 0 or request_id in self.cancelled or self._eof:
                     return
-                data = self._sock.recv(_RECV_BYTES)
-                if not data:
-                    self._eof = True
-                    self._pending.append(None)
-                    return
-                self._buf += data
+                self._receive()
 
     def poll(self) -> None:
         """Take the frames that already arrived, without blocking: record cancels, keep the rest.
@@ -153,14 +156,17 @@ class WorkerChannel:
         finally:
             self._reading.release()
 
+    def poll_due(self) -> None:
+        """:meth:`poll`, unless it ran within the last :data:`POLL_INTERVAL_S`."""
+        if time.monotonic() - self._polled >= POLL_INTERVAL_S:
+            self.poll()
+
     def _poll(self) -> None:
         self._polled = time.monotonic()
         if not self._eof:
             try:
-                while data := self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT):
-                    self._buf += data
-                self._eof = True  # end of stream: the frontend is gone
-                self._pending.append(None)
+                while self._receive(socket.MSG_DONTWAIT):
+                    pass
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
@@ -194,8 +200,7 @@ class WorkerChannel:
     def is_cancelled(self, request_id: str) -> bool:
         """Whether a ``CANCEL`` arrived for ``request_id`` (reads the socket at most every
         :data:`POLL_INTERVAL_S`)."""
-        if time.monotonic() - self._polled >= POLL_INTERVAL_S:
-            self.poll()
+        self.poll_due()
         return request_id in self.cancelled
 
 
@@ -296,7 +301,7 @@ class Worker:
                         f"{len(ids)} entries"
                     )
                 live = 0
-                self.channel.is_cancelled("")  # take the cancels that arrived meanwhile
+                self.channel.poll_due()  # take the cancels that arrived meanwhile
                 for rid, value in zip(ids, item, strict=True):
                     if rid in cancelled:
                         continue

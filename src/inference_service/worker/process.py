@@ -125,7 +125,6 @@ class WorkerProcess:
         self._connected: asyncio.Event | None = None  # torchrun group: every rank connected
         self._ready_count = 0
         self._closed = False
-        self.dead = asyncio.Event()
         self._jobs: dict[str, Job] = {}
         self._ready: asyncio.Future[str | None] | None = None
         self._on_done: Callable[[], None] | None = None  # set while a batch runs
@@ -314,7 +313,6 @@ class WorkerProcess:
         if self._closed:
             return
         self._closed = True
-        self.dead.set()
         if self.spec.world_size > 1:
             await self.kill()  # one rank gone takes the group down
         code = await self.wait_exit(2.0)
