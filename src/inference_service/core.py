@@ -30,7 +30,9 @@ from inference_service.errors import (
 )
 from inference_service.jobs import CHUNK, ERROR, FINAL, Job
 from inference_service.metrics import Telemetry
-from inference_service.model import GpuAllocator, ModelConfig, ModelVersion
+from inference_service.model import ModelVersion
+from inference_service.model_config import ModelConfig
+from inference_service.worker.gpu import GpuAllocator
 
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.http_api import HttpInferenceApi, server_ssl_context
 from inference_service.metrics import ServerMetrics, Telemetry
-from inference_service.model import detect_gpus
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
+from inference_service.worker.gpu import detect_gpus
 from inference_service.worker.process import WorkerProcess
 
 log = logging.getLogger("inference_service")

@@ -15,7 +15,7 @@ from inference_service.archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
 from inference_service.errors import InvalidArgument, NotFound, grpc_code_for_http
 from inference_service.handler.encoding import encode_response
-from inference_service.model import ModelConfig
+from inference_service.model_config import ModelConfig
 from inference_service.worker import protocol
 
 

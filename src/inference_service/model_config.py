@@ -1,0 +1,158 @@
+"""The effective settings of one model version (model-config.yaml, RegisterModel and server
+defaults merged and range-checked) and TorchServe's distributed-worker keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from inference_service.errors import InvalidArgument
+
+
+@dataclass
+class ModelConfig:
+    """Effective settings of one model version (units in the names).
+
+    Defaults are TorchServe's: batch_size 1, max_batch_delay 100 ms,
+    response_timeout 120 s, startup_timeout 120 s, no workers,
+    maxRetryTimeoutInSec 300 s, job queue 100.
+    """
+
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    response_timeout_s: int = 120
+    startup_timeout_s: int = 120
+    min_workers: int = 0
+    max_workers: int = 0
+    device_type: str = ""  # "cpu", "gpu", or "" (GPUs where there are any, as TorchServe)
+    max_retry_timeout_s: int = 300
+    max_backoff_s: float = 30.0
+    job_queue_size: int = 100
+    sequence_batching: bool = False
+    max_num_sequence: int = 1000
+    max_sequence_job_queue_size: int = 1
+    sequence_max_idle_ms: int = 0
+    sequence_timeout_ms: int = 0
+    worker_threads: int = 0
+
+    # model-config.yaml key -> field
+    YAML_KEYS = {
+        "batchSize": "batch_size",
+        "maxBatchDelay": "max_batch_delay_ms",
+        "responseTimeout": "response_timeout_s",
+        "startupTimeout": "startup_timeout_s",
+        "minWorkers": "min_workers",
+        "maxWorkers": "max_workers",
+        "deviceType": "device_type",
+        "maxRetryTimeoutInSec": "max_retry_timeout_s",
+        "jobQueueSize": "job_queue_size",
+        "sequenceBatching": "sequence_batching",
+        "maxNumSequence": "max_num_sequence",
+        "maxSequenceJobQueueSize": "max_sequence_job_queue_size",
+        "sequenceMaxIdleMSec": "sequence_max_idle_ms",
+        "sequenceTimeoutMSec": "sequence_timeout_ms",
+    }
+    LIMITS = {
+        "batch_size": (1, 1024),
+        "max_batch_delay_ms": (0, 600_000),
+        "response_timeout_s": (1, 86_400),
+        "startup_timeout_s": (1, 86_400),
+        "min_workers": (0, 64),
+        "max_workers": (0, 64),
+        "max_retry_timeout_s": (0, 86_400),
+        "job_queue_size": (1, 1_000_000),
+        "max_num_sequence": (1, 1_000_000),
+        "max_sequence_job_queue_size": (1, 1_000_000),
+        "sequence_max_idle_ms": (0, 86_400_000),
+        "sequence_timeout_ms": (0, 86_400_000),
+    }
+
+    def torchserve_fields(self) -> dict[str, int]:
+        """The worker and batch settings under TorchServe's names (DescribeModel, snapshots)."""
+        return {
+            "minWorkers": self.min_workers,
+            "maxWorkers": self.max_workers,
+            "batchSize": self.batch_size,
+            "maxBatchDelay": self.max_batch_delay_ms,
+            "responseTimeout": self.response_timeout_s,
+            "startupTimeout": self.startup_timeout_s,
+        }
+
+    @classmethod
+    def resolve(cls, yaml_config: dict[str, Any], overrides: dict[str, Any],
+                defaults: dict[str, Any] | None = None) -> ModelConfig:
+        """Build the config: ``defaults`` < model-config.yaml < ``overrides`` (non-zero request fields).
+
+        Raises:
+            InvalidArgument: a value has the wrong type or is out of range
+                (the message names the setting and its range).
+        """
+        values: dict[str, Any] = dict(defaults or {})
+        for key, name in cls.YAML_KEYS.items():
+            if key in yaml_config and yaml_config[key] is not None:
+                values[name] = yaml_config[key]
+        values.update({k: v for k, v in overrides.items() if v not in (None, 0, "")})
+        types = {f.name: f.type for f in fields(cls)}
+        config = cls()
+        for name, value in values.items():
+            if name not in types:
+                continue
+            current = getattr(config, name)
+            try:
+                if isinstance(current, bool):
+                    value = value if isinstance(value, bool) else str(value).lower() == "true"
+                elif isinstance(current, int):
+                    if isinstance(value, bool) or int(value) != float(value):
+                        raise ValueError
+                    value = int(value)
+                elif isinstance(current, float):
+                    value = float(value)
+                else:
+                    value = str(value)
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"{name} must be a number, got {value!r}") from None
+            low, high = cls.LIMITS.get(name, (None, None))
+            if low is not None and high is not None and not low <= value <= high:
+                raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}")
+            setattr(config, name, value)
+        config.max_workers = max(config.max_workers, config.min_workers)
+        return config
+
+
+PARALLEL_TYPES = ("tp", "pp", "pptp", "custom")
+
+
+def parallel_settings(yaml_config: dict[str, Any]) -> tuple[int, int, list[int]]:
+    """Read TorchServe's distributed-worker keys from a model config.
+
+    ``parallelType: tp | pp | pptp`` with ``torchrun: {nproc-per-node: N}`` (or
+    ``parallelLevel: N``) makes each worker a torchrun group of N processes;
+    ``custom`` is one process given all devices. ``torchrun.OMP_NUMBER_THREADS``
+    sets the threads per rank (default 1, as TorchServe); ``deviceIds`` the GPUs.
+
+    Returns:
+        ``(world_size, threads per rank, device ids)``.
+
+    Raises:
+        InvalidArgument: an unknown parallelType or a bad process count.
+    """
+    parallel = yaml_config.get("parallelType")
+    torchrun = yaml_config.get("torchrun") or {}
+    if not isinstance(torchrun, dict):
+        raise InvalidArgument("model config key torchrun must be a mapping")
+    device_ids = [int(d) for d in yaml_config.get("deviceIds") or []]
+    threads = int(torchrun.get("OMP_NUMBER_THREADS", torchrun.get("omp-num-threads", 1)))
+    if parallel is None:
+        return 1, threads, device_ids
+    if parallel not in PARALLEL_TYPES:
+        raise InvalidArgument(f"parallelType must be one of {', '.join(PARALLEL_TYPES)}, got {parallel!r}")
+    if parallel == "custom":
+        return 1, threads, device_ids
+    nproc = torchrun.get("nproc-per-node", torchrun.get("nproc_per_node", yaml_config.get("parallelLevel", 1)))
+    try:
+        world = int(nproc)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"torchrun nproc-per-node must be an integer, got {nproc!r}") from None
+    if not 1 <= world <= 64:
+        raise InvalidArgument(f"torchrun nproc-per-node must be between 1 and 64, got {world}")
+    return world, max(1, threads), device_ids
