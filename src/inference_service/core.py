@@ -28,7 +28,7 @@ from inference_service.errors import (
     Unavailable,
     WorkerLoadError,
 )
-from inference_service.jobs import CHUNK, ERROR, FINAL, Job
+from inference_service.jobs import Job, Kind
 from inference_service.metrics import Telemetry
 from inference_service.model import ModelVersion
 from inference_service.model_config import ModelConfig
@@ -213,10 +213,10 @@ class InferenceCore:
         try:
             while True:
                 kind, payload = await job.mailbox.get()
-                if kind == CHUNK:
+                if kind == Kind.CHUNK:
                     parts.append(payload)  # type: ignore[arg-type]
                     job.took_chunk()
-                elif kind == FINAL:
+                elif kind == Kind.FINAL:
                     parts.append(payload)  # type: ignore[arg-type]
                     result = self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
                     ok = True
@@ -257,12 +257,12 @@ class InferenceCore:
         try:
             while True:
                 kind, payload = await job.mailbox.get()
-                if kind == ERROR:
+                if kind == Kind.ERROR:
                     raise payload  # type: ignore[misc]
                 data = self._check_response(payload)  # type: ignore[arg-type]
                 if stats is not None:
                     last = stats.message(job, last)
-                ok = kind == FINAL
+                ok = kind == Kind.FINAL
                 if not ok:
                     job.took_chunk()
                 yield data, ok

@@ -8,32 +8,54 @@ Dispatch is synchronous: a job put into the queue goes to a free worker within t
 call, and a worker that reports its batch done takes the next ready batch within the
 routing callback that read the report; no task wakes up in between. Only a batch that
 waits for ``max_batch_delay`` arms a timer.
+
+A worker offers itself with the number of requests it can take now (its *room*): 1 batch
+for a worker in TorchServe's default mode, or free places of its running batch for a
+worker that runs several requests at once (``continuousBatching`` /
+``asyncCommunication``; the queue is then built with ``concurrent=True`` and hands such a
+worker every waiting job it has room for, at once and whether it streams or not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, Union
 
 from inference_service.errors import DeadlineExceeded, InferenceError, ResourceExhausted
 
-if TYPE_CHECKING:
-    from inference_service.worker.process import WorkerProcess
-
 MAILBOX_SIZE = 256
-STREAM_WINDOW = 64  # intermediate responses a worker may send ahead of the client (protocol.CREDIT)
-CREDIT_BATCH = STREAM_WINDOW // 2  # credits go back in batches of this many
+#: The RPC credits its worker every this many intermediate responses it took (flow control;
+#: the worker side's window is ``worker.protocol.STREAM_WINDOW``).
+CREDIT_BATCH = 32
 
-# Mailbox item kinds.
-CHUNK = 0
-FINAL = 1
-ERROR = 2
+
+class Kind(enum.IntEnum):
+    """What a mailbox item carries."""
+
+    CHUNK = 0  #: an intermediate response (bytes)
+    FINAL = 1  #: the last response (bytes)
+    ERROR = 2  #: the request failed (an :class:`InferenceError`)
+
+
+MailItem = tuple[Kind, Union[bytes, InferenceError]]
+"""One mailbox item: ``(Kind.CHUNK | Kind.FINAL, bytes)`` or ``(Kind.ERROR, InferenceError)``."""
+
+
+class Runner(Protocol):
+    """What a :class:`Job` needs of the worker running it (``worker.process.WorkerProcess``)."""
+
+    def credit(self, request_id: str, count: int) -> None:
+        """The client took ``count`` more intermediate responses of ``request_id``."""
+
+    def cancel(self, request_id: str) -> None:
+        """The client of ``request_id`` went away."""
 
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count(1)
@@ -66,10 +88,10 @@ class Mailbox:
     def __init__(self, capacity: int = MAILBOX_SIZE) -> None:
         self.capacity = capacity
         self.on_space: Callable[[], None] | None = None
-        self._items: deque[tuple[int, object]] = deque()
+        self._items: deque[MailItem] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, item: tuple[int, object]) -> bool:
+    def put(self, item: MailItem) -> bool:
         """Append ``item`` (never blocks) and wake the consumer; False when now full."""
         self._items.append(item)
         waiter = self._waiter
@@ -79,7 +101,7 @@ class Mailbox:
                 waiter.set_result(None)
         return len(self._items) < self.capacity
 
-    async def get(self) -> tuple[int, object]:
+    async def get(self) -> MailItem:
         """The next item ``(kind, payload)``, waiting for one."""
         items = self._items
         while not items:
@@ -121,8 +143,8 @@ class Job:
         enqueued: ``time.monotonic()`` at submission (starts ``max_batch_delay``).
         dispatched: ``time.monotonic()`` when a worker took the job (0.0: not yet), for the
             queue latency metric.
-        mailbox: ``(kind, payload)`` items; ``payload`` is bytes for CHUNK/FINAL and an
-            :class:`InferenceError` for ERROR.
+        mailbox: :data:`MailItem` items, fed by the worker's routing.
+        worker: the :class:`Runner` the job was handed to (``None`` while queued).
     """
 
     inputs: dict[str, bytes]
@@ -135,7 +157,7 @@ class Job:
     mailbox: Mailbox = field(default_factory=Mailbox)
     cancelled: bool = False
     finished: bool = False
-    worker: WorkerProcess | None = None
+    worker: Runner | None = None
     dispatched: float = 0.0
     taken: int = 0  # intermediate responses taken since the last credit
 
@@ -158,7 +180,7 @@ class Job:
         self.finished = True
         if self.cancelled:
             return
-        self.mailbox.put((ERROR, error))
+        self.mailbox.put((Kind.ERROR, error))
 
     def abort(self) -> None:
         """The client went away: drop buffered output and tell the worker running it."""
@@ -180,20 +202,28 @@ class JobQueue:
     dispatched as soon as it holds ``batch_size`` jobs or its first job has waited
     ``max_batch_delay_ms``; a streaming job always forms a batch of one.
 
+    With ``concurrent=True`` (workers that run several requests at once) a worker is
+    offered with its room, and every waiting job it has room for is handed to it at once
+    (no ``max_batch_delay``, streaming jobs too); the worker with the most room goes first.
+
     Args:
         capacity: most jobs waiting at once (``job_queue_size``).
         batch_size: most jobs per batch.
         max_batch_delay_ms: how long a batch waits to fill (ms).
+        concurrent: whether workers take requests while others run (see above).
     """
 
-    def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0) -> None:
+    def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0,
+                 concurrent: bool = False) -> None:
         self.capacity = capacity
         self.batch_size = max(1, batch_size)
         self.max_batch_delay_s = max(0, max_batch_delay_ms) / 1000.0
+        self.concurrent = concurrent
         self._shared: deque[Job] = deque()
         self._pinned: dict[int, deque[Job]] = {}
-        self._idle: dict[int, Dispatch] = {}  # free workers, in the order they became free
+        self._idle: dict[int, tuple[Dispatch, int]] = {}  # free workers (in the order they became free), room
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
         self._size = 0
 
     def __len__(self) -> int:
@@ -220,9 +250,13 @@ class JobQueue:
         if self._idle:
             self._dispatch()
 
-    def offer(self, worker_id: int, send: Dispatch) -> None:
-        """Worker ``worker_id`` is free: ``send`` it a batch now if one is ready, else when one is."""
-        self._idle[worker_id] = send
+    def offer(self, worker_id: int, send: Dispatch, room: int = 1) -> None:
+        """Worker ``worker_id`` can take ``room`` more requests (a batch, when not concurrent):
+        ``send`` it what is ready now, the rest when it is (``room`` 0 withdraws it)."""
+        if room <= 0:
+            self._idle.pop(worker_id, None)
+            return
+        self._idle[worker_id] = (send, room)
         self._dispatch()
 
     def withdraw(self, worker_id: int) -> None:
@@ -233,23 +267,41 @@ class JobQueue:
         idle = self._idle
         if self._pinned:
             for wid in [w for w in idle if self._pinned.get(w)]:
-                job = self._pop_live(self._pinned[wid])
-                if job is not None:
-                    self._hand(wid, [job], pinned=True)
+                pinned = self._pinned[wid]
+                room = idle[wid][1] if self.concurrent else 1
+                jobs = []
+                while len(jobs) < room and (job := self._pop_live(pinned)) is not None:
+                    jobs.append(job)
+                if jobs:
+                    self._hand(wid, jobs, pinned=True)
         while idle and self._shared:
-            batch = self._take_shared()
+            if self.concurrent:
+                wid = max(idle, key=lambda w: idle[w][1])
+                batch = self._take_now(idle[wid][1])
+            else:
+                wid = next(iter(idle))
+                batch = self._take_shared()
             if batch is None:
                 return
-            self._hand(next(iter(idle)), batch)
+            self._hand(wid, batch)
 
     def _hand(self, worker_id: int, batch: list[Job], pinned: bool = False) -> None:
-        send = self._idle.pop(worker_id)
+        send, room = self._idle.pop(worker_id)
         if send(batch):
+            if self.concurrent and room > len(batch):
+                self._idle[worker_id] = (send, room - len(batch))
             return
         # The worker went away meanwhile: the jobs go back to the front of their queue.
         dq = self._pinned.setdefault(worker_id, deque()) if pinned else self._shared
         dq.extendleft(reversed(batch))
         self._size += len(batch)
+
+    def _take_now(self, room: int) -> list[Job] | None:
+        """Up to ``room`` live shared jobs, oldest first (concurrent mode), or None."""
+        out: list[Job] = []
+        while len(out) < room and (job := self._pop_live(self._shared)) is not None:
+            out.append(job)
+        return out or None
 
     def _take_shared(self) -> list[Job] | None:
         """The next batch of shared jobs, or None (nothing live, or the batch still fills:
@@ -285,11 +337,13 @@ class JobQueue:
         return out
 
     def _arm(self, when: float) -> None:
+        """Dispatch again at ``when`` (a ``time.monotonic()`` value)."""
         if self._timer is not None:
-            if self._timer.when() <= when:
+            if self._timer_due <= when:
                 return
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
+        self._timer_due = when
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -54,7 +54,8 @@ class ModelVersion:
         self.loaded_at_startup = loaded_at_startup
         self.extra_paths = extra_paths or []
         self.base_env = dict(base_env if base_env is not None else os.environ)
-        self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms)
+        self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms,
+                              concurrent=config.worker_mode != protocol.MODE_BATCH)
         self.slots: dict[int, WorkerSlot] = {}
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}
@@ -102,6 +103,8 @@ class ModelVersion:
             server_version=self.server_version,
             extra_paths=self.extra_paths,
             world_size=self.world_size,
+            mode=self.config.worker_mode,
+            max_running=self.config.max_running,
         )
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:

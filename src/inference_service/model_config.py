@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from inference_service.errors import InvalidArgument
+from inference_service.worker import protocol
 
 
 @dataclass
@@ -15,7 +16,8 @@ class ModelConfig:
 
     Defaults are TorchServe's: batch_size 1, max_batch_delay 100 ms,
     response_timeout 120 s, startup_timeout 120 s, no workers,
-    maxRetryTimeoutInSec 300 s, job queue 100.
+    maxRetryTimeoutInSec 300 s, job queue 100, continuousBatching and
+    asyncCommunication off.
     """
 
     batch_size: int = 1
@@ -34,6 +36,8 @@ class ModelConfig:
     sequence_max_idle_ms: int = 0
     sequence_timeout_ms: int = 0
     worker_threads: int = 0
+    continuous_batching: bool = False
+    async_communication: bool = False
 
     # model-config.yaml key -> field
     YAML_KEYS = {
@@ -51,6 +55,8 @@ class ModelConfig:
         "maxSequenceJobQueueSize": "max_sequence_job_queue_size",
         "sequenceMaxIdleMSec": "sequence_max_idle_ms",
         "sequenceTimeoutMSec": "sequence_timeout_ms",
+        "continuousBatching": "continuous_batching",
+        "asyncCommunication": "async_communication",
     }
     LIMITS = {
         "batch_size": (1, 1024),
@@ -66,6 +72,26 @@ class ModelConfig:
         "sequence_max_idle_ms": (0, 86_400_000),
         "sequence_timeout_ms": (0, 86_400_000),
     }
+
+    @property
+    def worker_mode(self) -> str:
+        """How workers run requests: ``continuous`` (``continuousBatching``), ``async``
+        (``asyncCommunication``) or ``batch`` (TorchServe's default)."""
+        if self.async_communication:
+            return protocol.MODE_ASYNC
+        return protocol.MODE_CONTINUOUS if self.continuous_batching else protocol.MODE_BATCH
+
+    @property
+    def max_running(self) -> int:
+        """Most requests one worker runs at once: ``batch_size`` for a continuous batch (as
+        TorchServe), ``job_queue_size`` for async handlers (TorchServe sets no bound), one
+        batch otherwise."""
+        mode = self.worker_mode
+        if mode == protocol.MODE_CONTINUOUS:
+            return self.batch_size
+        if mode == protocol.MODE_ASYNC:
+            return self.job_queue_size
+        return 1
 
     def torchserve_fields(self) -> dict[str, int]:
         """The worker and batch settings under TorchServe's names (DescribeModel, snapshots)."""

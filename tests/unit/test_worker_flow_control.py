@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from inference_service.worker import protocol
-from inference_service.worker.main import WorkerChannel
+from inference_service.worker.channel import WorkerChannel
 
 DEADLINE_S = 10.0
 

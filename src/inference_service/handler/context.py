@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -72,8 +74,13 @@ class Context:
     unchanged: ``model_name``, ``manifest``, ``system_properties`` (``model_dir``,
     ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
     ``limit_max_image_pixels``), ``request_ids`` (index -> request id),
-    ``model_yaml_config``, ``metrics`` and the request/response accessors.
-    Added here: :meth:`is_cancelled`.
+    ``model_yaml_config``, ``metrics`` and the request/response accessors;
+    for continuous batching ``stopping_criteria`` (set by the handler: one callable per
+    request, see :mod:`inference_service.worker.continuous`) and the sequence header
+    names ``header_key_sequence_id`` / ``_start`` / ``_end`` (TorchServe's defaults
+    ``ts_request_sequence_id`` ..., or the environment variables
+    ``TS_REQUEST_SEQUENCE_ID`` / ``_START`` / ``_END``). Handlers may add attributes
+    of their own (e.g. ``context.cache``). Added here: :meth:`is_cancelled`.
 
     Args:
         model_name: registered model name.
@@ -116,6 +123,10 @@ class Context:
         self._sequence_ids: dict[int, str] = {}
         self._channel: Channel | None = None
         self.cl_socket = None  # TorchServe's attribute; handlers must not write to it here.
+        self.stopping_criteria: Sequence[Callable[[Any], bool | None]] | None = None
+        self.header_key_sequence_id = os.environ.get("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
+        self.header_key_sequence_start = os.environ.get("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
+        self.header_key_sequence_end = os.environ.get("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
 
     # --- TorchServe's properties -------------------------------------------------
     @property
@@ -184,8 +195,12 @@ class Context:
         self.request_processor[idx].add_response_property(key, value)
 
     def get_sequence_id(self, idx: int) -> str | None:
-        """The sequence id of batch entry ``idx`` (StreamPredictions2), else ``None``."""
-        return self._sequence_ids.get(idx)
+        """The sequence id of batch entry ``idx`` (StreamPredictions2, or the request's
+        ``header_key_sequence_id`` header as TorchServe reads it), else ``None``."""
+        seq = self._sequence_ids.get(idx)
+        if seq is None and idx < len(self.request_processor):
+            seq = self.request_processor[idx].get_request_property(self.header_key_sequence_id)
+        return seq
 
     # --- added by inference-service ----------------------------------------------
     def is_cancelled(self, idx: int = 0) -> bool:

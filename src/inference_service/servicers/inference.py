@@ -19,6 +19,7 @@ from inference_service.servicers.base import bidi_streaming, streaming, unary
 from inference_service.servicers.registration import Malformed
 
 PredictionResponse = inference_pb2.PredictionResponse
+SEQ_ID = "ts_request_sequence_id"
 SEQ_START = "ts_request_sequence_start"
 SEQ_END = "ts_request_sequence_end"
 _SKIP_HEADERS = ("authorization", "grpc-", ":")
@@ -138,6 +139,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
             model = opened.get(seq) or self.core.open_sequence(request.model_name, request.model_version, seq)
             opened[seq] = model
             seq_headers = dict(headers)
+            seq_headers[SEQ_ID] = seq  # as TorchServe, so handlers find it with context.header_key_sequence_id
             for key in (SEQ_START, SEQ_END):
                 if key in inputs:
                     seq_headers[key] = bytes(inputs[key]).decode("utf-8", "replace")

@@ -35,6 +35,7 @@ class Service:
 
     handle: Callable[[Any, Context], Any]
     description: str
+    instance: Any = None  #: the handler object (``None`` for a ``module:function`` entry point)
 
 
 def _import_handler_module(name: str, model_dir: str) -> ModuleType:
@@ -115,4 +116,4 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
         ) from exc
     if not callable(getattr(instance, "handle", None)):
         raise HandlerLoadError(f"handler class {classes[0].__name__} has no handle(data, context) method")
-    return Service(instance.handle, f"{module.__name__}.{classes[0].__name__}")
+    return Service(instance.handle, f"{module.__name__}.{classes[0].__name__}", instance)

@@ -1,11 +1,12 @@
-"""Frontend side of one worker process: spawn, load, run batches, route responses, stop.
+"""Frontend side of one worker process: spawn, load, run requests, route responses, stop.
 
 One routing callback per worker connection (:class:`_Channel`, an asyncio protocol: no
 task, no await) parses the IPC frames as they arrive and hands every response to its
-job's mailbox by request id; nothing else reads the socket. When the worker reports a
-batch done, the callback given with the batch runs right there (the slot hands the
-worker its next batch). It also hands the handler metrics a worker forwards (``METRIC``
-frames) to :attr:`WorkerProcess.metrics_sink`.
+job's mailbox by request id; nothing else reads the socket. When the worker has room
+for more requests (its batch is done, or in ``continuous``/``async`` mode one of its
+requests ended), :attr:`WorkerProcess.on_free` runs right there (the slot offers the
+worker to the job queue again). It also hands the handler metrics a worker forwards
+(``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from inference_service.errors import (
     WorkerLoadError,
     error_for_code,
 )
-from inference_service.jobs import CHUNK, FINAL, STREAM_WINDOW, Job
+from inference_service.jobs import Job, Kind
 from inference_service.worker import protocol
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class _Channel(asyncio.Protocol):
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        asyncio.ensure_future(self.owner._on_channel_closed())
+        self.owner._tasks.append(asyncio.ensure_future(self.owner._on_channel_closed()))
 
 
 class WorkerProcess:
@@ -104,19 +105,27 @@ class WorkerProcess:
         log_name: logger name for the worker's stdout/stderr lines.
 
     Server-wide settings (class attributes, set once by the server at start):
-        metrics_sink: called with ``(spec, METRIC frame body)`` for the handler metrics a
-            worker forwards; ``None`` (the default) makes workers log them instead.
+        metrics_sink: called with ``(model_name, model_version, updates)`` for the handler
+            metrics a worker forwards (decoded ``METRIC`` frames); ``None`` (the default)
+            makes workers log them instead.
         log_level: the workers' logging level name.
+
+    In ``batch`` mode (:attr:`protocol.WorkerSpec.mode`) the worker takes one batch at a
+    time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
+    once, each freeing its place when it ends (:attr:`room`).
     """
 
-    metrics_sink: ClassVar[Callable[[protocol.WorkerSpec, bytes], None] | None] = None
+    metrics_sink: ClassVar[Callable[[str, str, list[tuple[str, str, str, dict[str, str], float]]], None] | None] \
+        = None
     log_level: ClassVar[str] = "INFO"
 
     def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str) -> None:
         self.spec = spec
         spec.forward_metrics = WorkerProcess.metrics_sink is not None
         spec.log_level = WorkerProcess.log_level
-        spec.stream_window = STREAM_WINDOW
+        self.concurrent = spec.mode != protocol.MODE_BATCH
+        # async handlers call send_intermediate_predict_response from the event loop, which must not block
+        spec.stream_window = 0 if spec.mode == protocol.MODE_ASYNC else protocol.STREAM_WINDOW
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
@@ -127,11 +136,11 @@ class WorkerProcess:
         self._closed = False
         self._jobs: dict[str, Job] = {}
         self._ready: asyncio.Future[str | None] | None = None
-        self._on_done: Callable[[], None] | None = None  # set while a batch runs
+        self.on_free: Callable[[], None] | None = None  # called when the worker has room again
         self._last_progress = 0.0  # time.monotonic() of the last frame of the running batch
         self._response_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self.busy = False
+        self._batch_running = False
         self.failure: str | None = None  # why the process is being replaced
         self.died_busy = False
         self.timed_out = False  # killed for response_timeout
@@ -144,6 +153,20 @@ class WorkerProcess:
     def alive(self) -> bool:
         """Whether the process is running."""
         return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker has requests in hand."""
+        return bool(self._jobs) if self.concurrent else self._batch_running
+
+    @property
+    def room(self) -> int:
+        """How many more requests (``continuous``/``async``) or batches (``batch``) it takes now."""
+        if self._closed:
+            return 0
+        if self.concurrent:
+            return max(0, self.spec.max_running - len(self._jobs))
+        return 0 if self._batch_running else 1
 
     async def start(self, startup_timeout: float) -> None:
         """Spawn the process (or torchrun group) and wait until its handler is loaded.
@@ -260,7 +283,7 @@ class WorkerProcess:
             self._log.log(current, "%s %s", prefix, text, extra=extra)
 
     def _frame(self, channel: _Channel, kind: int, body: bytes) -> None:
-        """Route one frame of ``channel``: a response to its job, a batch end to its callback."""
+        """Route one frame of ``channel``: a response to its job, a batch end to :attr:`on_free`."""
         if kind == protocol.CHUNK or kind == protocol.FINAL:
             if not channel.answers:
                 return
@@ -268,14 +291,18 @@ class WorkerProcess:
             rid, payload = protocol.decode_response(body)
             job = self._jobs.get(rid)
             if job is None or job.cancelled:
+                if job is not None and kind == protocol.FINAL:
+                    del self._jobs[rid]
+                    self._request_ended()
                 return
             if kind == protocol.FINAL:
                 job.finished = True
                 del self._jobs[rid]
-                item = (FINAL, payload)
+                ok = job.mailbox.put((Kind.FINAL, payload))
+                self._request_ended()
             else:
-                item = (CHUNK, payload)
-            if not job.mailbox.put(item):  # the client lags: back-pressure the worker
+                ok = job.mailbox.put((Kind.CHUNK, payload))
+            if not ok:  # the client lags: back-pressure the worker
                 channel.pause()
                 job.mailbox.on_space = channel.resume
         elif kind == protocol.DONE:
@@ -289,11 +316,12 @@ class WorkerProcess:
             job = self._jobs.pop(rid, None)
             if job is not None:
                 job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
+                self._request_ended()
         elif kind == protocol.METRIC:
             sink = WorkerProcess.metrics_sink
             if sink is not None and channel.answers:
                 try:
-                    sink(self.spec, body)
+                    sink(self.spec.model_name, self.spec.model_version, protocol.decode_metrics(body))
                 except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
                     log.exception("model %s: cannot export handler metrics", self.spec.model_name)
         elif kind == protocol.READY:
@@ -336,14 +364,16 @@ class WorkerProcess:
         for job in jobs.values():
             job.fail(error)
 
-    def send_batch(self, jobs: list[Job], response_timeout: float, on_done: Callable[[], None]) -> bool:
-        """Send ``jobs`` to the worker (never blocks); ``on_done()`` runs when it has answered them all.
+    def send_batch(self, jobs: list[Job], response_timeout: float) -> bool:
+        """Send ``jobs`` to the worker (never blocks): one batch, or in ``continuous``/``async``
+        mode requests that join those it runs (at most :attr:`room`).
 
-        Each job's responses reach its mailbox as they arrive. If no response comes for
-        ``response_timeout`` seconds (the clock restarts at every response, so a stream that
-        makes progress is never cut), the jobs fail with DEADLINE_EXCEEDED, :attr:`failure`
-        says why and the process is killed; ``on_done`` is then never called. If the process
-        dies, its jobs fail with UNAVAILABLE.
+        Each job's responses reach its mailbox as they arrive; :attr:`on_free` runs when the
+        worker has room again. If no response comes for ``response_timeout`` seconds while
+        the worker has requests (the clock restarts at every response, so a stream that
+        makes progress is never cut), its jobs fail with DEADLINE_EXCEEDED, :attr:`failure`
+        says why and the process is killed. If the process dies, its jobs fail with
+        UNAVAILABLE.
 
         Returns:
             False (nothing sent) when the process is already gone.
@@ -359,19 +389,23 @@ class WorkerProcess:
             jobs_by_id[job.request_id] = job
             requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
         self._send(protocol.encode_batch(requests))
-        self.busy = True
-        self._on_done = on_done
+        if not self.concurrent:
+            self._batch_running = True
         self._last_progress = now
         self._response_timeout = response_timeout
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_at(now + response_timeout, self._check_timeout)
+            self._timer = asyncio.get_running_loop().call_later(response_timeout, self._check_timeout)
         return True
 
+    def _request_ended(self) -> None:
+        """A request of a ``continuous``/``async`` worker ended: its place is free."""
+        if self.concurrent and self.on_free is not None:
+            self.on_free()
+
     def _batch_finished(self) -> None:
-        self.busy = False
-        on_done, self._on_done = self._on_done, None
-        if on_done is not None:
-            on_done()
+        self._batch_running = False
+        if self.on_free is not None:
+            self.on_free()
 
     def _stop_clock(self) -> None:
         if self._timer is not None:
@@ -384,15 +418,16 @@ class WorkerProcess:
         if not self.busy or self._closed:
             return
         due = self._last_progress + self._response_timeout
-        if time.monotonic() < due:
-            self._timer = asyncio.get_running_loop().call_at(due, self._check_timeout)
+        now = time.monotonic()
+        if now < due:
+            self._timer = asyncio.get_running_loop().call_later(due - now, self._check_timeout)
             return
         error = DeadlineExceeded(
             f"model {self.spec.model_name} gave no response within response_timeout="
             f"{self._response_timeout:g}s; its worker was replaced", reason="RESPONSE_TIMEOUT")
         self.failure = error.message
         self.timed_out = True
-        self._on_done = None
+        self.on_free = None
         self._fail_all(error)
         self._tasks.append(asyncio.ensure_future(self.kill()))
 
@@ -405,7 +440,7 @@ class WorkerProcess:
 
     def credit(self, request_id: str, count: int) -> None:
         """Let the worker send ``count`` more intermediate responses of ``request_id`` (flow control)."""
-        if request_id in self._jobs:
+        if self.spec.stream_window and request_id in self._jobs:
             self._send(protocol.encode_credit(request_id, count))
 
     def cancel(self, request_id: str) -> None:
@@ -444,10 +479,9 @@ class WorkerProcess:
         for channel in self._channels:
             if channel.transport is not None:
                 channel.transport.close()
-        for task in self._tasks:
-            if task is not asyncio.current_task():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(task, 2.0)
+        others = {task for task in self._tasks if task is not asyncio.current_task()}
+        if others:  # asyncio.wait: the tasks' own errors stay theirs, a cancel of ours propagates
+            await asyncio.wait(others, timeout=2.0)
 
     def memory_usage(self) -> int:
         """Resident memory of the process in bytes (0 if it is gone)."""

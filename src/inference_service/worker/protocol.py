@@ -44,6 +44,17 @@ ERROR = 14
 DONE = 15
 METRIC = 16
 
+#: Intermediate responses a request may have in flight beyond the frontend's credits.
+STREAM_WINDOW = 64
+#: The frontend returns credits in batches of this many.
+CREDIT_BATCH = STREAM_WINDOW // 2
+
+#: Worker modes (:attr:`WorkerSpec.mode`).
+MODE_BATCH = "batch"  # one batch at a time, DONE when it is answered (TorchServe's default)
+MODE_CONTINUOUS = "continuous"  # continuousBatching: requests join and leave a running batch
+MODE_ASYNC = "async"  # asyncCommunication: one ``async def handle`` task per request
+MODES = (MODE_BATCH, MODE_CONTINUOUS, MODE_ASYNC)
+
 HEADER = struct.Struct("!IB")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -270,6 +281,13 @@ class WorkerSpec:
         log_level: the worker's logging level name (the server's ``--log-level``).
         stream_window: intermediate responses a request may have in flight beyond the
             frontend's credits (0: no flow control).
+        mode: how the worker runs requests (:data:`MODES`): ``batch`` (one batch at a
+            time, then ``DONE``), ``continuous`` (TorchServe's ``continuousBatching``:
+            the handler is called again and again with the running requests; each
+            request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``
+            (TorchServe's ``asyncCommunication``: ``async def handle`` per request).
+        max_running: most requests the worker runs at once in ``continuous`` and
+            ``async`` mode (the frontend never sends more).
     """
 
     model_name: str
@@ -288,6 +306,8 @@ class WorkerSpec:
     forward_metrics: bool = False
     log_level: str = "INFO"
     stream_window: int = 0
+    mode: str = MODE_BATCH
+    max_running: int = 1
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""

@@ -10,7 +10,6 @@ import the registry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import random
@@ -141,9 +140,10 @@ class WorkerSlot:
     async def _serve(self, process: WorkerProcess) -> None:
         """Offer ``process`` to the job queue until it dies or the slot stops.
 
-        Batches reach the worker without this task: the queue calls ``send`` when a batch is
-        ready and the worker is free, and the worker's routing calls ``done`` when it has
-        answered one, which offers the worker again (see :mod:`inference_service.jobs`).
+        Requests reach the worker without this task: the queue calls ``send`` when a batch
+        (or, for a worker that runs several requests at once, as many requests as it has
+        room for) is ready, and the worker's routing calls ``free`` when it has room again,
+        which offers it again (see :mod:`inference_service.jobs`).
         """
         model = self.model
         queue = model.queue
@@ -155,21 +155,23 @@ class WorkerSlot:
                 ended.set_result(None)
 
         def send(batch: list[Job]) -> bool:
-            if self.stopping or not process.send_batch(batch, timeout, done):
+            if self.stopping or not process.send_batch(batch, timeout):
                 return False
             self.state = WorkerState.BUSY
             return True
 
-        def done() -> None:
-            if self.state is WorkerState.BUSY:
+        def free() -> None:
+            if self.state is WorkerState.BUSY and not process.busy:
                 self.state = WorkerState.READY
             if self.stopping:
-                end()
+                if not process.busy:
+                    end()
             else:
-                queue.offer(self.id, send)
+                queue.offer(self.id, send, process.room)
 
+        process.on_free = free
         process.on_exit = end
-        queue.offer(self.id, send)
+        queue.offer(self.id, send, process.room)
         try:
             await ended
         finally:
@@ -188,7 +190,7 @@ class WorkerSlot:
                 log.error("%s", self.last_error)
 
     async def stop(self, timeout: float) -> None:
-        """Stop after the running batch (waiting at most ``timeout`` s), then stop the process."""
+        """Stop after the running requests (waiting at most ``timeout`` s), then stop the process."""
         busy = self.process is not None and self.process.busy
         self.stopping = True
         self.model.queue.withdraw(self.id)
@@ -196,11 +198,13 @@ class WorkerSlot:
         if self.task is not None:
             if not busy:
                 self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(self.task), timeout)
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+            # asyncio.wait: the task's own outcome is not raised here, a cancel of the caller is
+            await asyncio.wait({self.task}, timeout=timeout)
+            if not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task})
+            if not self.task.cancelled() and self.task.exception() is not None:
+                log.error("worker %d supervision ended with %r", self.id, self.task.exception())
         if self.process is not None:
             await self.process.stop(timeout=2.0)
         self._outcome("worker stopped")

@@ -1,0 +1,144 @@
+"""Async handlers in the worker: TorchServe's ``asyncCommunication: true``.
+
+The worker runs an asyncio event loop (the one the handler's ``initialize`` may already
+have used, as TorchServe's ``ts/async_service.py``) and starts one task per request as
+requests arrive, while others run: ``await handler.handle([inputs], context)`` with a
+batch of one and a context of its own (a copy of the worker's, as TorchServe gives each
+call a copy). What the handler returns is the request's last message;
+``send_intermediate_predict_response`` sends intermediate ones at once. An ``async def
+handle`` written as an async generator works too: each yielded list (one entry) is an
+intermediate message, and the last message is empty.
+
+A reader thread takes the frames from the socket and hands them to the loop; a
+``CANCEL`` cancels the request's task (``asyncio.CancelledError`` at the handler's
+``await``, so an engine such as vLLM's aborts the request) and the request is answered
+CANCELLED. Intermediate responses are not flow-controlled here: a handler calls
+``send_intermediate_predict_response`` from the event loop, which must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import threading
+import traceback
+from typing import Any
+
+from inference_service.handler.context import Context
+from inference_service.handler.encoding import encode_response
+from inference_service.handler.streaming import RequestCancelled
+from inference_service.handler.util import PredictionException
+from inference_service.worker import protocol
+from inference_service.worker.runtime import Worker
+
+log = logging.getLogger("inference_service.worker")
+
+
+class AsyncRunner:
+    """Runs a worker's ``async def handle`` once per request, concurrently (see the module docstring).
+
+    Args:
+        worker: the loaded worker.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.channel = worker.channel
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopped: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def serve(self) -> None:
+        """Run until ``STOP`` or the channel closes."""
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+        loop.run_until_complete(self._main(loop))
+
+    async def _main(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._stopped = loop.create_future()
+        reader = threading.Thread(target=self._read, name="ipc-reader", daemon=True)
+        reader.start()
+        try:
+            await self._stopped
+        finally:
+            for task in list(self.tasks.values()):
+                task.cancel()
+            if self.tasks:
+                await asyncio.wait(list(self.tasks.values()), timeout=2.0)
+
+    def _read(self) -> None:
+        """Reader thread: every frame goes to the loop; the end of the channel stops it."""
+        assert self._loop is not None
+        while True:
+            item = self.channel.read_frame()
+            self._loop.call_soon_threadsafe(self._on_frame, item)
+            if item is None or item[0] == protocol.STOP:
+                return
+
+    def _on_frame(self, item: tuple[int, bytes] | None) -> None:
+        assert self._stopped is not None
+        if item is None or item[0] == protocol.STOP:
+            if not self._stopped.done():
+                self._stopped.set_result(None)
+            return
+        kind, body = item
+        if kind == protocol.BATCH:
+            for rid, seq, headers, inputs in protocol.decode_batch(body):
+                self.tasks[rid] = asyncio.ensure_future(self._run(rid, seq, headers, inputs))
+        elif kind == protocol.CANCEL:
+            rid = body.decode()
+            task = self.tasks.get(rid)
+            if task is not None:
+                self.channel.cancelled.add(rid)
+                task.cancel()
+
+    async def _run(self, rid: str, seq: str | None, headers: dict[str, str], inputs: dict[str, Any]) -> None:
+        """One request: call the handler, answer, forget the request."""
+        worker = self.worker
+        context: Context = copy.copy(worker.context)
+        context._begin_batch([rid], [headers], [seq])
+        try:
+            frame = await self._answer(context, rid, inputs)
+        except (asyncio.CancelledError, RequestCancelled):
+            frame = worker.cancelled_frame(rid)
+        except PredictionException as exc:
+            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
+            frame = worker.prediction_error_frame(rid, exc)
+        except Exception as exc:  # noqa: BLE001 - a handler bug fails this request, the worker lives on
+            log.error("handler failed on request %s:\n%s", rid, traceback.format_exc())
+            frame = worker.error_frame(rid, str(exc) or type(exc).__name__)
+        finally:
+            self.tasks.pop(rid, None)
+            self.channel.cancelled.discard(rid)
+        metrics = self.channel.metrics
+        if metrics is not None and metrics.pending:
+            frame = protocol.encode_metrics(metrics.drain()) + frame
+        self.channel.send(frame)
+
+    async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:
+        """The request's last frame: FINAL with the handler's result, or its status error."""
+        assert self.worker.service is not None
+        result = self.worker.service.handle([inputs], context)
+        if inspect.isasyncgen(result):
+            async for item in result:
+                value = item[0] if isinstance(item, (list, tuple)) and len(item) == 1 else item
+                if value is not None:
+                    self.channel.send_intermediate(rid, encode_response(value))
+            result = [None]
+        elif inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, (list, tuple)) or len(result) != 1:
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            raise TypeError(f"handler returned {got} results for a batch of 1 request")
+        status = context.get_response_status(0)
+        if status >= 400:
+            phrase = context.request_processor[0].get_response_status_phrase()
+            return self.worker.error_frame(rid, phrase or f"handler set status {status}",
+                                           self.worker.code_for_status(status))
+        return protocol.encode_response(protocol.FINAL, rid, encode_response(result[0]))

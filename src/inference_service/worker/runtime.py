@@ -1,0 +1,202 @@
+"""The loaded handler of a worker process (:class:`Worker`) and TorchServe's default way
+to run it: one batch at a time, answered with ``FINAL``/``ERROR`` frames and ``DONE``.
+
+Every place where a running handler can observe a cancel (``context.is_cancelled()``,
+``send_intermediate_predict_response``, each item of a generator handler) first takes
+the frames that arrived meanwhile without blocking (at most every
+:data:`~inference_service.worker.channel.POLL_INTERVAL_S`), so a cancel reaches a
+running handler: ``send_intermediate_predict_response`` raises
+:class:`RequestCancelled`, ``context.is_cancelled()`` turns true and a generator
+handler is closed. The other modes (:mod:`.continuous`, :mod:`.async_runner`) reuse
+the answers built here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import traceback
+from http import HTTPStatus
+from typing import Any
+
+from inference_service.errors import grpc_code_for_http
+from inference_service.handler.context import Context
+from inference_service.handler.encoding import encode_response
+from inference_service.handler.metrics import Metrics
+from inference_service.handler.streaming import RequestCancelled
+from inference_service.handler.util import PredictionException
+from inference_service.worker import protocol
+from inference_service.worker.channel import WorkerChannel
+from inference_service.worker.loader import Service, load_service
+
+log = logging.getLogger("inference_service.worker")
+
+_CANCELLED = 1  # grpc.StatusCode.CANCELLED
+_INTERNAL = 13
+
+
+def _code_number(status: int) -> int:
+    return int(grpc_code_for_http(status).value[0])
+
+
+class Worker:
+    """Runs one loaded :class:`Service` over a :class:`WorkerChannel`."""
+
+    def __init__(self, channel: WorkerChannel, spec: protocol.WorkerSpec) -> None:
+        self.channel = channel
+        self.spec = spec
+        self.context = Context(
+            model_name=spec.model_name,
+            model_dir=spec.model_dir,
+            manifest=spec.manifest,
+            batch_size=spec.batch_size,
+            gpu=spec.gpu,
+            server_version=spec.server_version,
+            limit_max_image_pixels=spec.limit_max_image_pixels,
+            metrics=Metrics(spec.model_name),
+            model_yaml_config=spec.model_yaml_config,
+        )
+        self.context._channel = channel
+        if spec.forward_metrics:
+            self.context.metrics.forward()
+            channel.metrics = self.context.metrics
+        self.service: Service | None = None
+
+    def load(self) -> None:
+        """Load the handler. Raises HandlerLoadError with the cause."""
+        self.service = load_service(self.spec.handler, self.spec.model_dir, self.context)
+
+    @property
+    def handler_object(self) -> Any:
+        """The handler instance (``None`` for a ``module:function`` entry point)."""
+        return self.service.instance if self.service is not None else None
+
+    def serve(self) -> None:
+        """Main thread: run batches one at a time until ``STOP`` or the channel closes; record
+        cancels between them (TorchServe's default mode)."""
+        channel = self.channel
+        while (item := channel.read_frame()) is not None:
+            kind, body = item
+            if kind == protocol.BATCH:
+                self.run_batch(body)
+            elif kind == protocol.CANCEL:
+                channel.cancelled.add(body.decode())
+            elif kind == protocol.STOP:
+                return
+
+    # --- answers ------------------------------------------------------------------
+    @staticmethod
+    def error_frame(request_id: str, message: str, code: int = _INTERNAL) -> bytes:
+        """An ``ERROR`` frame (INTERNAL unless ``code`` says otherwise)."""
+        return protocol.encode_error(request_id, code, message)
+
+    @staticmethod
+    def cancelled_frame(request_id: str) -> bytes:
+        """The ``ERROR`` frame of a request whose client went away."""
+        return protocol.encode_error(request_id, _CANCELLED, "request cancelled")
+
+    @staticmethod
+    def code_for_status(status: int) -> int:
+        """The gRPC code number for an HTTP status a handler set (TorchServe's table)."""
+        return _code_number(status)
+
+    def status_frame(self, idx: int, request_id: str, status: int) -> bytes:
+        """The ``ERROR`` frame for a status >= 400 the handler set on batch entry ``idx``."""
+        phrase = self.context.request_processor[idx].get_response_status_phrase()
+        return protocol.encode_error(request_id, _code_number(status), phrase or _phrase(status))
+
+    @staticmethod
+    def prediction_error_frame(request_id: str, exc: PredictionException) -> bytes:
+        """The ``ERROR`` frame for a raised ``PredictionException`` (TorchServe's code table)."""
+        return protocol.encode_error(request_id, _code_number(exc.error_code), exc.message)
+
+    def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
+        """Call the handler on one batch: a generator's items go out as intermediate responses.
+
+        Returns:
+            One result per request (``None`` entries when the handler returned ``None``).
+
+        Raises:
+            TypeError: the handler returned something other than one result per request.
+            Whatever the handler raises.
+        """
+        assert self.service is not None
+        result = self.service.handle(data, self.context)
+        if inspect.isgenerator(result):
+            result = self._drain_generator(result, ids)
+        if result is None:
+            result = [None] * len(ids)
+        if not isinstance(result, (list, tuple)) or len(result) != len(ids):
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            raise TypeError(f"handler returned {got} results for a batch of {len(ids)} requests")
+        self.channel.poll()
+        return list(result)
+
+    def run_batch(self, body: bytes) -> None:
+        """Run one batch through the handler and answer every request in it, then ``DONE``."""
+        batch = protocol.decode_batch(body)
+        ids = [rid for rid, _, _, _ in batch]
+        self.context._begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
+        self.channel.begin(ids)
+        data: list[dict[str, Any]] = [inputs for _, _, _, inputs in batch]
+        out: list[bytes] = []
+        cancelled = self.channel.cancelled
+        try:
+            result = self.call_handler(data, ids)
+            for idx, rid in enumerate(ids):
+                status = self.context.get_response_status(idx)
+                if rid in cancelled:
+                    out.append(self.cancelled_frame(rid))
+                elif status >= 400:
+                    out.append(self.status_frame(idx, rid, status))
+                else:
+                    out.append(protocol.encode_response(protocol.FINAL, rid, encode_response(result[idx])))
+        except RequestCancelled:
+            out = [self.cancelled_frame(rid) for rid in ids]
+        except PredictionException as exc:
+            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
+            out = [self.prediction_error_frame(rid, exc) for rid in ids]
+        except Exception as exc:  # noqa: BLE001 - a handler bug answers INTERNAL, the worker lives on
+            log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
+            message = str(exc) or type(exc).__name__
+            out = [self.error_frame(rid, message) for rid in ids]
+        self.channel.end(ids)
+        metrics = self.channel.metrics
+        if metrics is not None and metrics.pending:
+            out.append(protocol.encode_metrics(metrics.drain()))
+        out.append(protocol.frame(protocol.DONE))
+        self.channel.send(b"".join(out))
+
+    def _drain_generator(self, gen: Any, ids: list[str]) -> Any:
+        """Send each yielded list as intermediate responses; return the generator's return value."""
+        cancelled = self.channel.cancelled
+        try:
+            while True:
+                item = next(gen)
+                if not isinstance(item, (list, tuple)) or len(item) != len(ids):
+                    raise TypeError(
+                        f"generator handler yielded {type(item).__name__} instead of a list of "
+                        f"{len(ids)} entries"
+                    )
+                live = 0
+                self.channel.poll_due()  # take the cancels that arrived meanwhile
+                for rid, value in zip(ids, item, strict=True):
+                    if rid in cancelled:
+                        continue
+                    live += 1
+                    if value is not None:
+                        self.channel.send_intermediate(rid, encode_response(value))
+                if live == 0:
+                    gen.close()
+                    raise RequestCancelled("all requests of this batch were cancelled")
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            gen.close()
+
+
+def _phrase(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"handler set status {status}"

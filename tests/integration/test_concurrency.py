@@ -1,0 +1,153 @@
+"""Several requests in flight on one worker: TorchServe's ``continuousBatching: true`` (requests
+join and leave a running batch, stopping criteria decide when each ends) and
+``asyncCommunication: true`` (one ``async def handle`` task per request), with the per-request
+guarantees of the server: streaming as produced, cancelling one request, errors of one request."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import build_mar
+from inference_service._proto import inference_pb2
+
+
+@pytest.fixture(scope="module")
+def models(server, store: Path):
+    (store / "cb-config.yaml").write_text("continuousBatching: true\nbatchSize: 3\nmaxBatchDelay: 0\n"
+                                          "minWorkers: 1\nmaxWorkers: 1\nresponseTimeout: 30\n")
+    build_mar(store, "cb", "cb_handler.py", config=str(store / "cb-config.yaml"))
+    (store / "async-config.yaml").write_text("asyncCommunication: true\nminWorkers: 1\nmaxWorkers: 1\n")
+    build_mar(store, "asyncparts", "async_handler.py", config=str(store / "async-config.yaml"))
+    server.register("cb.mar")
+    server.register("asyncparts.mar")
+    yield server
+    server.unregister("cb")
+    server.unregister("asyncparts")
+
+
+def _stream(server, model: str, body: dict, timeout: float = 30):
+    req = inference_pb2.PredictionsRequest(model_name=model, input={"data": json.dumps(body).encode()})
+    return server.inference.StreamPredictions(req, timeout=timeout)
+
+
+def _parallel(fn, args_list):
+    results: list = [None] * len(args_list)
+    errors: list = []
+
+    def run(i, args):
+        try:
+            results[i] = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, a)) for i, a in enumerate(args_list)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+def _pid(server, model: str) -> int:
+    return server.describe(model)[0]["workers"][0]["pid"]
+
+
+# --- continuous batching ------------------------------------------------------------------
+def test_concurrent_streams_share_one_worker_and_each_gets_its_steps(models):
+    def run(steps):
+        return [json.loads(r.prediction) for r in _stream(models, "cb", {"steps": steps, "delay": 0.05})]
+
+    results = _parallel(run, [(8,), (8,), (8,), (5,), (5,)])
+    for messages, steps in zip(results, [8, 8, 8, 5, 5], strict=True):
+        assert [m["step"] for m in messages] == list(range(steps))
+        assert all(m["batch"] <= 3 for m in messages)  # batchSize bounds the running batch
+    # the streams were answered from shared handler calls, not one after another
+    assert max(m["batch"] for messages in results for m in messages) == 3
+
+
+def test_a_request_joins_a_running_batch_at_the_next_call(models):
+    first = _stream(models, "cb", {"steps": 40, "delay": 0.05})
+    got = [json.loads(next(first).prediction) for _ in range(3)]
+    assert [m["batch"] for m in got] == [1, 1, 1]
+    second = [json.loads(r.prediction) for r in _stream(models, "cb", {"steps": 3, "delay": 0.05})]
+    assert [m["batch"] for m in second] == [2, 2, 2]  # it ran beside the first one
+    rest = [json.loads(r.prediction) for r in first]
+    assert [m["step"] for m in got + rest] == list(range(40))
+
+
+def test_cancelling_one_stream_leaves_the_others_running(models, tmp_path):
+    log = tmp_path / "dropped.log"
+    pid = _pid(models, "cb")
+    doomed = _stream(models, "cb", {"steps": 500, "delay": 0.02, "log": str(log)})
+    next(doomed)
+    survivor = _stream(models, "cb", {"steps": 30, "delay": 0.02})
+    next(survivor)
+    doomed.cancel()
+    with pytest.raises(grpc.RpcError) as err:
+        list(doomed)
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+    assert len(list(survivor)) == 29
+    deadline = time.monotonic() + 10
+    while not (log.exists() and "dropped" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert log.read_text().startswith("dropped "), "the handler was told the request left"
+    assert _pid(models, "cb") == pid  # the worker lived on
+
+
+def test_unary_call_on_a_continuous_batch_gets_every_message(models):
+    payload = models.predict("cb", json.dumps({"steps": 4, "delay": 0}))
+    messages = payload.decode().replace("}{", "}\n{").splitlines()
+    assert [json.loads(m)["step"] for m in messages] == [0, 1, 2, 3]
+
+
+def test_one_rejected_request_fails_alone(models):
+    def run(body):
+        try:
+            return [r.prediction for r in _stream(models, "cb", body)]
+        except grpc.RpcError as err:
+            return err.code(), err.details()
+
+    good, bad = _parallel(run, [({"steps": 6, "delay": 0.05},), ({"steps": 6, "reject": True, "delay": 0.05},)])
+    assert len(good) == 6
+    assert bad == (grpc.StatusCode.INVALID_ARGUMENT, "rejected as asked")
+
+
+def test_stopping_criterion_none_answers_once(models):
+    messages = [r.prediction for r in _stream(models, "cb", {"steps": 5, "single": True})]
+    assert len(messages) == 1 and json.loads(messages[0])["step"] == 0
+
+
+# --- async handlers -----------------------------------------------------------------------
+def test_async_handler_runs_requests_concurrently(models):
+    def run():
+        return json.loads(models.predict("asyncparts", json.dumps({"parts": 0, "delay": 0.4})))
+
+    started = time.monotonic()
+    results = _parallel(run, [()] * 4)
+    assert max(r["max"] for r in results) == 4
+    assert time.monotonic() - started < 4 * 0.4  # well under one after another
+
+
+def test_async_handler_streams_its_intermediate_messages(models):
+    messages = [r.prediction for r in _stream(models, "asyncparts", {"parts": 3, "delay": 0.01})]
+    assert messages[:3] == [b"part0", b"part1", b"part2"]
+    assert json.loads(messages[3])["concurrent"] >= 1
+
+
+def test_async_cancel_reaches_the_handler_task(models, tmp_path):
+    log = tmp_path / "cancel.log"
+    call = _stream(models, "asyncparts", {"parts": 200, "delay": 0.05, "log": str(log)})
+    assert next(call).prediction == b"part0"
+    call.cancel()
+    deadline = time.monotonic() + 10
+    while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert log.read_text().startswith("cancelled ")
+    assert json.loads(models.predict("asyncparts", json.dumps({"parts": 0})))["concurrent"] == 1
