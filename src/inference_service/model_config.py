@@ -84,11 +84,13 @@ class ModelConfig:
     @property
     def max_running(self) -> int:
         """Most requests one worker runs at once: ``batch_size`` for a continuous batch (as
-        TorchServe), ``job_queue_size`` for async handlers (TorchServe sets no bound), one
+        TorchServe; twice that with ``sequenceBatching``, as TorchServe), ``job_queue_size`` for async handlers (TorchServe sets no bound), one
         batch otherwise."""
         mode = self.worker_mode
         if mode == protocol.MODE_CONTINUOUS:
-            return self.batch_size
+            # TorchServe's SequenceContinuousBatching runs 2 x batchSize (a request of a sequence,
+            # e.g. a cancel, must get in beside that sequence's running stream)
+            return self.batch_size * 2 if self.sequence_batching else self.batch_size
         if mode == protocol.MODE_ASYNC:
             return self.job_queue_size
         return 1
