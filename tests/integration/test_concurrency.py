@@ -6,6 +6,7 @@ guarantees of the server: streaming as produced, cancelling one request, errors 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from pathlib import Path
@@ -24,11 +25,16 @@ def models(server, store: Path):
     build_mar(store, "cb", "cb_handler.py", config=str(store / "cb-config.yaml"))
     (store / "async-config.yaml").write_text("asyncCommunication: true\nminWorkers: 1\nmaxWorkers: 1\n")
     build_mar(store, "asyncparts", "async_handler.py", config=str(store / "async-config.yaml"))
+    (store / "stateful-config.yaml").write_text(
+        "minWorkers: 2\nmaxWorkers: 2\nbatchSize: 1\nmaxNumSequence: 2\nsequenceBatching: true\n"
+        "continuousBatching: true\nsequenceMaxIdleMSec: 30000\n")
+    build_mar(store, "runsum", "stateful_cb_handler.py", config=str(store / "stateful-config.yaml"))
     server.register("cb.mar")
     server.register("asyncparts.mar")
+    server.register("runsum.mar", initial_workers=2)
     yield server
-    server.unregister("cb")
-    server.unregister("asyncparts")
+    for name in ("cb", "asyncparts", "runsum"):
+        server.unregister(name)
 
 
 def _stream(server, model: str, body: dict, timeout: float = 30):
@@ -151,3 +157,54 @@ def test_async_cancel_reaches_the_handler_task(models, tmp_path):
         time.sleep(0.02)
     assert log.read_text().startswith("cancelled ")
     assert json.loads(models.predict("asyncparts", json.dumps({"parts": 0})))["concurrent"] == 1
+
+
+# --- sequences under continuous batching (StreamPredictions2) -------------------------------
+def _session(server, requests: list):
+    """Open a StreamPredictions2 call; ``requests`` are put on it as the test goes."""
+    pending: queue.Queue = queue.Queue()
+    call = server.inference.StreamPredictions2(iter(pending.get, None), timeout=60)
+    return pending, call
+
+
+def _seq_request(value: str, sequence_id: str | None = None) -> inference_pb2.PredictionsRequest:
+    if sequence_id is None:
+        return inference_pb2.PredictionsRequest(
+            model_name="runsum", input={"data": value.encode(), "ts_request_sequence_start": b"true"})
+    return inference_pb2.PredictionsRequest(model_name="runsum", sequence_id=sequence_id,
+                                            input={"data": value.encode()})
+
+
+def test_two_sequences_keep_their_own_state(models):
+    def session(step: int) -> str:
+        pending, call = _session(models, [])
+        answers, seq = [], None
+        for i in range(1, 6):
+            pending.put(_seq_request(str(step * i), seq))
+            response = next(call)
+            seq = response.sequence_id
+            answers.append(response.prediction.decode())
+        pending.put(None)
+        return " ".join(answers)
+
+    assert _parallel(session, [(2,), (4,)]) == ["2 6 12 20 30", "4 12 24 40 60"]  # TorchServe's expected sums
+
+
+def test_a_sequence_request_cancels_that_sequences_running_stream(models):
+    pending, call = _session(models, [])
+    pending.put(_seq_request("2"))
+    first = next(call)
+    seq = first.sequence_id
+    assert first.prediction == b"2"
+    stream_q, stream = _session(models, [])
+    stream_q.put(_seq_request("3", seq))
+    stream_q.put(None)
+    streamed = [next(stream).prediction]  # the stream runs: 2 + 3
+    cancel_q, cancel = _session(models, [])
+    cancel_q.put(_seq_request("-1", seq))
+    cancel_q.put(None)
+    assert [r.prediction for r in cancel] == [b"-1"]  # answered while the stream still runs
+    streamed += [r.prediction for r in stream]
+    assert streamed[0] == b"5" and set(streamed) == {b"5"}
+    assert len(streamed) < 10  # the stream ended early, as in TorchServe's example
+    pending.put(None)
