@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 import os
 import time
 from collections import deque
@@ -28,7 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
-from inference_service.errors import DeadlineExceeded, InferenceError, ResourceExhausted
+from inference_service.errors import DeadlineExceeded, InferenceError, InvalidArgument, ResourceExhausted
+from inference_service.worker import protocol
+
+log = logging.getLogger(__name__)
 
 MAILBOX_SIZE = 256
 #: The RPC credits its worker every this many intermediate responses it took (flow control;
@@ -225,6 +229,7 @@ class JobQueue:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
         self._size = 0
+        self.dispatch_failures = 0  #: batches that could not be handed to a worker (see _hand)
 
     def __len__(self) -> int:
         return self._size
@@ -237,8 +242,13 @@ class JobQueue:
         """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready.
 
         Raises:
+            InvalidArgument: the request does not fit the worker channel's framing (the
+                message names the limit: ``worker.protocol.request_problem``).
             ResourceExhausted: the queue holds ``capacity`` jobs already.
         """
+        problem = protocol.request_problem(job.inputs, job.headers, job.sequence_id)
+        if problem is not None:
+            raise InvalidArgument(problem)
         if self._size >= self.capacity:
             raise ResourceExhausted(f"job queue is full ({self.capacity} requests waiting; job_queue_size)",
                                     reason="JOB_QUEUE_FULL", retry_after_s=0.5)
@@ -286,8 +296,22 @@ class JobQueue:
             self._hand(wid, batch)
 
     def _hand(self, worker_id: int, batch: list[Job], pinned: bool = False) -> None:
+        """Send ``batch`` to the worker. One rule for whatever goes wrong on the way: the
+        batch's requests fail with INTERNAL naming the cause, the worker stays free for the
+        next batch, and :attr:`dispatch_failures` counts it."""
         send, room = self._idle.pop(worker_id)
-        if send(batch):
+        try:
+            sent = send(batch)
+        except Exception as exc:  # noqa: BLE001 - contained here: only this batch fails
+            log.exception("cannot hand %d request(s) to worker %d", len(batch), worker_id)
+            self._idle[worker_id] = (send, room)
+            self.dispatch_failures += 1
+            error = InferenceError(f"request could not be handed to a worker: {type(exc).__name__}: {exc}",
+                                   reason="DISPATCH_FAILED")
+            for job in batch:
+                job.fail(error)
+            return
+        if sent:
             if self.concurrent and room > len(batch):
                 self._idle[worker_id] = (send, room - len(batch))
             return

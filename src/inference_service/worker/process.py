@@ -377,18 +377,21 @@ class WorkerProcess:
 
         Returns:
             False (nothing sent) when the process is already gone.
+
+        Raises:
+            ValueError, struct.error: a request does not fit the IPC framing (nothing sent).
         """
         if self._closed:
             return False
+        frame = protocol.encode_batch(
+            [protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id) for job in jobs])
         now = time.monotonic()
         jobs_by_id = self._jobs
-        requests = []
-        for job in jobs:
+        for job in jobs:  # registered only once the frame exists: an encoding error leaves no trace
             job.worker = self
             job.dispatched = now
             jobs_by_id[job.request_id] = job
-            requests.append(protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id))
-        self._send(protocol.encode_batch(requests))
+        self._send(frame)
         if not self.concurrent:
             self._batch_running = True
         self._last_progress = now

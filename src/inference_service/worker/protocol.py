@@ -97,6 +97,38 @@ def _text(value: str) -> bytes:
     return data
 
 
+#: Most entries of a request's input map or headers, and longest name or id in bytes (UTF-8),
+#: that the ``BATCH`` framing carries (u16 counts and lengths; 0xFFFF marks an absent id).
+MAX_ENTRIES = 0xFFFF
+MAX_NAME_BYTES = _NONE - 1
+
+
+def _too_long(text: str) -> bool:
+    # a str of n characters has at most 4n UTF-8 bytes: only long ones are encoded to measure
+    return len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+
+
+def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None) -> str | None:
+    """Why a request cannot be framed for a worker (a message naming the limit), or ``None``.
+
+    Checked before a request is queued, so a request the framing cannot carry is refused
+    with INVALID_ARGUMENT instead of failing on its way to a worker.
+    """
+    if len(inputs) > MAX_ENTRIES:
+        return f"the input map has {len(inputs)} entries; at most {MAX_ENTRIES} are allowed"
+    if len(headers) > MAX_ENTRIES:
+        return f"the request has {len(headers)} headers; at most {MAX_ENTRIES} are allowed"
+    for name in inputs:
+        if _too_long(name):
+            return f"an input name is longer than {MAX_NAME_BYTES} bytes"
+    for name in headers:
+        if _too_long(name):
+            return f"a header name is longer than {MAX_NAME_BYTES} bytes"
+    if sequence_id is not None and _too_long(sequence_id):
+        return f"the sequence id is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
 def encode_batch(requests: list[Request]) -> bytes:
     """The ``BATCH`` frame for ``requests`` (binary, no JSON: this runs once per request)::
 

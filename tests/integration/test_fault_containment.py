@@ -1,0 +1,39 @@
+"""No single request takes a worker out of service: requests the worker channel cannot carry
+are refused before they are queued, and anything that still fails on the way to a worker fails
+only that batch while the worker stays in rotation."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from inference_service._proto import inference_pb2
+
+
+def _call(server, inputs: dict[str, bytes]):
+    req = inference_pb2.PredictionsRequest(model_name="echo", input=inputs)
+    return server.inference.Predictions(req, timeout=30)
+
+
+@pytest.mark.parametrize("inputs, limit", [
+    ({"data": b"x", **{f"k{i}": b"" for i in range(65_535)}}, "at most 65535"),
+    ({"n" * 70_000: b"x"}, "longer than 65534 bytes"),
+    ({"\u00e9" * 32_768: b"x"}, "longer than 65534 bytes"),  # 65,536 bytes in UTF-8
+])
+def test_requests_beyond_the_framing_are_refused_and_the_next_is_served(server, inputs, limit):
+    with pytest.raises(grpc.RpcError) as err:
+        _call(server, inputs)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert limit in err.value.details()
+    started = time.monotonic()
+    for i in range(4):  # more than the model's workers: none of them was lost
+        assert server.predict("echo", f"after {i}", timeout=10) == f"after {i}".encode()
+    assert time.monotonic() - started < 5
+
+
+def test_requests_at_the_limits_are_served(server):
+    entries = {"data": b"edge", **{f"k{i}": b"" for i in range(65_534)}}  # 65,535 entries
+    assert _call(server, entries).prediction == b"edge"
+    assert _call(server, {"data": b"long name", "n" * 65_534: b""}).prediction == b"long name"
