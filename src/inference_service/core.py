@@ -2,6 +2,10 @@
 
 Servicers translate protos to calls on :class:`InferenceCore` and back; every
 failure is an :class:`~inference_service.errors.InferenceError`.
+
+The core does not know the metrics module: it records requests into a
+:class:`RequestTelemetry` it is given (``metrics.Telemetry`` implements it), and offers a
+read-only :meth:`InferenceCore.stats` view for the metrics collector.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import inference_service
 from inference_service.archive import UrlPolicy, install_requirements, open_archive
@@ -29,12 +33,56 @@ from inference_service.errors import (
     WorkerLoadError,
 )
 from inference_service.jobs import Job, Kind
-from inference_service.metrics import Telemetry
 from inference_service.model import ModelVersion
 from inference_service.model_config import ModelConfig
 from inference_service.worker.gpu import GpuAllocator
+from inference_service.worker.supervisor import WorkerState
 
 log = logging.getLogger(__name__)
+
+
+class RequestStats(Protocol):
+    """What the core records one request of a model into (``metrics.ModelStats`` is one).
+
+    Attributes:
+        requests: requests received (the core adds one per request it looks up successfully).
+    """
+
+    requests: int
+
+    def message(self, enqueued: float, last: float) -> float:
+        """A stream message is about to be sent (``time.monotonic()`` values); returns the new ``last``."""
+        ...
+
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
+        """The request ended (``dispatched`` 0.0: no worker took it)."""
+        ...
+
+
+class RequestTelemetry(Protocol):
+    """Where the core records requests (``metrics.Telemetry`` is one)."""
+
+    def model(self, name: str, version: str) -> RequestStats | None:
+        """The stats of ``name`` and the request's ``version`` ("": the default), or ``None``: not recorded."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStats:
+    """One model version in :meth:`InferenceCore.stats` (plain values read at one instant).
+
+    Attributes:
+        model_name / model_version: which version.
+        queue_depth: requests waiting in its job queue.
+        workers: worker count by DescribeModel's state name, every state included (zeros too).
+        restarts: worker process restarts of the version so far (monotonic across scale-downs).
+    """
+
+    model_name: str
+    model_version: str
+    queue_depth: int
+    workers: Mapping[str, int]
+    restarts: int
 
 
 @dataclass
@@ -107,14 +155,14 @@ class InferenceCore:
         settings: core settings.
         on_health_change: called with ``(model_name | None)`` when readiness may
             have changed (the health service recomputes).
-        telemetry: where requests are counted and RPCs access-logged (default: nothing is).
+        telemetry: where requests are recorded (default: nowhere).
     """
 
     def __init__(self, settings: CoreSettings,
                  on_health_change: Callable[[], None] | None = None,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: RequestTelemetry | None = None) -> None:
         self.settings = settings
-        self.telemetry = telemetry or Telemetry()
+        self.telemetry = telemetry
         self.models: dict[str, ModelEntry] = {}
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
@@ -202,7 +250,8 @@ class InferenceCore:
                 handler's error, ...
         """
         model = self.get(name, version)
-        stats = self.telemetry.model(name, version)
+        telemetry = self.telemetry
+        stats = telemetry.model(name, version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=False, deadline=self._deadline(time_remaining))
         if stats is not None:
             stats.requests += 1
@@ -230,7 +279,7 @@ class InferenceCore:
         finally:
             self._leave()
             if stats is not None:
-                stats.finish(job, ok, cancelled)
+                stats.finish(job.enqueued, job.dispatched, ok, cancelled)
 
     async def stream(self, name: str, version: str, inputs: dict[str, bytes],
                      headers: dict[str, str] | None = None,
@@ -245,7 +294,8 @@ class InferenceCore:
             InferenceError: as :meth:`predict`.
         """
         model = self.get(name, version)
-        stats = self.telemetry.model(name, version)
+        telemetry = self.telemetry
+        stats = telemetry.model(name, version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=True, sequence_id=sequence_id,
                   deadline=self._deadline(time_remaining))
         if stats is not None:
@@ -261,7 +311,7 @@ class InferenceCore:
                     raise payload  # type: ignore[misc]
                 data = self._check_response(payload)  # type: ignore[arg-type]
                 if stats is not None:
-                    last = stats.message(job, last)
+                    last = stats.message(job.enqueued, last)
                 ok = kind == Kind.FINAL
                 if not ok:
                     job.took_chunk()
@@ -276,7 +326,7 @@ class InferenceCore:
             if not job.finished:
                 job.abort()
             if stats is not None:
-                stats.finish(job, ok, cancelled)
+                stats.finish(job.enqueued, job.dispatched, ok, cancelled)
 
     def new_sequence_id(self) -> str:
         """A fresh sequence id in TorchServe's form ``ts-seq-<uuid>``."""
@@ -474,6 +524,21 @@ class InferenceCore:
             for n in page
         ]
         return result
+
+    def stats(self) -> tuple[int, list[VersionStats]]:
+        """A read-only view for the metrics collector: ``(requests in flight, per-version stats)``.
+
+        Safe to call from another thread (the metrics scrape): it copies the registry's
+        dicts before walking them and only reads plain attributes.
+        """
+        out = []
+        for name, entry in list(self.models.items()):
+            for version, model in list(entry.versions.items()):
+                workers = dict.fromkeys((state.value for state in WorkerState), 0)
+                for slot in list(model.slots.values()):
+                    workers[slot.state.value] += 1
+                out.append(VersionStats(name, version, len(model.queue), workers, model.restarts_total))
+        return self.inflight, out
 
     # ------------------------------------------------------------------ health
     def healthy(self) -> bool:

@@ -19,18 +19,24 @@ those families, as TorchServe's API does. What is exported:
   ``inference_service_stream_messages_total``, ``inference_service_cancellations_total``.
 - ``inference_service_errors_total{method, code, reason}``: RPCs that ended with an
   error status (``reason`` is the ``ErrorInfo`` reason).
-- Read from the core at scrape time: ``inference_service_requests_in_flight``,
-  ``inference_service_job_queue_depth``, ``inference_service_workers{state}``,
-  ``inference_service_worker_restarts_total``.
-- Handler metrics (``context.metrics``; ``metrics_mode=prometheus``): under the
-  handler's name, labelled with the metric's dimensions plus ``Hostname``
-  (TorchServe's form); counters and gauges as such, ``histogram`` metrics as
-  Prometheus histograms with the default buckets.
+- Read at scrape time from a :class:`StatsSource` (the core's read-only stats view,
+  :meth:`InferenceCore.stats <inference_service.core.InferenceCore.stats>`):
+  ``inference_service_requests_in_flight``, ``inference_service_job_queue_depth``,
+  ``inference_service_workers{state}``, ``inference_service_worker_restarts_total``.
+- Handler metrics (``context.metrics``; ``metrics_mode=prometheus``), handed over
+  already decoded by the worker side (:meth:`ServerMetrics.handler_metrics`):
+  ``prometheus_client`` metric objects created on first sight, under the handler's
+  name, labelled with the metric's dimensions plus ``Hostname`` (TorchServe's form):
+  a ``Counter`` (exposed as ``<name>_total``, as ``prometheus_client`` names counters),
+  a ``Gauge``, or for ``histogram`` metrics a ``Histogram`` with the default buckets.
+
+This module knows neither the core nor jobs: it reads the :class:`StatsSource` and
+:class:`VersionStats` protocols, and is handed plain numbers when requests end.
 
 Quick start::
 
     metrics = ServerMetrics()
-    metrics.attach(core)
+    metrics.attach(core)                   # anything with .stats() (a StatsSource)
     port = metrics.serve("127.0.0.1", 0)   # the bound port
     stats = metrics.model("echo", "")      # cached per (model, version label)
     ...
@@ -42,35 +48,29 @@ thread and read snapshots, so a scrape never waits for the loop.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from inference_service.worker import protocol
-
 if TYPE_CHECKING:
     from inference_service.accesslog import AccessLog
-    from inference_service.core import InferenceCore
-    from inference_service.jobs import Job
 
 log = logging.getLogger(__name__)
 
 TTFR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-WORKER_STATES = ("STARTING", "READY", "BUSY", "RESTARTING", "FAILED", "UNLOADING")
 METRICS_MODES = ("log", "prometheus", "legacy")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what render() writes
 
@@ -81,8 +81,50 @@ _TS_COUNTERS = (
     ("ts_queue_latency_microseconds", "queue_us",
      "Total queue latency in microseconds (receipt until a worker took the request)."),
 )
-_NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")  # metric names may hold ':'
+_LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")  # label names may not
 _OK = grpc.StatusCode.OK
+
+#: A decoded handler metric update: ``(name, type, unit, dimensions, value)``, as
+#: ``worker.protocol.decode_metrics`` gives it.
+HandlerUpdate = tuple[str, str, str, dict[str, str], float]
+
+
+class VersionStats(Protocol):
+    """One model version as the collector reads it at scrape time (plain values).
+
+    Attributes:
+        model_name / model_version: the version's labels.
+        queue_depth: requests waiting in its job queue.
+        workers: worker count by state name (every state, zeros included; DescribeModel's names).
+        restarts: worker restarts of the version so far (monotonic).
+    """
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_version(self) -> str: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def workers(self) -> Mapping[str, int]: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+
+class StatsSource(Protocol):
+    """What the collector reads the serving state from (the core implements it)."""
+
+    def stats(self) -> tuple[int, Iterable[VersionStats]]:
+        """``(requests in flight, one VersionStats per registered model version)``.
+
+        Called on the scrape thread: it must only read, and not fail on concurrent changes.
+        """
+        ...
 
 
 class ModelStats:
@@ -108,8 +150,12 @@ class ModelStats:
         self._ttfr = ttfr
         self._gap = gap
 
-    def message(self, job: Job, last: float) -> float:
+    def message(self, enqueued: float, last: float) -> float:
         """One stream message is sent: observe time to first response (``last`` 0.0) or the gap.
+
+        Args:
+            enqueued: ``time.monotonic()`` when the request was received.
+            last: the previous call's answer (0.0 for the first message).
 
         Returns:
             The ``time.monotonic()`` of this message (pass it as ``last`` next time).
@@ -118,32 +164,29 @@ class ModelStats:
         if last:
             self._gap.observe(now - last)
         else:
-            self._ttfr.observe(now - job.enqueued)
+            self._ttfr.observe(now - enqueued)
         self.messages += 1
         return now
 
-    def finish(self, job: Job, ok: bool, cancelled: bool = False) -> None:
-        """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count."""
-        if job.dispatched:
-            self.queue_us += (job.dispatched - job.enqueued) * 1e6
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
+        """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count.
+
+        Args:
+            enqueued / dispatched: ``time.monotonic()`` when it was received / a worker took
+                it (``dispatched`` 0.0: no worker did).
+            ok: it answered its final response. cancelled: the client went away first.
+        """
+        if dispatched:
+            self.queue_us += (dispatched - enqueued) * 1e6
         if ok:
-            self.latency_us += (time.monotonic() - job.enqueued) * 1e6
+            self.latency_us += (time.monotonic() - enqueued) * 1e6
         if cancelled:
             self.cancellations += 1
 
 
-class _HandlerFamily:
-    """One handler metric name: its type, label names and values per label set."""
-
-    __slots__ = ("name", "type", "unit", "labels", "values")
-
-    def __init__(self, name: str, metric_type: str, unit: str, labels: tuple[str, ...]) -> None:
-        self.name = name
-        self.type = metric_type
-        self.unit = unit
-        self.labels = labels
-        # label values -> value (counter, gauge) or [bucket counts..., sum, count] (histogram)
-        self.values: dict[tuple[str, ...], Any] = {}
+def _sanitize(name: str, pattern: re.Pattern[str]) -> str:
+    name = pattern.sub("_", name)
+    return "_" + name if not name or name[0].isdigit() else name
 
 
 def _escape(value: str) -> str:
@@ -174,10 +217,11 @@ class ServerMetrics:
             ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
         self._models: dict[str, dict[str, ModelStats]] = {}
         self._errors: dict[tuple[str, str, str], int] = {}
-        self._handler: dict[str, _HandlerFamily] = {}
-        self._handler_lock = threading.Lock()
+        # handler metric name -> (type, label names, the prometheus_client metric), or None
+        # when the name could not be registered (its updates are dropped)
+        self._handler: dict[str, tuple[str, tuple[str, ...], Any] | None] = {}
         self._warned: set[str] = set()
-        self.core: InferenceCore | None = None
+        self.source: StatsSource | None = None
         self.registry.register(_Collector(self))
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -200,62 +244,84 @@ class ServerMetrics:
         key = (method, code.name, reason)
         self._errors[key] = self._errors.get(key, 0) + 1
 
-    def attach(self, core: InferenceCore) -> None:
-        """Read queue depth, workers and restarts from ``core`` at scrape time."""
-        self.core = core
+    def attach(self, source: StatsSource) -> None:
+        """Read in-flight requests, queue depths, workers and restarts from ``source`` at scrape time."""
+        self.source = source
 
-    def handler_metrics(self, spec: protocol.WorkerSpec, body: bytes) -> None:
-        """Apply a worker's ``METRIC`` frame (the :attr:`WorkerProcess.metrics_sink`).
+    def handler_metrics(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
+        """Apply handler metric updates a worker of ``model_name`` / ``model_version`` forwarded
+        (the worker side's ``metrics_sink``, ``metrics_mode=prometheus``).
 
-        A counter adds the value, a gauge takes it, a histogram observes it. Updates
-        that cannot be exported are dropped with one warning per metric name and cause: a name
-        of this server's own metrics, a type or dimension names that differ from the
-        metric's first update, a negative counter increment. Never raises.
+        Args:
+            model_name / model_version: whose worker sent them (for warnings).
+            updates: ``(name, type, unit, dimensions, value)`` tuples, decoded by
+                ``worker.protocol.decode_metrics``.
+
+        A counter adds the value, a gauge takes it, a histogram observes it; each metric is a
+        ``prometheus_client`` object created at its first update, labelled with the update's
+        dimension names (made Prometheus-safe) plus ``Hostname``. Updates that cannot be
+        exported are dropped with one warning per metric name and cause: a name of this
+        server's own metrics or one that clashes with another metric's series, dimension
+        names that are invalid or repeat after sanitising, a type or dimension names that
+        differ from the metric's first update, a negative counter increment (Prometheus
+        counters never decrease). Unknown types are exported as gauges. Runs on the event
+        loop thread; never raises.
         """
-        try:
-            updates = protocol.decode_metrics(body)
-        except protocol.ProtocolError as exc:
-            self._warn("frame", f"model {spec.model_name}: dropped handler metrics: {exc}")
-            return
-        with self._handler_lock:
-            for name, metric_type, unit, dims, value in updates:
+        for name, metric_type, unit, dims, value in updates:
+            try:
                 self._apply(name, metric_type, unit, dims, value)
+            except Exception:  # noqa: BLE001 - a bad metric must not stop the worker's routing
+                self._warn(f"{name}:error", f"model {model_name} version {model_version}: handler metric "
+                                            f"{name!r} dropped")
+                log.debug("handler metric %r dropped", name, exc_info=True)
 
     def _apply(self, raw_name: str, metric_type: str, unit: str, dims: dict[str, str], value: float) -> None:
-        name = _NAME_RE.sub("_", raw_name)
-        if not name or name[0].isdigit():
-            name = "_" + name
+        name = _sanitize(raw_name, _NAME_RE)
         if metric_type not in ("counter", "gauge", "histogram"):
             self._warn(name + ":type", f"handler metric {raw_name!r} has type {metric_type!r}; exported as a gauge")
             metric_type = "gauge"
+        labels = (*(_sanitize(k, _LABEL_RE) for k in dims), "Hostname")
+        if name not in self._handler:
+            self._handler[name] = self._create(raw_name, name, metric_type, unit, labels)
+        family = self._handler[name]
+        if family is None:
+            return
+        kind, names, metric = family
+        if kind != metric_type or names != labels:
+            self._warn(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
+                                          f"({kind} {names[:-1]} first); update dropped")
+            return
+        child = metric.labels(*dims.values(), self.hostname)
+        if kind == "counter":
+            if value < 0:
+                self._warn(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
+                                               "negative increments are dropped")
+                return
+            child.inc(value)
+        elif kind == "gauge":
+            child.set(value)
+        else:
+            child.observe(value)
+
+    def _create(self, raw_name: str, name: str, metric_type: str, unit: str,
+                labels: tuple[str, ...]) -> tuple[str, tuple[str, ...], Any] | None:
+        """The metric object of a handler metric's first update (``None``: it cannot be exported)."""
         if name.startswith(("ts_inference_", "ts_queue_", "inference_service_")):
             self._warn(name + ":reserved",
                        f"handler metric {raw_name!r} uses a name of the server's own metrics; dropped")
-            return
-        labels = tuple(_NAME_RE.sub("_", k) for k in dims) + ("Hostname",)
-        family = self._handler.get(name)
-        if family is None:
-            family = self._handler[name] = _HandlerFamily(name, metric_type, unit, labels)
-        elif family.type != metric_type or family.labels != labels:
-            self._warn(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
-                             f"({family.type} {family.labels[:-1]} first); update dropped")
-            return
-        key = (*dims.values(), self.hostname)
-        if metric_type == "counter":
-            if value < 0:
-                self._warn(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
-                                 "negative increments are dropped")
-                return
-            family.values[key] = family.values.get(key, 0.0) + value
-        elif metric_type == "gauge":
-            family.values[key] = value
-        else:
-            counts = family.values.get(key)
-            if counts is None:
-                counts = family.values[key] = [0] * (len(HANDLER_BUCKETS) + 1) + [0.0, 0]
-            counts[bisect.bisect_left(HANDLER_BUCKETS, value)] += 1
-            counts[-2] += value
-            counts[-1] += 1
+            return None
+        if len(set(labels)) != len(labels):
+            self._warn(name + ":labels", f"handler metric {raw_name!r}: its dimension names {labels[:-1]} "
+                                         "repeat (or include Hostname) once made Prometheus-safe; dropped")
+            return None
+        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[metric_type]
+        extra = {"buckets": HANDLER_BUCKETS} if metric_type == "histogram" else {}
+        try:
+            metric = cls(name, f"handler metric, unit: {unit}", labels, registry=self.registry, **extra)
+        except ValueError as exc:  # a series name taken by another metric, a reserved label (``le``)
+            self._warn(name + ":clash", f"handler metric {raw_name!r} cannot be exported ({exc}); dropped")
+            return None
+        return metric_type, labels, metric
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -276,25 +342,6 @@ class ServerMetrics:
                     labels = _labels(("model_name", "model_version", "hostname"),
                                      (name, version or "default", self.hostname))
                     out.append(f"{metric}{{{labels}}} {floatToGoString(getattr(stats, attr))}\n")
-        with self._handler_lock:
-            families = [(f, list(f.values.items())) for f in self._handler.values()]
-        for family, values in families:
-            if names is not None and family.name not in names:
-                continue
-            kind = family.type
-            out.append(f"# HELP {family.name} handler metric, unit: {family.unit}\n"
-                       f"# TYPE {family.name} {kind}\n")
-            for key, value in values:
-                labels = _labels(family.labels, key)
-                if kind != "histogram":
-                    out.append(f"{family.name}{{{labels}}} {floatToGoString(value)}\n")
-                    continue
-                cumulative = 0
-                for bound, count in zip((*HANDLER_BUCKETS, float("inf")), value[:-2], strict=True):
-                    cumulative += count
-                    out.append(f'{family.name}_bucket{{{labels},le="{floatToGoString(bound)}"}} {cumulative}\n')
-                out.append(f"{family.name}_sum{{{labels}}} {floatToGoString(value[-2])}\n"
-                           f"{family.name}_count{{{labels}}} {value[-1]}\n")
         registry = self.registry if names is None else self.registry.restricted_registry(
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
         return "".join(out).encode() + generate_latest(registry)
@@ -357,7 +404,8 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
 
 class _Collector:
-    """``prometheus_client`` collector of the counters kept as plain numbers and of the core's state."""
+    """``prometheus_client`` collector of the counters kept as plain numbers and of the
+    :class:`StatsSource`'s state."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -391,11 +439,12 @@ class _Collector:
         for (method, code, reason), count in list(m._errors.items()):
             errors.add_metric([method, code, reason], count)
         yield errors
-        core = m.core
-        if core is None:
+        source = m.source
+        if source is None:
             return
+        inflight, version_stats = source.stats()
         yield GaugeMetricFamily("inference_service_requests_in_flight",
-                                "Inference requests being served (queued or running).", value=core.inflight)
+                                "Inference requests being served (queued or running).", value=inflight)
         depth = GaugeMetricFamily("inference_service_job_queue_depth",
                                   "Requests waiting in the model version's job queue.", labels=labels)
         workers = GaugeMetricFamily("inference_service_workers", "Workers of the model version by state.",
@@ -403,16 +452,11 @@ class _Collector:
         restarts = CounterMetricFamily("inference_service_worker_restarts",
                                        "Worker process restarts of the model version (monotonic).",
                                        labels=labels)
-        for name, entry in list(core.models.items()):
-            for version, model in list(entry.versions.items()):
-                depth.add_metric([name, version], len(model.queue))
-                slots = list(model.slots.values())
-                states = dict.fromkeys(WORKER_STATES, 0)
-                for slot in slots:
-                    states[slot.state.value] = states.get(slot.state.value, 0) + 1
-                for state, count in states.items():
-                    workers.add_metric([name, version, state], count)
-                restarts.add_metric([name, version], model.restarts_total)
+        for v in version_stats:
+            depth.add_metric([v.model_name, v.model_version], v.queue_depth)
+            for state, count in v.workers.items():
+                workers.add_metric([v.model_name, v.model_version, state], count)
+            restarts.add_metric([v.model_name, v.model_version], v.restarts)
         yield depth
         yield workers
         yield restarts

@@ -172,9 +172,9 @@ class Server:
             interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
             options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
-                    InferenceServicer(self.core))
+                    InferenceServicer(self.core, self.telemetry))
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
-                    ManagementServicer(self.core, s.enable_model_api))
+                    ManagementServicer(self.core, s.enable_model_api, self.telemetry))
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
             # server reflection, so grpcurl, Postman and Evans work without the proto files

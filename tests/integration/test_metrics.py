@@ -184,15 +184,19 @@ def test_handler_metrics_reach_the_endpoint(msrv):
         assert msrv.stream("mh", "stream:2") == [b"step0", b"step1", b"stream:2"]
         samples = scrape(msrv)
         dims = {"ModelName": "mh", "Level": "Model"}
-        assert value(samples, "LoadCount", **dims) == 1  # recorded in initialize(), before READY
-        assert value(samples, "EchoRequests", kind="plain", **dims) == 3
-        assert value(samples, "EchoRequests", kind="stream", **dims) == 1
-        assert value(samples, "StreamSteps", **dims) == 2
+        # counters as prometheus_client writes them (<name>_total), gauges and histograms by name
+        assert value(samples, "LoadCount_total", **dims) == 1  # recorded in initialize(), before READY
+        assert value(samples, "EchoRequests_total", kind="plain", **dims) == 3
+        assert value(samples, "EchoRequests_total", kind="stream", **dims) == 1
+        assert value(samples, "StreamSteps_total", **dims) == 2
         assert value(samples, "LastBatchSize", **dims) == 1
         assert value(samples, "PayloadBytes_count", **dims) == 4
         assert value(samples, "PayloadBytes_sum", **dims) == 3 * 4 + len("stream:2")
         assert value(samples, "PayloadBytes_bucket", le="+Inf", **dims) == 4
-        assert all(dict(ls).get("Hostname") for n, ls in samples if n == "EchoRequests")
+        assert all(dict(ls).get("Hostname") for n, ls in samples if n == "EchoRequests_total")
+        only = scrape(msrv, "?name[]=EchoRequests&name[]=PayloadBytes")
+        assert {name for name, _ in only} == {"EchoRequests_total", "EchoRequests_created", "PayloadBytes_bucket",
+                                             "PayloadBytes_count", "PayloadBytes_sum", "PayloadBytes_created"}
         assert "EchoRequests.Count" not in msrv.log()  # prometheus mode: exported, not logged
     finally:
         msrv.unregister("mh")

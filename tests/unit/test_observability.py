@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -65,10 +66,6 @@ def test_metric_frame_roundtrip_and_worker_queue():
         protocol.decode_metrics(b"{not json")
 
 
-def _spec() -> protocol.WorkerSpec:
-    return protocol.WorkerSpec("m", "1.0", "/x", "h.py", {}, {}, 1, 9000)
-
-
 def test_exposition_of_frontend_and_handler_metrics(caplog):
     m = ServerMetrics(hostname="h")
     stats = m.model("echo", "")
@@ -77,18 +74,19 @@ def test_exposition_of_frontend_and_handler_metrics(caplog):
     assert m.model("echo", "") is stats and m.model("echo", "1.0") is not stats
     m.error("Predictions", grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND")
     dims = {"ModelName": "m", "Level": "Model"}
-    frame = protocol.encode_metrics([
-        ("Hits", "counter", "Count", dims, 2.0), ("Hits", "counter", "Count", dims, 3.0),
-        ("Hits", "counter", "Count", dims, -1.0),                      # counters never decrease: dropped
-        ("Hits", "gauge", "Count", dims, 9.0),                         # type changed: dropped
-        ("Load", "gauge", "Percent", dims, 0.5), ("Load", "gauge", "Percent", dims, 0.25),
-        ("Lat-ms", "histogram", "ms", dims, 0.02), ("Lat-ms", "histogram", "ms", dims, 20.0),
-        ("ts_inference_requests_total", "counter", "Count", dims, 1.0),  # the server's name: dropped
-    ])
     with caplog.at_level(logging.WARNING, logger="inference_service.metrics"):
-        m.handler_metrics(_spec(), frame[protocol.HEADER.size:])
-        m.handler_metrics(_spec(), b"garbage")  # never raises
-    assert len(caplog.records) == 4
+        m.handler_metrics("m", "1.0", [
+            ("Hits", "counter", "Count", dims, 2.0), ("Hits", "counter", "Count", dims, 3.0),
+            ("Hits", "counter", "Count", dims, -1.0),                      # counters never decrease: dropped
+            ("Hits", "gauge", "Count", dims, 9.0),                         # type changed: dropped
+            ("Hits", "counter", "Count", {"Other": "x"}, 1.0),             # dimension names changed: dropped
+            ("Load", "gauge", "Percent", dims, 0.5), ("Load", "gauge", "Percent", dims, 0.25),
+            ("Lat-ms", "histogram", "ms", dims, 0.02), ("Lat-ms", "histogram", "ms", dims, 20.0),
+            ("ts_inference_requests_total", "counter", "Count", dims, 1.0),  # the server's name: dropped
+            ("Odd", "summary", "Count", dims, 4.0),                        # unknown type: a gauge
+        ])
+        m.handler_metrics("m", "1.0", [("Hits", "counter", "Count", dims, -1.0)])  # warned once per cause
+    assert len(caplog.records) == 4, [r.getMessage() for r in caplog.records]  # one per name and cause
     text = m.render().decode()
     assert "# TYPE ts_inference_latency_microseconds counter\n" in text  # TorchServe's name, no _total
     assert 'ts_inference_requests_total{model_name="echo",model_version="default",hostname="h"} 2.0\n' in text
@@ -96,14 +94,55 @@ def test_exposition_of_frontend_and_handler_metrics(caplog):
     assert 'ts_inference_requests_total{model_name="echo",model_version="1.0",hostname="h"} 0.0' in text
     assert ('inference_service_errors_total{code="NOT_FOUND",method="Predictions",reason="MODEL_NOT_FOUND"} 1.0'
             in text)
-    assert 'Hits{ModelName="m",Level="Model",Hostname="h"} 5.0\n' in text
-    assert 'Load{ModelName="m",Level="Model",Hostname="h"} 0.25\n' in text
-    assert 'Lat_ms_bucket{ModelName="m",Level="Model",Hostname="h",le="0.025"} 1\n' in text
-    assert 'Lat_ms_bucket{ModelName="m",Level="Model",Hostname="h",le="+Inf"} 2\n' in text
-    assert 'Lat_ms_count{ModelName="m",Level="Model",Hostname="h"} 2\n' in text
+    # prometheus_client objects: counters as <name>_total, labels in name order
+    assert "# HELP Hits_total handler metric, unit: Count\n# TYPE Hits_total counter\n" in text
+    assert 'Hits_total{Hostname="h",Level="Model",ModelName="m"} 5.0\n' in text
+    assert 'Load{Hostname="h",Level="Model",ModelName="m"} 0.25\n' in text
+    assert 'Odd{Hostname="h",Level="Model",ModelName="m"} 4.0\n' in text
+    assert 'Lat_ms_bucket{Hostname="h",Level="Model",ModelName="m",le="0.025"} 1.0\n' in text
+    assert 'Lat_ms_bucket{Hostname="h",Level="Model",ModelName="m",le="+Inf"} 2.0\n' in text
+    assert 'Lat_ms_count{Hostname="h",Level="Model",ModelName="m"} 2.0\n' in text
+    assert 'Lat_ms_sum{Hostname="h",Level="Model",ModelName="m"} 20.02\n' in text
+    assert "ts_inference_requests_total_total" not in text
     only = m.render({"Hits", "inference_service_errors"}).decode()
-    assert "Hits{" in only and "inference_service_errors_total{" in only
+    assert "Hits_total{" in only and "inference_service_errors_total{" in only
     assert "ts_inference" not in only and "Load{" not in only
+
+
+def test_handler_metrics_that_cannot_be_exported_are_dropped(caplog):
+    m = ServerMetrics(hostname="h")
+    with caplog.at_level(logging.WARNING, logger="inference_service.metrics"):
+        m.handler_metrics("m", "1.0", [
+            ("Lat", "histogram", "ms", {"le": "x"}, 1.0),            # ``le`` is the histogram's own label
+            ("Dup", "gauge", "u", {"a-b": "1", "a_b": "2"}, 1.0),    # the same label once sanitised
+            ("Host", "gauge", "u", {"Hostname": "x"}, 1.0),          # Hostname is added by the server
+            ("Twin", "gauge", "u", {}, 1.0), ("Twin_total", "counter", "u", {}, 1.0),  # same series names
+            ("1st:x", "gauge", "u", {"k:1": "v", "9k": "w"}, 2.0),   # names made Prometheus-safe
+        ])
+    assert len(caplog.records) == 4, [r.getMessage() for r in caplog.records]
+    text = m.render().decode()
+    assert 'Twin{Hostname="h"} 1.0\n' in text and "Twin_total" not in text
+    assert '_1st:x{Hostname="h",_9k="w",k_1="v"} 2.0\n' in text
+    assert "Lat_" not in text and "Dup{" not in text and "Host{" not in text
+
+
+class _Source:
+    def stats(self):
+        return 3, [SimpleNamespace(model_name="echo", model_version="1.0", queue_depth=2,
+                                   workers={"READY": 1, "BUSY": 0}, restarts=4)]
+
+
+def test_scrape_reads_the_stats_view():
+    m = ServerMetrics(hostname="h")
+    text = m.render().decode()
+    assert "inference_service_requests_in_flight" not in text  # no source attached yet
+    m.attach(_Source())
+    text = m.render().decode()
+    assert "inference_service_requests_in_flight 3.0\n" in text
+    assert 'inference_service_job_queue_depth{model_name="echo",model_version="1.0"} 2.0\n' in text
+    assert 'inference_service_workers{model_name="echo",model_version="1.0",state="READY"} 1.0\n' in text
+    assert 'inference_service_workers{model_name="echo",model_version="1.0",state="BUSY"} 0.0\n' in text
+    assert 'inference_service_worker_restarts_total{model_name="echo",model_version="1.0"} 4.0\n' in text
 
 
 def test_json_formatter_fields_and_traceback():

@@ -11,7 +11,8 @@ succeed, a ``RetryInfo``. Anything that is not an
 
 The same decorators observe every RPC of both APIs: when it ends, its status
 is counted (``inference_service_errors_total`` for errors) and its access-log
-line written, through the core's :class:`~inference_service.metrics.Telemetry`.
+line written, through the servicer's ``telemetry`` attribute (a
+:class:`~inference_service.metrics.Telemetry`, or ``None``: nothing is recorded).
 An RPC the client cancelled ends CANCELLED (DEADLINE_EXCEEDED when its deadline
 passed).
 """
@@ -84,7 +85,7 @@ def check_parsed(request: Any) -> None:
 
 
 def _telemetry(servicer: Any) -> Telemetry | None:
-    return getattr(getattr(servicer, "core", None), "telemetry", None)
+    return getattr(servicer, "telemetry", None)
 
 
 def _client_gone(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:

@@ -15,6 +15,7 @@ from google.rpc import status_pb2
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.metrics import Telemetry
 from inference_service.servicers.base import bidi_streaming, streaming, unary
 from inference_service.servicers.registration import Malformed
 
@@ -45,10 +46,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
 
     Args:
         core: the serving core.
+        telemetry: where RPCs are counted and access-logged (``None``: nowhere).
     """
 
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: InferenceCore, telemetry: Telemetry | None = None) -> None:
         self.core = core
+        self.telemetry = telemetry
 
     @unary
     async def Ping(self, request: empty_pb2.Empty,

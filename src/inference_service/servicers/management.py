@@ -9,6 +9,7 @@ import grpc
 from inference_service._proto import management_pb2, management_pb2_grpc
 from inference_service.core import InferenceCore, RegisterRequest, describe_json
 from inference_service.errors import PermissionDenied
+from inference_service.metrics import Telemetry
 from inference_service.servicers.base import unary
 
 ManagementResponse = management_pb2.ManagementResponse
@@ -21,11 +22,14 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         core: the serving core.
         model_api_enabled: whether RegisterModel/UnregisterModel are allowed
             (PERMISSION_DENIED "model API disabled" otherwise).
+        telemetry: where RPCs are counted and access-logged (``None``: nowhere).
     """
 
-    def __init__(self, core: InferenceCore, model_api_enabled: bool = True) -> None:
+    def __init__(self, core: InferenceCore, model_api_enabled: bool = True,
+                 telemetry: Telemetry | None = None) -> None:
         self.core = core
         self.model_api_enabled = model_api_enabled
+        self.telemetry = telemetry
 
     def _check_model_api(self) -> None:
         if not self.model_api_enabled:
