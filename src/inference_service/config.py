@@ -18,6 +18,8 @@ from typing import Any
 
 import javaproperties
 
+from inference_service.archive import UrlPolicy
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 6_553_500
@@ -141,6 +143,13 @@ class Settings:
     def instance_dir(self) -> Path:
         """The per-instance directory (``run_dir``, default ``<working_dir>/.inference_service``)."""
         return self.run_dir or self.working_dir / ".inference_service"
+
+    @property
+    def url_policy(self) -> UrlPolicy:
+        """Which ``http(s)://`` register URLs are fetched, and how: ``allowed_urls``,
+        ``max_download_size`` (bytes) and ``download_timeout_s`` as one
+        :class:`~inference_service.archive.UrlPolicy`."""
+        return UrlPolicy(tuple(self.allowed_urls), self.max_download_size, self.download_timeout_s)
 
     @property
     def inference_http_url(self) -> str:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import inference_service
-from inference_service.archive import UrlPolicy, install_requirements, open_archive
+from inference_service.archive import install_requirements, open_archive
+from inference_service.config import Settings
 from inference_service.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -86,43 +87,6 @@ class VersionStats:
 
 
 @dataclass
-class CoreSettings:
-    """What the core needs from the server configuration.
-
-    Attributes:
-        model_store: directory archives are registered from (``None``: none).
-        extract_dir: per-instance directory for extracted archives.
-        job_queue_size: default job queue bound per model version.
-        default_response_timeout_s: TorchServe's ``default_response_timeout``.
-        default_startup_timeout_s: default startup_timeout.
-        default_workers_per_model: workers for models loaded at startup.
-        worker_threads: torch threads per worker (0: cores / workers).
-        install_py_dep_per_model: install archives' requirements.txt.
-        max_backoff_s: cap of the worker restart back-off.
-        max_archive_bytes: cap on an archive's uncompressed size.
-        url_policy: which ``http(s)://`` register URLs are fetched (default: none).
-        max_request_size / max_response_size: bytes of one request's inputs / one
-            response message (TorchServe's settings, default 6553500).
-        number_of_gpu: GPUs to place workers on, round-robin (0: CPU only).
-    """
-
-    model_store: Path | None
-    extract_dir: Path
-    job_queue_size: int = 100
-    default_response_timeout_s: int = 120
-    default_startup_timeout_s: int = 120
-    default_workers_per_model: int = 1
-    worker_threads: int = 0
-    install_py_dep_per_model: bool = False
-    max_backoff_s: float = 30.0
-    max_archive_bytes: int = 10 * 1024**3
-    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
-    max_request_size: int = 6_553_500
-    max_response_size: int = 6_553_500
-    number_of_gpu: int = 0
-
-
-@dataclass
 class RegisterRequest:
     """RegisterModel's fields (0 / "" mean unset, as in proto3)."""
 
@@ -152,23 +116,33 @@ class InferenceCore:
     """Registry of models and the inference / management operations on it.
 
     Args:
-        settings: core settings.
-        on_health_change: called with ``(model_name | None)`` when readiness may
-            have changed (the health service recomputes).
+        settings: the server's settings, read once in ``main()``. The core reads
+            ``model_store``, the archive limits (``max_archive_bytes``, ``allowed_urls``,
+            ``max_download_size``, ``download_timeout_s``), the per-model defaults
+            (``job_queue_size``, ``default_response_timeout_s``, ``default_startup_timeout_s``,
+            ``default_workers_per_model``, ``worker_threads``, ``max_backoff_s``),
+            ``install_py_dep_per_model`` and the message limits (``max_request_size``,
+            ``max_response_size``, bytes).
+        extract_dir: this instance's directory for extracted archives.
+        number_of_gpu: GPUs to place workers on, round-robin (0: CPU only); the server
+            resolves ``settings.number_of_gpu`` ``None`` to the GPUs it finds.
+        on_health_change: called when readiness may have changed (the health service recomputes).
         telemetry: where requests are recorded (default: nowhere).
     """
 
-    def __init__(self, settings: CoreSettings,
+    def __init__(self, settings: Settings, extract_dir: Path, number_of_gpu: int = 0,
                  on_health_change: Callable[[], None] | None = None,
                  telemetry: RequestTelemetry | None = None) -> None:
         self.settings = settings
+        self.extract_dir = extract_dir
+        self.url_policy = settings.url_policy
         self.telemetry = telemetry
         self.models: dict[str, ModelEntry] = {}
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
         self.accepting = True
         self.on_models_changed: Callable[[], None] = lambda: None
-        self.gpus = GpuAllocator(settings.number_of_gpu)
+        self.gpus = GpuAllocator(number_of_gpu)
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -365,8 +339,7 @@ class InferenceCore:
             if getattr(req, field_name) < 0:
                 raise InvalidArgument(f"{field_name} must not be negative")
         archive = await asyncio.to_thread(open_archive, req.url, self.settings.model_store,
-                                          self.settings.extract_dir, self.settings.max_archive_bytes,
-                                          self.settings.url_policy)
+                                          self.extract_dir, self.settings.max_archive_bytes, self.url_policy)
         try:
             name = req.model_name or archive.model_name
             if not name:

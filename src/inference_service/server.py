@@ -27,10 +27,10 @@ import inference_service
 from inference_service import tls
 from inference_service._proto import inference_pb2, management_pb2
 from inference_service.accesslog import AccessLog
-from inference_service.archive import MANIFEST, UrlPolicy
+from inference_service.archive import MANIFEST
 from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
 from inference_service.config import Settings
-from inference_service.core import CoreSettings, InferenceCore, RegisterRequest
+from inference_service.core import InferenceCore, RegisterRequest
 from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.http_api import HttpInferenceApi, server_ssl_context
@@ -94,23 +94,8 @@ class Server:
         self.telemetry = Telemetry(
             self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
-            CoreSettings(
-                model_store=settings.model_store,
-                extract_dir=self.extract_dir,
-                job_queue_size=settings.job_queue_size,
-                default_response_timeout_s=settings.default_response_timeout_s,
-                default_startup_timeout_s=settings.default_startup_timeout_s,
-                default_workers_per_model=settings.default_workers_per_model,
-                worker_threads=settings.worker_threads,
-                install_py_dep_per_model=settings.install_py_dep_per_model,
-                max_backoff_s=settings.max_backoff_s,
-                max_archive_bytes=settings.max_archive_bytes,
-                url_policy=UrlPolicy(tuple(settings.allowed_urls), settings.max_download_size,
-                                     settings.download_timeout_s),
-                max_request_size=settings.max_request_size,
-                max_response_size=settings.max_response_size,
-                number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
-            ),
+            settings, self.extract_dir,
+            number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
             on_health_change=self.health.changed,
             telemetry=self.telemetry,
         )
