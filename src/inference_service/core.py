@@ -3,15 +3,15 @@
 Servicers translate protos to calls on :class:`InferenceCore` and back; every
 failure is an :class:`~inference_service.errors.InferenceError`.
 
-The core does not know the metrics module: it records requests into a
-:class:`RequestTelemetry` it is given (``metrics.Telemetry`` implements it), and offers a
-read-only :meth:`InferenceCore.stats` view for the metrics collector.
+The core knows neither metrics nor TorchServe's JSON shapes: it records requests into a
+:class:`RequestTelemetry` it is given (``metrics.Telemetry`` implements it), offers a
+read-only :meth:`InferenceCore.stats` view for the metrics collector, and hands the
+management servicer the model versions to describe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import sys
@@ -467,14 +467,20 @@ class InferenceCore:
         log.info("model %s default version is now %s", name, version)
         self.on_models_changed()
 
-    def describe(self, name: str, version: str = "") -> list[dict[str, Any]]:
-        """DescribeModel: one object per version (all of them when ``version`` is "all")."""
+    def versions(self, name: str, version: str = "") -> list[tuple[ModelVersion, bool]]:
+        """DescribeModel's versions, each with whether it is the default: the named one (the
+        default when ``version`` is empty), or all of them in version string order for "all"
+        (the JSON is shaped by :mod:`inference_service.servicers.torchserve_json`).
+
+        Raises:
+            InvalidArgument: empty model name. NotFound: unknown model or version.
+        """
         if version == "all":
             self.get(name)
             entry = self.models[name]
-            return [m.describe(v == entry.default_version) for v, m in sorted(entry.versions.items())]
+            return [(m, v == entry.default_version) for v, m in sorted(entry.versions.items())]
         model = self.get(name, version)
-        return [model.describe(model.version == self.models[name].default_version)]
+        return [(model, model.version == self.models[name].default_version)]
 
     def list_models(self, limit: int, next_page_token: int) -> dict[str, Any]:
         """ListModels: ``{"nextPageToken"?, "models": [{"modelName", "modelUrl"}]}`` sorted by name.
@@ -545,7 +551,3 @@ class InferenceCore:
 def _valid_name(name: str) -> bool:
     return 0 < len(name) <= 256 and all(c.isalnum() or c in "_-." for c in name) and name.isascii()
 
-
-def describe_json(items: list[dict[str, Any]]) -> str:
-    """DescribeModel's ``msg``: the JSON array, indented as TorchServe prints it."""
-    return json.dumps(items, indent=2)

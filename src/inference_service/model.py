@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 from inference_service.archive import ModelArchive
 from inference_service.errors import FailedPrecondition, ResourceExhausted, Unavailable, WorkerLoadError
@@ -235,23 +234,3 @@ class ModelVersion:
         self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
         await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))
         self.archive.remove()
-
-    def describe(self, is_default: bool) -> dict[str, Any]:
-        """DescribeModel's object for this version (TorchServe's keys)."""
-        c = self.config
-        return {
-            "modelName": self.name,
-            "modelVersion": self.version,
-            "modelUrl": self.archive.url,
-            "runtime": str(self.archive.manifest.get("runtime", "python")),
-            **c.torchserve_fields(),
-            "maxRetryTimeoutInSec": c.max_retry_timeout_s,
-            "deviceType": c.device_type or ("gpu" if self.gpu_count and self.gpus.count else "cpu"),
-            "loadedAtStartup": self.loaded_at_startup,
-            "isDefault": is_default,
-            "workers": [s.describe() for s in self.slots.values()],
-            "jobQueueStatus": {
-                "remainingCapacity": self.queue.remaining_capacity(),
-                "pendingRequests": len(self.queue),
-            },
-        }

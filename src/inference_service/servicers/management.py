@@ -7,10 +7,11 @@ import json
 import grpc
 
 from inference_service._proto import management_pb2, management_pb2_grpc
-from inference_service.core import InferenceCore, RegisterRequest, describe_json
+from inference_service.core import InferenceCore, RegisterRequest
 from inference_service.errors import PermissionDenied
 from inference_service.metrics import Telemetry
 from inference_service.servicers.base import unary
+from inference_service.servicers.torchserve_json import describe_json
 
 ManagementResponse = management_pb2.ManagementResponse
 
@@ -97,7 +98,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
     async def DescribeModel(self, request: management_pb2.DescribeModelRequest,
                             context: grpc.aio.ServicerContext) -> ManagementResponse:
         """JSON array, one object per version, with TorchServe's keys. Status: NOT_FOUND."""
-        return ManagementResponse(msg=describe_json(self.core.describe(request.model_name,
+        return ManagementResponse(msg=describe_json(self.core.versions(request.model_name,
                                                                        request.model_version)))
 
     @unary

@@ -14,7 +14,7 @@ import enum
 import logging
 import random
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from inference_service.errors import Unavailable, WorkerLoadError
 from inference_service.jobs import Job, JobQueue
@@ -208,18 +208,3 @@ class WorkerSlot:
         if self.process is not None:
             await self.process.stop(timeout=2.0)
         self._outcome("worker stopped")
-
-    def describe(self) -> dict[str, Any]:
-        """DescribeModel's ``workers[]`` entry (TorchServe's keys, plus restarts)."""
-        process = self.process
-        alive = process is not None and process.alive
-        return {
-            "id": str(self.id),
-            "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.start_time)),
-            "status": self.state.value,
-            "memoryUsage": process.memory_usage() if process is not None else 0,
-            "pid": process.pid if alive and process is not None else -1,
-            "gpu": self.gpu is not None,
-            "gpuUsage": "N/A",
-            "restarts": self.restarts,
-        }

@@ -1,0 +1,68 @@
+"""TorchServe's DescribeModel JSON, shaped from the registry's plain values.
+
+The management servicer answers ``DescribeModel`` with :func:`describe_json` of
+:func:`describe_version` for each version the core returns
+(:meth:`InferenceCore.versions <inference_service.core.InferenceCore.versions>`). The keys,
+their order and the indentation are TorchServe's (``DescribeModelResponse`` of its
+management API), plus ``restarts`` per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from inference_service.model import ModelVersion
+from inference_service.worker.supervisor import WorkerSlot
+
+
+def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
+    """A worker's entry of ``workers[]``: id, start time (local, second precision), status,
+    resident memory in bytes (0 without a process), pid (-1 unless running), whether it is on a
+    GPU, ``gpuUsage`` (always ``"N/A"``) and its restarts."""
+    process = slot.process
+    alive = process is not None and process.alive
+    return {
+        "id": str(slot.id),
+        "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(slot.start_time)),
+        "status": slot.state.value,
+        "memoryUsage": process.memory_usage() if process is not None else 0,
+        "pid": process.pid if alive and process is not None else -1,
+        "gpu": slot.gpu is not None,
+        "gpuUsage": "N/A",
+        "restarts": slot.restarts,
+    }
+
+
+def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
+    """DescribeModel's object for one version: name, version, URL, runtime, the worker and batch
+    settings under TorchServe's names, device type, whether it was loaded at startup and is the
+    default, its workers (:func:`describe_worker`) and its job queue."""
+    c = model.config
+    return {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.archive.url,
+        "runtime": str(model.archive.manifest.get("runtime", "python")),
+        **c.torchserve_fields(),
+        "maxRetryTimeoutInSec": c.max_retry_timeout_s,
+        "deviceType": c.device_type or ("gpu" if model.gpu_count and model.gpus.count else "cpu"),
+        "loadedAtStartup": model.loaded_at_startup,
+        "isDefault": is_default,
+        "workers": [describe_worker(s) for s in model.slots.values()],
+        "jobQueueStatus": {
+            "remainingCapacity": model.queue.remaining_capacity(),
+            "pendingRequests": len(model.queue),
+        },
+    }
+
+
+def describe_json(versions: list[tuple[ModelVersion, bool]]) -> str:
+    """DescribeModel's ``msg``: the JSON array of :func:`describe_version` objects, indented as
+    TorchServe prints it.
+
+    Args:
+        versions: ``(version, is_default)`` pairs, as ``InferenceCore.versions`` returns them.
+    """
+    return json.dumps([describe_version(model, is_default) for model, is_default in versions], indent=2)
