@@ -17,7 +17,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +84,27 @@ class VersionStats:
     queue_depth: int
     workers: Mapping[str, int]
     restarts: int
+
+
+def version_key(version: str) -> tuple[int, ...] | None:
+    """``"10.0"`` -> ``(10, 0)``: a version of dot-separated integers as a tuple that orders
+    numerically ("9.0" before "10.0"); ``None`` for anything else ("1.0a", "latest")."""
+    parts = version.split(".")
+    if not all(p.isdigit() and p.isascii() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def newest_version(versions: Iterable[str]) -> str:
+    """The version to fall back to as the default: the numerically highest of those that
+    are dot-separated integers (:func:`version_key`), else the last registered.
+
+    Args:
+        versions: the model's versions in registration order (at least one).
+    """
+    ordered = list(versions)
+    numeric = [(key, i) for i, v in enumerate(ordered) if (key := version_key(v)) is not None]
+    return ordered[max(numeric)[1]] if numeric else ordered[-1]
 
 
 @dataclass
@@ -408,7 +429,7 @@ class InferenceCore:
         if not entry.versions:
             del self.models[name]
         elif entry.default_version == version:
-            entry.default_version = sorted(entry.versions)[-1]
+            entry.default_version = newest_version(entry.versions)
         if model is not None:
             await model.close()
         self._on_health_change()

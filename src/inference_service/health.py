@@ -12,7 +12,6 @@ Service names:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
@@ -31,12 +30,22 @@ def model_service_name(model_name: str) -> str:
 
 
 class Health:
-    """Keeps a :class:`HealthServicer` in step with the core (one update task at a time)."""
+    """Keeps a :class:`HealthServicer` in step with the core.
+
+    A change (:meth:`changed`) recomputes every status once per event loop turn; each
+    service name whose status differs from the last one asked for gets it written by its
+    own writer task. ``HealthServicer.set`` waits while a ``Watch`` of that name is
+    writing to a slow client, so the writer loops until the status it wrote is still
+    the latest: a change made meanwhile is never lost, and one slow watcher delays only
+    its own service name. Writers are owned here and cancelled by :meth:`shutdown`.
+    """
 
     def __init__(self) -> None:
         self.servicer = HealthServicer()
         self.core: InferenceCore | None = None
-        self._pending: asyncio.Task[None] | None = None
+        self._scheduled = False
+        self._wanted: dict[str, int] = {}  # service name -> the status last asked for
+        self._writers: dict[str, asyncio.Task[None]] = {}
         self._known_models: set[str] = set()
         self._live = False
 
@@ -44,34 +53,71 @@ class Health:
         """Set everything NOT_SERVING (before the server accepts)."""
         self.core = core
         for name in ("", READINESS, MANAGEMENT):
+            self._wanted[name] = NOT_SERVING
             await self.servicer.set(name, NOT_SERVING)
 
     async def set_live(self) -> None:
-        """The server accepts calls: liveness and management SERVING, readiness computed."""
+        """The server accepts calls: liveness and management SERVING, readiness computed
+        (written before this returns)."""
         self._live = True
-        await self.servicer.set("", SERVING)
-        await self.servicer.set(MANAGEMENT, SERVING)
-        await self._update()
+        for name in ("", MANAGEMENT):
+            self._publish(name, SERVING)
+        self._recompute()
+        await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until the statuses asked for so far are written (for start-up and tests)."""
+        while writers := [t for t in self._writers.values() if not t.done()]:
+            await asyncio.wait(writers)
 
     def changed(self) -> None:
-        """Schedule a recomputation (called from the core on any worker/model change)."""
-        if self._pending is None or self._pending.done():
-            with contextlib.suppress(RuntimeError):
-                self._pending = asyncio.get_running_loop().create_task(self._update())
+        """Recompute soon (called from the core on any worker or model change; coalesced
+        to once per event loop turn; no-op without a running loop)."""
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._scheduled = True
+        loop.call_soon(self._recompute)
 
-    async def _update(self) -> None:
+    def _recompute(self) -> None:
+        self._scheduled = False
         core = self.core
         if core is None or not self._live:
             return
-        await asyncio.sleep(0)
-        await self.servicer.set(READINESS, SERVING if core.startup_ready() and core.accepting else NOT_SERVING)
+        self._publish(READINESS, SERVING if core.startup_ready() and core.accepting else NOT_SERVING)
         names = set(core.models)
         for name in names | self._known_models:
             ok = name in names and core.model_ready(name) and core.accepting
-            await self.servicer.set(model_service_name(name), SERVING if ok else NOT_SERVING)
+            self._publish(model_service_name(name), SERVING if ok else NOT_SERVING)
         self._known_models = names
+
+    def _publish(self, name: str, status: int) -> None:
+        """Ask for ``status`` on ``name``: start its writer unless one runs (it picks the change up)."""
+        if self._wanted.get(name) == status:
+            return
+        self._wanted[name] = status
+        writer = self._writers.get(name)
+        if writer is None or writer.done():
+            self._writers[name] = asyncio.get_running_loop().create_task(self._write(name),
+                                                                         name=f"health-{name}")
+
+    async def _write(self, name: str) -> None:
+        """Write ``name``'s wanted status until what was written is still the one wanted."""
+        written = None
+        while (status := self._wanted[name]) != written:
+            await self.servicer.set(name, status)
+            written = status
 
     async def shutdown(self) -> None:
         """Every service NOT_SERVING, and no further changes (graceful shutdown)."""
         self._live = False
+        writers = [t for t in self._writers.values() if not t.done()]
+        for writer in writers:
+            writer.cancel()
+        if writers:
+            await asyncio.wait(writers)  # their cancellation stays theirs; a cancel of ours propagates
+        self._writers.clear()
         await self.servicer.enter_graceful_shutdown()

@@ -64,6 +64,7 @@ class ModelVersion:
         self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0
         self.closed = False
         self.world_size, self.rank_threads, self.device_ids = parallel_settings(archive.config)
+        self._stops: set[asyncio.Task[None]] = set()  # scale-downs left running (not synchronous)
 
     def on_change(self) -> None:
         """Propagate a worker state change (health)."""
@@ -166,7 +167,16 @@ class ModelVersion:
                 raise WorkerLoadError(errors[0])
         else:
             for coro in stops:
-                asyncio.create_task(coro)
+                task = asyncio.create_task(coro, name=f"stop-{self.name}-{self.version}")
+                self._stops.add(task)
+                task.add_done_callback(self._stop_done)
+
+    def _stop_done(self, task: asyncio.Task[None]) -> None:
+        """A scale-down left running ended: forget it, log its failure (nobody awaits it)."""
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("model %s version %s: stopping a worker failed: %r", self.name, self.version,
+                      task.exception())
 
     async def _remove(self, slot: WorkerSlot, timeout: float) -> None:
         await slot.stop(timeout)
@@ -229,8 +239,14 @@ class ModelVersion:
         self.sequence_last_used.pop(sequence_id, None)
 
     async def close(self) -> None:
-        """Stop every worker and fail queued jobs; remove the extracted archive."""
+        """Stop every worker and fail queued jobs; remove the extracted archive.
+
+        Scale-downs :meth:`scale` left running are awaited too (they end with their
+        workers, which this stops within seconds).
+        """
         self.closed = True
         self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
         await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))
+        if self._stops:
+            await asyncio.wait(set(self._stops))
         self.archive.remove()

@@ -306,8 +306,11 @@ class Server:
         with contextlib.suppress(Exception):
             self._write_status("stopping")
         await self.health.shutdown()
-        for task in self._startup_tasks:
+        startup = [task for task in self._startup_tasks if not task.done()]
+        for task in startup:
             task.cancel()
+        if startup:  # let them unwind before the workers stop (their cancellation is theirs, ours propagates)
+            await asyncio.wait(startup)
         # New requests now get UNAVAILABLE from the core; health checks still answer
         # NOT_SERVING. In-flight requests get ``grace`` seconds to finish.
         if not await self.core.wait_idle(grace):

@@ -1,20 +1,25 @@
-"""Unit tests of the pure pieces: IPC framing, config resolution, archive safety, status mapping."""
+"""Unit tests of the pure pieces (IPC framing, config resolution, archive safety, status mapping) and
+of the default version fallback and of health updates against a stand-in core."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from inference_service.archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
+from inference_service.core import newest_version, version_key
 from inference_service.errors import InvalidArgument, NotFound, grpc_code_for_http
 from inference_service.handler.encoding import encode_response
+from inference_service.health import NOT_SERVING, READINESS, Health
 from inference_service.model_config import ModelConfig
 from inference_service.worker import protocol
 
@@ -168,3 +173,59 @@ def test_archive_errors(tmp_path):
     (store / "yaml" / "c.yaml").write_text("!!python/object/apply:os.system ['true']\n")
     with pytest.raises(InvalidArgument, match="YAML"):
         open_archive("yaml", store, tmp_path)
+
+
+# --------------------------------------------------------------------------- the default version
+@pytest.mark.parametrize("versions,newest", [
+    (["1.0", "9.0", "10.0"], "10.0"), (["10.0", "9.0"], "10.0"), (["2", "1.10", "1.9"], "2"),
+    (["1.10", "1.9"], "1.10"), (["b", "a"], "a"), (["1.0", "latest"], "1.0"), (["2.0", "2.0.0"], "2.0.0"),
+])
+def test_newest_version_orders_numerically_else_by_registration(versions, newest):
+    assert newest_version(versions) == newest
+    assert version_key("10.0") == (10, 0) and version_key("1.0a") is None and version_key("") is None
+
+
+# --------------------------------------------------------------------------- health
+def test_health_updates_are_not_lost_while_a_watcher_is_slow():
+    class Core:
+        models: dict[str, Any] = {}
+        accepting = True
+        ready = False
+
+        def startup_ready(self) -> bool:
+            return self.ready
+
+        def model_ready(self, name: str) -> bool:
+            return False
+
+    async def run() -> None:
+        health = Health()
+        core = Core()
+        await health.start(core)  # type: ignore[arg-type]
+        await health.set_live()
+        assert health.servicer._server_status[READINESS] == NOT_SERVING
+        real_set, gate = health.servicer.set, asyncio.Event()
+
+        async def slow_set(name: str, status: int) -> None:  # a Watch of READINESS holding its lock
+            if name == READINESS:
+                await gate.wait()
+            await real_set(name, status)
+
+        health.servicer.set = slow_set
+        core.ready = True
+        health.changed()
+        await asyncio.sleep(0.01)  # the writer is stuck in set(SERVING)
+        core.ready = False
+        health.changed()  # NOT_SERVING again while the writer waits: must not be lost
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.wait_for(health.settled(), 5)
+        assert health.servicer._server_status[READINESS] == NOT_SERVING
+        core.models = {"m": object()}
+        health.changed()
+        await asyncio.sleep(0)
+        await asyncio.wait_for(health.settled(), 5)
+        assert health.servicer._server_status["model/m"] == NOT_SERVING
+        await health.shutdown()
+
+    asyncio.run(run())
