@@ -17,7 +17,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from inference_service.archive import install_requirements, open_archive
 from inference_service.config import Settings
 from inference_service.errors import (
     FailedPrecondition,
+    InferenceError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -231,6 +232,8 @@ class InferenceCore:
                       time_remaining: float | None = None) -> bytes:
         """Unary inference: the final response, preceded by any intermediate ones, concatenated.
 
+        A thin consumer of :meth:`_lifecycle` (which yields the one joined response).
+
         Args:
             name: model name. version: "" for the default.
             inputs: the input map.
@@ -244,75 +247,77 @@ class InferenceCore:
             InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
                 handler's error, ...
         """
+        result = b""
+        # runs the lifecycle to its end (it returns after its one item), so its cleanup has run
+        async for data, _final in self._lifecycle(name, version, inputs, headers, time_remaining, False, None):
+            result = data
+        return result
+
+    def stream(self, name: str, version: str, inputs: dict[str, bytes],
+               headers: dict[str, str] | None = None,
+               time_remaining: float | None = None,
+               sequence_id: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
+        response, then for the final one (``is_final`` True).
+
+        Nothing happens until the first item is asked for (the lookup errors are raised
+        then). Closing the iterator early (client cancel) aborts the request in the worker.
+
+        Raises:
+            InferenceError: as :meth:`predict`.
+        """
+        return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id)
+
+    async def _lifecycle(self, name: str, version: str, inputs: dict[str, bytes],
+                         headers: dict[str, str] | None, time_remaining: float | None, stream: bool,
+                         sequence_id: str | None) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The one request lifecycle of :meth:`predict` and :meth:`stream`.
+
+        1. Look the version up, count the request, build its :class:`Job` and submit it.
+        2. Read the job's mailbox: ``stream`` yields each response as it comes (size-checked
+           one by one); otherwise intermediate responses are collected and the joined
+           response is yielded once with the final one (size-checked whole). Taking an
+           intermediate response credits the worker (flow control).
+        3. A worker's error is raised. Cancellation (the caller's task, or ``aclose()`` of
+           the generator) marks the request cancelled, is never swallowed, and aborts the
+           job in the worker if it has not finished.
+        4. In any case: leave the in-flight count and record the outcome.
+        """
         model = self.get(name, version)
         telemetry = self.telemetry
         stats = telemetry.model(name, version) if telemetry is not None else None
-        job = Job(inputs, headers or {}, stream=False, deadline=self._deadline(time_remaining))
+        job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
+                  deadline=self._deadline(time_remaining))
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)
         self._enter()
         parts: list[bytes] = []
         ok = cancelled = False
+        last = 0.0  # monotonic time of the previous stream message (metrics)
         try:
             while True:
                 kind, payload = await job.mailbox.get()
-                if kind == Kind.CHUNK:
-                    parts.append(payload)  # type: ignore[arg-type]
-                    job.took_chunk()
-                elif kind == Kind.FINAL:
-                    parts.append(payload)  # type: ignore[arg-type]
-                    result = self._check_response(payload if len(parts) == 1 else b"".join(parts))  # type: ignore
-                    ok = True
-                    return result
+                if isinstance(payload, InferenceError):  # Kind.ERROR
+                    raise payload
+                final = kind == Kind.FINAL
+                if stream:
+                    data = self._check_response(payload)
+                    if stats is not None:
+                        last = stats.message(job.enqueued, last)
+                elif final:
+                    parts.append(payload)
+                    data = self._check_response(payload if len(parts) == 1 else b"".join(parts))
                 else:
-                    raise payload  # type: ignore[misc]
-        except BaseException as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError) and not job.finished
-            job.abort()
-            raise
-        finally:
-            self._leave()
-            if stats is not None:
-                stats.finish(job.enqueued, job.dispatched, ok, cancelled)
-
-    async def stream(self, name: str, version: str, inputs: dict[str, bytes],
-                     headers: dict[str, str] | None = None,
-                     time_remaining: float | None = None,
-                     sequence_id: str | None = None) -> AsyncIterator[tuple[bytes, bool]]:
-        """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
-        response, then for the final one (``is_final`` True).
-
-        Closing the iterator early (client cancel) aborts the request in the worker.
-
-        Raises:
-            InferenceError: as :meth:`predict`.
-        """
-        model = self.get(name, version)
-        telemetry = self.telemetry
-        stats = telemetry.model(name, version) if telemetry is not None else None
-        job = Job(inputs, headers or {}, stream=True, sequence_id=sequence_id,
-                  deadline=self._deadline(time_remaining))
-        if stats is not None:
-            stats.requests += 1
-        self._submit(model, job)
-        self._enter()
-        ok = cancelled = False
-        last = 0.0  # monotonic time of the previous message (metrics)
-        try:
-            while True:
-                kind, payload = await job.mailbox.get()
-                if kind == Kind.ERROR:
-                    raise payload  # type: ignore[misc]
-                data = self._check_response(payload)  # type: ignore[arg-type]
-                if stats is not None:
-                    last = stats.message(job.enqueued, last)
-                ok = kind == Kind.FINAL
-                if not ok:
+                    parts.append(payload)
                     job.took_chunk()
-                yield data, ok
-                if ok:
+                    continue
+                if final:
+                    ok = True
+                    yield data, True
                     return
+                job.took_chunk()
+                yield data, False
         except (asyncio.CancelledError, GeneratorExit):
             cancelled = not job.finished
             raise

@@ -1,5 +1,5 @@
 """Unit tests of the pure pieces (IPC framing, config resolution, archive safety, status mapping) and
-of the default version fallback and of health updates against a stand-in core."""
+of the core's request lifecycle, stats view and health updates against stand-in models."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import asyncio
 import io
 import json
 import tarfile
+import time
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -16,12 +18,15 @@ import pytest
 
 from inference_service.archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
-from inference_service.core import newest_version, version_key
-from inference_service.errors import InvalidArgument, NotFound, grpc_code_for_http
+from inference_service.core import InferenceCore, ModelEntry, newest_version, version_key
+from inference_service.errors import InvalidArgument, NotFound, ResourceExhausted, grpc_code_for_http
 from inference_service.handler.encoding import encode_response
 from inference_service.health import NOT_SERVING, READINESS, Health
+from inference_service.jobs import Job, Kind
+from inference_service.metrics import ServerMetrics, Telemetry
 from inference_service.model_config import ModelConfig
 from inference_service.worker import protocol
+from inference_service.worker.supervisor import WorkerState
 
 
 def test_batch_frame_roundtrip():
@@ -175,7 +180,155 @@ def test_archive_errors(tmp_path):
         open_archive("yaml", store, tmp_path)
 
 
-# --------------------------------------------------------------------------- the default version
+# --------------------------------------------------------------------------- the core's request lifecycle
+class _Runner:
+    """A stand-in worker: records credits and cancels."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.credits = 0
+
+    def credit(self, request_id: str, count: int) -> None:
+        self.credits += count
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+class _FakeVersion:
+    """A model version that answers each job with ``script`` (mailbox items) on the next loop turn."""
+
+    version = "1.0"
+
+    def __init__(self, script: list[tuple[Any, Any]] | None) -> None:
+        self.script = script
+        self.jobs: list[Job] = []
+        self.runner = _Runner()
+        self.slots: dict[int, Any] = {}
+        self.queue: list[Job] = []
+        self.restarts_total = 0
+
+    def submit(self, job: Job) -> None:
+        self.jobs.append(job)
+        job.worker = self.runner
+        job.dispatched = time.monotonic()
+        if self.script is None:  # never answers
+            return
+
+        def answer() -> None:
+            for kind, payload in self.script:
+                if kind == Kind.ERROR:
+                    job.fail(payload)
+                    continue
+                job.finished = kind == Kind.FINAL
+                job.mailbox.put((kind, payload))
+
+        asyncio.get_running_loop().call_soon(answer)
+
+
+def _core(tmp_path: Path, script: list[tuple[Any, Any]] | None, **settings: Any) -> tuple[InferenceCore, Any]:
+    metrics = ServerMetrics(hostname="h")
+    core = InferenceCore(Settings(**settings), tmp_path, telemetry=Telemetry(metrics))
+    model = _FakeVersion(script)
+    core.models["m"] = ModelEntry({"1.0": model}, "1.0")  # type: ignore[dict-item]
+    return core, model
+
+
+def test_predict_joins_the_responses_and_records_the_request(tmp_path):
+    core, model = _core(tmp_path, [(Kind.CHUNK, b"a"), (Kind.CHUNK, b"b"), (Kind.FINAL, b"c")])
+
+    async def run() -> bytes:
+        return await core.predict("m", "", {"data": b"x"})
+
+    assert asyncio.run(run()) == b"abc"
+    stats = core.telemetry.model("m", "")
+    assert (stats.requests, stats.messages, stats.cancellations, core.inflight) == (1, 0, 0, 0)
+    assert stats.latency_us > 0 and not model.jobs[0].cancelled and model.jobs[0].stream is False
+
+
+def test_stream_yields_each_response_and_ends_after_the_final_one(tmp_path):
+    core, model = _core(tmp_path, [(Kind.CHUNK, b"a"), (Kind.FINAL, b"b")])
+
+    async def run() -> list[tuple[bytes, bool]]:
+        return [item async for item in core.stream("m", "", {"data": b"x"}, sequence_id="s1")]
+
+    assert asyncio.run(run()) == [(b"a", False), (b"b", True)]
+    stats = core.telemetry.model("m", "")
+    assert (stats.requests, stats.messages, stats.cancellations, core.inflight) == (1, 2, 0, 0)
+    assert model.jobs[0].stream is True and model.jobs[0].sequence_id == "s1"
+
+
+def test_errors_and_oversize_responses_are_raised(tmp_path):
+    core, _ = _core(tmp_path, [(Kind.ERROR, NotFound("gone"))])
+    with pytest.raises(NotFound, match="gone"):
+        asyncio.run(core.predict("m", "", {"data": b"x"}))
+
+    async def drain() -> None:
+        async for _ in core.stream("m", "", {"data": b"x"}):
+            pass
+
+    with pytest.raises(NotFound, match="gone"):
+        asyncio.run(drain())
+    core, _ = _core(tmp_path, [(Kind.CHUNK, b"12"), (Kind.FINAL, b"34")], max_response_size=3)
+    with pytest.raises(ResourceExhausted, match="max_response_size"):  # the joined response counts
+        asyncio.run(core.predict("m", "", {"data": b"x"}))
+    assert core.inflight == 0 and core.telemetry.model("m", "").latency_us == 0
+
+
+def test_a_cancelled_predict_aborts_the_job_and_propagates(tmp_path):
+    core, model = _core(tmp_path, None)
+
+    async def run() -> None:
+        task = asyncio.create_task(core.predict("m", "", {"data": b"x"}))
+        while not model.jobs:
+            await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run())
+    job = model.jobs[0]
+    assert job.cancelled and model.runner.cancelled == [job.request_id]
+    assert core.telemetry.model("m", "").cancellations == 1 and core.inflight == 0
+
+
+def test_closing_a_stream_early_aborts_the_job(tmp_path):
+    core, model = _core(tmp_path, [(Kind.CHUNK, b"a"), (Kind.CHUNK, b"b")])
+
+    async def run() -> None:
+        messages = core.stream("m", "", {"data": b"x"})
+        assert await anext(messages) == (b"a", False)
+        await messages.aclose()
+
+    asyncio.run(run())
+    assert model.runner.cancelled == [model.jobs[0].request_id]
+    assert core.telemetry.model("m", "").cancellations == 1 and core.inflight == 0
+
+
+def test_lookup_errors_and_no_telemetry(tmp_path):
+    core = InferenceCore(Settings(), tmp_path)  # records nothing
+    core.models["m"] = ModelEntry({"1.0": _FakeVersion([(Kind.FINAL, b"ok")])}, "1.0")  # type: ignore[dict-item]
+    assert asyncio.run(core.predict("m", "", {})) == b"ok"
+    with pytest.raises(NotFound):
+        asyncio.run(core.predict("nope", "", {}))
+    with pytest.raises(InvalidArgument):
+        asyncio.run(core.predict("", "", {}))
+
+
+def test_stats_view_counts_workers_by_state(tmp_path):
+    core, model = _core(tmp_path, None)
+    model.slots = {1: SimpleNamespace(state=WorkerState.READY), 2: SimpleNamespace(state=WorkerState.BACKOFF),
+                   3: SimpleNamespace(state=WorkerState.READY)}
+    model.queue = [object(), object()]
+    model.restarts_total = 5
+    core.inflight = 1
+    inflight, versions = core.stats()
+    assert inflight == 1 and len(versions) == 1
+    v = versions[0]
+    assert (v.model_name, v.model_version, v.queue_depth, v.restarts) == ("m", "1.0", 2, 5)
+    assert v.workers == {"STARTING": 0, "READY": 2, "BUSY": 0, "RESTARTING": 1, "FAILED": 0, "UNLOADING": 0}
+
+
 @pytest.mark.parametrize("versions,newest", [
     (["1.0", "9.0", "10.0"], "10.0"), (["10.0", "9.0"], "10.0"), (["2", "1.10", "1.9"], "2"),
     (["1.10", "1.9"], "1.10"), (["b", "a"], "a"), (["1.0", "latest"], "1.0"), (["2.0", "2.0.0"], "2.0.0"),
