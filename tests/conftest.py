@@ -3,6 +3,10 @@
 Every test talks to a real ``inference-service`` process (started with
 ``--foreground --ncs`` on ephemeral ports in a temporary working directory)
 whose models run in real worker processes.
+
+Tests wait for the state they need (:func:`wait_for`, :meth:`ServerProcess.wait_described`,
+:meth:`ServerProcess.wait_workers`) under a deadline; a sleep is never a synchronisation
+point, and wall-clock bounds are generous (the suite shares two cores with other work).
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -28,10 +32,31 @@ from inference_service._proto import (
     management_pb2_grpc,
 )
 
+T = TypeVar("T")
+
 ROOT = Path(__file__).resolve().parent.parent
 HANDLERS = Path(__file__).resolve().parent / "handlers"
 BIN = Path(sys.executable).parent
 ARCHIVER = str(BIN / "torch-model-archiver")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Args:
+        predicate: called at once, then every ``interval`` s; its exceptions propagate.
+        timeout: seconds before giving up.
+        what: names the awaited state in the failure message.
+
+    Raises:
+        AssertionError: ``timeout`` s passed (the message names ``what``).
+    """
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, f"{what}: not reached within {timeout}s"
+        time.sleep(interval)
+    return result
 
 
 def build_mar(store: Path, name: str, handler: str, *, version: str = "1.0", extra_files: list[str] = (),
@@ -194,18 +219,20 @@ class ServerProcess:
 
     def _wait_status(self, timeout: float) -> dict[str, Any]:
         path = self.workdir / ".inference_service" / "status.json"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def started() -> dict[str, Any] | None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 data = json.loads(path.read_text())
-                if data.get("pid") == self.proc.pid:
-                    return data
             except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
-        raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}")
+                return None
+            return data if data.get("pid") == self.proc.pid else None
+
+        try:
+            return wait_for(started, timeout, 0.02, "server status file")
+        except AssertionError:
+            raise TimeoutError(f"server did not start within {timeout}s:\n{self.log()}") from None
 
     def log(self) -> str:
         """The server's output so far."""
@@ -243,21 +270,45 @@ class ServerProcess:
                                                 max_worker=min_worker, synchronous=synchronous)
         return self.management.ScaleWorker(req, timeout=60).msg
 
+    def wait_described(self, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 30,
+                       what: str = "", version: str = "") -> dict[str, Any]:
+        """Poll DescribeModel until ``predicate(description)`` holds for the model's (default)
+        version; returns that description. A model not registered yet (NOT_FOUND) is waited for.
+
+        Raises:
+            AssertionError: ``timeout`` s passed (with the last description).
+        """
+        last: list[dict[str, Any]] = []
+
+        def check() -> dict[str, Any] | None:
+            try:
+                desc = self.describe(name, version)[0]
+            except grpc.RpcError as err:  # a startup model is registered just after the server listens
+                if err.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                return None
+            last[:] = [desc]
+            return desc if predicate(desc) else None
+
+        try:
+            return wait_for(check, timeout, 0.05, what or f"{name} described as wanted")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last description: {last}") from None
+
     def wait_workers(self, name: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
         """Wait until ``count`` workers of the model are READY; returns them."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                workers = [w for w in self.describe(name)[0]["workers"] if w["status"] == "READY"]
-            except grpc.RpcError as err:  # a startup model is registered just after the server listens
-                if err.code() != grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
-                    raise
-                workers = []
-            if len(workers) == count:
-                return workers
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: {len(workers)} ready workers, wanted {count}")
-            time.sleep(0.05)
+        desc = self.wait_described(
+            name, lambda d: len([w for w in d["workers"] if w["status"] == "READY"]) == count, timeout,
+            f"{name}: {count} READY workers")
+        return [w for w in desc["workers"] if w["status"] == "READY"]
+
+    def wait_busy(self, name: str, count: int = 1, pending: int = 0, timeout: float = 30) -> dict[str, Any]:
+        """Wait until ``count`` workers of the model are BUSY and ``pending`` requests wait in its
+        job queue (DescribeModel's ``jobQueueStatus``); returns the description."""
+        return self.wait_described(
+            name, lambda d: (len([w for w in d["workers"] if w["status"] == "BUSY"]) == count
+                             and d["jobQueueStatus"]["pendingRequests"] == pending),
+            timeout, f"{name}: {count} BUSY workers and {pending} queued requests")
 
     def worker_pids(self) -> set[int]:
         return _descendants(self.proc.pid)
@@ -276,9 +327,10 @@ class ServerProcess:
             raise
         finally:
             self._log.close()
-        deadline = time.monotonic() + 5
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        try:
+            wait_for(lambda: not any(_alive(p) for p in pids), 5.0, 0.05, "worker processes exit")
+        except AssertionError:
+            pass
         orphans = [p for p in pids if _alive(p)]
         assert not orphans, f"worker processes outlived the server: {orphans}"
         return code
@@ -297,7 +349,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_mar(path, "seq", "sequence_handler.py", config=str(path / "seq-config.yaml"))
     build_mar(path, "echo_v2", "echo_handler.py", version="2.0")
     build_dir(path, "echo_dir", "echo_handler.py", model_name="echo_dir",
-              config_yaml="batchSize: 4\nmaxBatchDelay: 2000\nminWorkers: 1\nmaxWorkers: 1\ncustom:\n  answer: 42\n")
+              config_yaml="batchSize: 4\nmaxBatchDelay: 5000\nminWorkers: 1\nmaxWorkers: 1\ncustom:\n  answer: 42\n")
     import torch  # the BaseHandler test model: y = 2x
     sys.path.insert(0, str(HANDLERS))
     try:

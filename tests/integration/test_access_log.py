@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf import empty_pb2
 
-from conftest import ServerProcess
+from conftest import ServerProcess, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 
 PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) version=(\S+) status=(\w+) "
@@ -22,13 +21,6 @@ PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) 
 
 def new_lines(srv: ServerProcess, since: int) -> list[str]:
     return srv.log()[since:].splitlines()
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def access(lines: list[str]) -> list[tuple[str, ...]]:

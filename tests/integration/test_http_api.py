@@ -177,9 +177,9 @@ def test_client_disconnect_cancels_the_request(srv):
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     started = time.monotonic()
-    status, _, body = post(srv, "/predictions/echo", "after the cancel", timeout=5)
+    status, _, body = post(srv, "/predictions/echo", "after the cancel", timeout=15)
     assert (status, body) == (200, b"after the cancel")
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # not after the 10 s the stream had left
 
 
 def test_error_statuses(srv):
@@ -227,7 +227,7 @@ def test_error_after_the_first_chunk_truncates_the_body(srv):
 
 
 def test_batched_model_goes_through_dynamic_batching(srv):
-    """echo_dir has batchSize 4 and maxBatchDelay 2 s: four concurrent HTTP requests form one batch."""
+    """echo_dir has batchSize 4 and maxBatchDelay 5 s: four concurrent HTTP requests form one batch."""
     results: list[tuple[int, bytes]] = []
 
     def one() -> None:
@@ -241,7 +241,7 @@ def test_batched_model_goes_through_dynamic_batching(srv):
     for t in threads:
         t.join(30)
     assert results == [(200, b"4")] * 4
-    assert time.monotonic() - started < 1.9  # dispatched when full, not after maxBatchDelay
+    assert time.monotonic() - started < 4.5  # dispatched when full, not after maxBatchDelay
     # on a batched model intermediate responses come back concatenated, in one body (as gRPC Predictions)
     threads = [threading.Thread(target=lambda: post(srv, "/predictions/echo_dir", "x")) for _ in range(3)]
     for t in threads:

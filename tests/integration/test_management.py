@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from conftest import wait_for
 from inference_service._proto import management_pb2
 
 
@@ -33,7 +34,7 @@ def test_register_tgz_and_directory_with_model_config(server):
     server.register("echo_dir", initial_workers=0, synchronous=False)
     desc = server.describe("echo_dir")[0]
     # model-config.yaml values apply when the request leaves them unset
-    assert desc["batchSize"] == 4 and desc["maxBatchDelay"] == 2000 and desc["minWorkers"] == 1
+    assert desc["batchSize"] == 4 and desc["maxBatchDelay"] == 5000 and desc["minWorkers"] == 1
     server.wait_workers("echo_dir", 1)
     server.unregister("echo_tgz")
     server.unregister("echo_dir")
@@ -47,19 +48,19 @@ def test_request_fields_override_model_config(server):
 
 
 def test_dynamic_batching_forms_one_batch(server):
-    server.register("echo_dir", batch_size=4, max_batch_delay=2000)
+    server.register("echo_dir", batch_size=4, max_batch_delay=10_000)
     start = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
         sizes = list(pool.map(lambda _: server.predict("echo_dir", "batch"), range(4)))
     elapsed = time.monotonic() - start
     assert sizes == [b"4"] * 4
-    assert elapsed < 1.5, f"a full batch must go at once, not after max_batch_delay (took {elapsed:.2f}s)"
+    assert elapsed < 8, f"a full batch must go at once, not after max_batch_delay (took {elapsed:.2f}s)"
     # a lone request waits max_batch_delay at most, then goes as a batch of one
     server.unregister("echo_dir")
     server.register("echo_dir", batch_size=4, max_batch_delay=300)
     start = time.monotonic()
     assert server.predict("echo_dir", "batch") == b"1"
-    assert 0.25 < time.monotonic() - start < 2.0
+    assert 0.25 < time.monotonic() - start < 10
     server.unregister("echo_dir")
 
 
@@ -105,10 +106,7 @@ def test_scale_workers_up_and_down(server):
     assert len({w["pid"] for w in workers}) == 3
     assert server.describe("scaled")[0]["minWorkers"] == 3
     server.scale("scaled", 1)
-    deadline = time.monotonic() + 10
-    while len(server.describe("scaled")[0]["workers"]) != 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    server.wait_described("scaled", lambda d: len(d["workers"]) == 1, what="scaled down to one worker")
     assert server.predict("scaled", "still") == b"still"
     server.scale("scaled", 0)
     code, details = _code(server.predict, "scaled", "x")
@@ -135,7 +133,9 @@ def test_base_handler_subclass_loads_eager_model(server):
     server.register("doubler.mar")
     out = json.loads(server.predict("doubler", "[1.5, -2]"))
     assert out == {"doubled": [3.0, -4.0], "model_dir": True}
-    assert "PreprocessTime" in server.log() and "HandlerTime" in server.log()
+    # the worker's log lines reach the server's log beside the response, not before it
+    wait_for(lambda: "PreprocessTime" in server.log() and "HandlerTime" in server.log(), 10,
+             what="the handler's metric log lines")
     server.unregister("doubler")
 
 

@@ -6,17 +6,16 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf import empty_pb2
 
-from conftest import ServerProcess, build_mar
+from conftest import ServerProcess, build_mar, wait_for
 from inference_service._proto import inference_pb2
 
 LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -45,13 +44,6 @@ def value(samples: dict, name: str, **labels: str) -> float:
     found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
     assert len(found) <= 1, (name, labels, found)
     return found[0] if found else 0.0
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import empty_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import ServerProcess, build_dir, build_mar
+from conftest import ServerProcess, build_dir, build_mar, wait_for
 from inference_service._proto import inference_pb2
 
 
@@ -23,7 +23,7 @@ from inference_service._proto import inference_pb2
 def rel_store(store: Path) -> Path:
     build_mar(store, "steps", "steps_handler.py")
     build_mar(store, "gensteps", "gen_steps_handler.py")
-    (store / "slow-load.yaml").write_text("load_delay: 5\n")
+    (store / "slow-load.yaml").write_text("load_delay: 30\n")
     build_mar(store, "slowload", "slow_handler.py", config=str(store / "slow-load.yaml"))
     build_dir(store, "tiny_queue", "echo_handler.py", model_name="tiny_queue",
               config_yaml="jobQueueSize: 2\nminWorkers: 1\nmaxWorkers: 1\n")
@@ -69,7 +69,7 @@ def test_worker_sigkill_mid_stream_fails_fast_and_restarts(rsrv, tmp_path):
     with pytest.raises(grpc.RpcError) as err:
         for _ in call:
             pass
-    assert time.monotonic() - killed_at < 1.0
+    assert time.monotonic() - killed_at < 10  # at once, not after response_timeout (120 s)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "victim" in err.value.details() and "died" in err.value.details()
     assert other.result(10) == b"slept"  # other models are untouched
@@ -84,8 +84,8 @@ def test_worker_sigkill_mid_stream_fails_fast_and_restarts(rsrv, tmp_path):
 def test_worker_exit_inside_handler_leaves_other_worker_serving(rsrv):
     before = {w["pid"] for w in rsrv.describe("echo")[0]["workers"]}
     with ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(rsrv.predict, "echo", "sleep:1.0")
-        time.sleep(0.1)  # let the slow request take one worker (not a synchronisation point)
+        slow = pool.submit(rsrv.predict, "echo", "sleep:3")
+        rsrv.wait_busy("echo", 1)  # the slow request took one worker
         code, details = _status(rsrv.predict, "echo", "exit")
         assert code == grpc.StatusCode.UNAVAILABLE and "died" in details
         assert slow.result(10) == b"slept"
@@ -108,11 +108,13 @@ def test_crash_on_every_load_backs_off_without_spinning(rsrv):
 
     rsrv.register("broken.mar", initial_workers=1, synchronous=False)
     start_cpu, start = cpu(), time.monotonic()
-    time.sleep(4.0)  # observation window for the back-off (not a synchronisation point)
-    used = cpu() - start_cpu
-    worker = rsrv.describe("broken")[0]["workers"][0]
-    assert 1 <= worker["restarts"] <= 4, worker  # 0 s, then 1 s, 2 s ... between attempts
-    assert used < 0.5 * (time.monotonic() - start) * (os.cpu_count() or 1), used
+    # the third restart comes after back-offs of 0 s, 1 s and 2 s (x0.9..1.1), so >= 2.7 s
+    worker = rsrv.wait_described("broken", lambda d: d["workers"][0]["restarts"] >= 3, 60,
+                                 "three restarts of the broken worker")["workers"][0]
+    elapsed, used = time.monotonic() - start, cpu() - start_cpu
+    assert elapsed >= 2.5, elapsed  # restarts spaced by the back-off, not spinning
+    assert worker["restarts"] <= 4, worker
+    assert used < 0.5 * elapsed * (os.cpu_count() or 1), used
     health = health_pb2_grpc.HealthStub(rsrv.channel)
     status = health.Check(health_pb2.HealthCheckRequest(service="model/broken"), timeout=5).status
     assert status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -134,10 +136,10 @@ def test_cancel_stops_the_handler_within_one_step(rsrv, tmp_path, model, swallow
         if received == 4:
             call.cancel()
             break
-    # the next request is served by the same worker, at once
+    # the next request is served by the same worker, at once (not after the 40 s the stream had left)
     start = time.monotonic()
-    out = rsrv.inference.Predictions(_steps_request(name, tmp_path / "next.log", steps=1, delay=0), timeout=10)
-    assert time.monotonic() - start < 1.0
+    out = rsrv.inference.Predictions(_steps_request(name, tmp_path / "next.log", steps=1, delay=0), timeout=20)
+    assert time.monotonic() - start < 10
     assert out.prediction.endswith(str(pid).encode())
     steps_after_cancel = _lines(log) - received
     assert steps_after_cancel <= 1, steps_after_cancel
@@ -161,8 +163,8 @@ def test_queued_request_whose_client_left_is_not_run(rsrv, tmp_path):
     rsrv.register("echo.mar", model_name="single", initial_workers=1)
     marker = tmp_path / "ran"
     with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(rsrv.predict, "single", "sleep:1.0")
-        time.sleep(0.2)  # the worker is now busy (not a synchronisation point)
+        busy = pool.submit(rsrv.predict, "single", "sleep:3")
+        rsrv.wait_busy("single", 1)
         code, _ = _status(rsrv.predict, "single", f"touch:{marker}", timeout=0.3)
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert busy.result(10) == b"slept"
@@ -176,9 +178,9 @@ def test_response_timeout_replaces_the_worker(rsrv):
     rsrv.register("echo.mar", model_name="rt", initial_workers=1, response_timeout=1)
     pid = rsrv.describe("rt")[0]["workers"][0]["pid"]
     start = time.monotonic()
-    code, details = _status(rsrv.predict, "rt", "sleep:5")
+    code, details = _status(rsrv.predict, "rt", "sleep:30")
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "response_timeout=1" in details
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 15  # the timeout, not the handler's 30 s
     # a stream that makes progress is never cut, though it runs past response_timeout
     messages = rsrv.stream("rt", "stream:5:0.6")
     assert len(messages) == 6
@@ -191,7 +193,7 @@ def test_startup_timeout_bounds_loading(rsrv):
     start = time.monotonic()
     code, details = _status(rsrv.register, "slowload.mar", startup_timeout=1)
     assert code == grpc.StatusCode.INTERNAL and "startup_timeout=1" in details
-    assert time.monotonic() - start < 4.0
+    assert time.monotonic() - start < 15  # the timeout, not the handler's 30 s load
 
 
 # ---------------------------------------------------------------- overload
@@ -199,13 +201,13 @@ def test_full_job_queue_is_resource_exhausted_and_health_stays_fast(rsrv):
     rsrv.register("tiny_queue", initial_workers=1)
     results: list[object] = []
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(rsrv.predict, "tiny_queue", "sleep:1.5")]
-        time.sleep(0.3)  # the worker is busy; the next two wait in the queue of 2
+        futures = [pool.submit(rsrv.predict, "tiny_queue", "sleep:4")]
+        rsrv.wait_busy("tiny_queue", 1)
         futures += [pool.submit(rsrv.predict, "tiny_queue", "sleep:0.1") for _ in range(2)]
-        time.sleep(0.3)
+        rsrv.wait_busy("tiny_queue", 1, pending=2)  # the queue of 2 is full
         start = time.monotonic()
         code, details = _status(rsrv.predict, "tiny_queue", "x")
-        assert time.monotonic() - start < 0.5
+        assert time.monotonic() - start < 2  # refused at once, not after the queue drained
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "job_queue_size" in details
         # while saturated, Ping and health answer quickly
         health = health_pb2_grpc.HealthStub(rsrv.channel)
@@ -215,7 +217,7 @@ def test_full_job_queue_is_resource_exhausted_and_health_stays_fast(rsrv):
             rsrv.inference.Ping(empty_pb2.Empty(), timeout=5)
             health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             latencies.append(time.monotonic() - t)
-        assert max(latencies) < 0.5, max(latencies)
+        assert max(latencies) < 2, max(latencies)
         results = [f.result(10) for f in futures]
     assert results == [b"slept", b"slept", b"slept"]
     rsrv.unregister("tiny_queue")
@@ -233,11 +235,8 @@ def test_graceful_shutdown_drains_in_flight_streams(rel_store, tmp_path, sig):
     messages = [next(call).prediction]
     srv.proc.send_signal(sig)
     health = health_pb2_grpc.HealthStub(srv.channel)
-    deadline = time.monotonic() + 5
-    while health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status \
-            != health_pb2.HealthCheckResponse.NOT_SERVING:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+             == health_pb2.HealthCheckResponse.NOT_SERVING, 10, 0.02, "liveness NOT_SERVING")
     code, details = _status(srv.predict, "echo", "new work")
     assert code == grpc.StatusCode.UNAVAILABLE
     messages += [r.prediction for r in call]
@@ -275,12 +274,9 @@ def test_worker_killed_while_idle_is_replaced_before_the_next_request(rsrv):
     rsrv.register("echo.mar", model_name="idle", initial_workers=1)
     pid = rsrv.describe("idle")[0]["workers"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while rsrv.describe("idle")[0]["workers"][0]["pid"] in (pid, -1):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    rsrv.wait_described("idle", lambda d: d["workers"][0]["pid"] not in (pid, -1), what="a new worker process")
     start = time.monotonic()
     assert rsrv.predict("idle", "fresh worker") == b"fresh worker"
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10
     assert rsrv.describe("idle")[0]["workers"][0]["restarts"] == 1
     rsrv.unregister("idle")
