@@ -38,6 +38,7 @@ from inference_service.jobs import Job, Kind
 from inference_service.model import ModelVersion
 from inference_service.model_config import ModelConfig
 from inference_service.worker.gpu import GpuAllocator
+from inference_service.worker.process import WorkerOptions
 from inference_service.worker.supervisor import WorkerState
 
 log = logging.getLogger(__name__)
@@ -150,15 +151,18 @@ class InferenceCore:
             resolves ``settings.number_of_gpu`` ``None`` to the GPUs it finds.
         on_health_change: called when readiness may have changed (the health service recomputes).
         telemetry: where requests are recorded (default: nowhere).
+        worker_options: log level and handler-metrics sink of every worker process.
     """
 
     def __init__(self, settings: Settings, extract_dir: Path, number_of_gpu: int = 0,
                  on_health_change: Callable[[], None] | None = None,
-                 telemetry: RequestTelemetry | None = None) -> None:
+                 telemetry: RequestTelemetry | None = None,
+                 worker_options: WorkerOptions | None = None) -> None:
         self.settings = settings
         self.extract_dir = extract_dir
         self.url_policy = settings.url_policy
         self.telemetry = telemetry
+        self.worker_options = worker_options
         self.models: dict[str, ModelEntry] = {}
         self._on_health_change = on_health_change or (lambda: None)
         self._register_lock = asyncio.Lock()
@@ -407,7 +411,7 @@ class InferenceCore:
                         f"model {name!r} version {archive.version!r} is already registered")
                 model = ModelVersion(name, archive, config, handler, inference_service.__version__,
                                      self._on_health_change, req.loaded_at_startup, extra_paths,
-                                     gpus=self.gpus)
+                                     gpus=self.gpus, worker_options=self.worker_options)
                 entry = self.models.setdefault(name, ModelEntry())
                 entry.versions[model.version] = model
                 if not entry.default_version:

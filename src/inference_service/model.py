@@ -17,6 +17,7 @@ from inference_service.jobs import Job, JobQueue
 from inference_service.model_config import ModelConfig, parallel_settings
 from inference_service.worker import protocol
 from inference_service.worker.gpu import GpuAllocator
+from inference_service.worker.process import WorkerOptions
 from inference_service.worker.supervisor import WorkerSlot, WorkerState
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,10 @@ class ModelVersion:
     def __init__(self, name: str, archive: ModelArchive, config: ModelConfig, handler: str,
                  server_version: str, on_change: Callable[[], None], loaded_at_startup: bool = False,
                  extra_paths: list[str] | None = None, base_env: dict[str, str] | None = None,
-                 gpus: GpuAllocator | None = None) -> None:
+                 gpus: GpuAllocator | None = None, worker_options: WorkerOptions | None = None) -> None:
         self.name = name
         self.version = archive.version
+        self.worker_options = worker_options or WorkerOptions()
         self.archive = archive
         self.config = config
         self.handler = handler

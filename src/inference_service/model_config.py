@@ -84,8 +84,8 @@ class ModelConfig:
     @property
     def max_running(self) -> int:
         """Most requests one worker runs at once: ``batch_size`` for a continuous batch (as
-        TorchServe; twice that with ``sequenceBatching``, as TorchServe), ``job_queue_size`` for async handlers (TorchServe sets no bound), one
-        batch otherwise."""
+        TorchServe; twice that with ``sequenceBatching``, as TorchServe), ``job_queue_size``
+        for async handlers (TorchServe sets no bound), one batch otherwise."""
         mode = self.worker_mode
         if mode == protocol.MODE_CONTINUOUS:
             # TorchServe's SequenceContinuousBatching runs 2 x batchSize (a request of a sequence,

@@ -40,7 +40,7 @@ from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
 from inference_service.worker.gpu import detect_gpus
-from inference_service.worker.process import WorkerProcess
+from inference_service.worker.process import WorkerOptions
 
 log = logging.getLogger("inference_service")
 
@@ -98,6 +98,12 @@ class Server:
             number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
             on_health_change=self.health.changed,
             telemetry=self.telemetry,
+            # workers log at the server's level and, with metrics_mode=prometheus, forward handler
+            # metrics to /metrics instead of logging them
+            worker_options=WorkerOptions(
+                log_level=settings.log_level,
+                metrics_sink=self.metrics.handler_metrics
+                if self.metrics is not None and settings.metrics_mode == "prometheus" else None),
         )
         if self.metrics is not None:
             self.metrics.attach(self.core)
@@ -200,11 +206,6 @@ class Server:
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
-        # Workers started from now on log at the server's level and, with metrics_mode=prometheus,
-        # forward handler metrics to /metrics instead of logging them.
-        WorkerProcess.log_level = s.log_level
-        WorkerProcess.metrics_sink = (self.metrics.handler_metrics if self.metrics is not None
-                                      and s.metrics_mode == "prometheus" else None)
         if self.metrics is not None:
             try:
                 self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
@@ -322,7 +323,6 @@ class Server:
         await self.core.shutdown()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.stop)
-        WorkerProcess.metrics_sink = None
         if self.auth is not None:
             await self.auth.stop()
         shutil.rmtree(self.extract_dir, ignore_errors=True)

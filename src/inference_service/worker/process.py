@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -96,6 +97,25 @@ class _Channel(asyncio.Protocol):
         self.owner._tasks.append(asyncio.ensure_future(self.owner._on_channel_closed()))
 
 
+MetricsSink = Callable[[str, str, list[tuple[str, str, str, dict[str, str], float]]], None]
+"""Takes ``(model_name, model_version, updates)``: handler metric updates a worker forwarded
+(decoded ``METRIC`` frames: name, type, unit, dimensions, value)."""
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Server-wide settings of every worker process, read once in ``main()``.
+
+    Args:
+        log_level: the workers' logging level name (the server's ``--log-level``).
+        metrics_sink: where handler metrics go (``metrics_mode=prometheus``); ``None`` (the
+            default) makes workers log them instead, in TorchServe's format.
+    """
+
+    log_level: str = "INFO"
+    metrics_sink: MetricsSink | None = None
+
+
 class WorkerProcess:
     """One worker OS process serving one model version.
 
@@ -103,26 +123,19 @@ class WorkerProcess:
         spec: what the worker loads (sent as its ``INIT`` frame).
         env: environment of the process (thread counts, ``CUDA_VISIBLE_DEVICES``...).
         log_name: logger name for the worker's stdout/stderr lines.
-
-    Server-wide settings (class attributes, set once by the server at start):
-        metrics_sink: called with ``(model_name, model_version, updates)`` for the handler
-            metrics a worker forwards (decoded ``METRIC`` frames); ``None`` (the default)
-            makes workers log them instead.
-        log_level: the workers' logging level name.
+        options: the server-wide worker settings (log level, handler metrics sink).
 
     In ``batch`` mode (:attr:`protocol.WorkerSpec.mode`) the worker takes one batch at a
     time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
     once, each freeing its place when it ends (:attr:`room`).
     """
 
-    metrics_sink: ClassVar[Callable[[str, str, list[tuple[str, str, str, dict[str, str], float]]], None] | None] \
-        = None
-    log_level: ClassVar[str] = "INFO"
-
-    def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str) -> None:
+    def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str,
+                 options: WorkerOptions = WorkerOptions()) -> None:
         self.spec = spec
-        spec.forward_metrics = WorkerProcess.metrics_sink is not None
-        spec.log_level = WorkerProcess.log_level
+        self.metrics_sink = options.metrics_sink
+        spec.forward_metrics = options.metrics_sink is not None
+        spec.log_level = options.log_level
         self.concurrent = spec.mode != protocol.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
         spec.stream_window = 0 if spec.mode == protocol.MODE_ASYNC else protocol.STREAM_WINDOW
@@ -318,7 +331,7 @@ class WorkerProcess:
                 job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
                 self._request_ended()
         elif kind == protocol.METRIC:
-            sink = WorkerProcess.metrics_sink
+            sink = self.metrics_sink
             if sink is not None and channel.answers:
                 try:
                     sink(self.spec.model_name, self.spec.model_version, protocol.decode_metrics(body))

@@ -20,7 +20,7 @@ from inference_service.errors import Unavailable, WorkerLoadError
 from inference_service.jobs import Job, JobQueue
 from inference_service.model_config import ModelConfig
 from inference_service.worker import protocol
-from inference_service.worker.process import WorkerProcess
+from inference_service.worker.process import WorkerOptions, WorkerProcess
 
 log = logging.getLogger("inference_service.model")
 
@@ -32,6 +32,7 @@ class SlotOwner(Protocol):
     config: ModelConfig
     queue: JobQueue
     restarts_total: int
+    worker_options: WorkerOptions
 
     def worker_spec(self, slot: WorkerSlot) -> protocol.WorkerSpec:
         """The INIT message for a worker of this version."""
@@ -102,7 +103,7 @@ class WorkerSlot:
             attempts += 1
             self._set_state(WorkerState.STARTING)
             process = WorkerProcess(self.model.worker_spec(self), self.model.worker_env(self),
-                                    f"inference_service.worker.{self.model.name}")
+                                    f"inference_service.worker.{self.model.name}", self.model.worker_options)
             self.process = process
             try:
                 await process.start(config.startup_timeout_s)
