@@ -279,7 +279,7 @@ class JobQueue:
             for wid in [w for w in idle if self._pinned.get(w)]:
                 pinned = self._pinned[wid]
                 room = idle[wid][1] if self.concurrent else 1
-                jobs = []
+                jobs: list[Job] = []
                 while len(jobs) < room and (job := self._pop_live(pinned)) is not None:
                     jobs.append(job)
                 if jobs:
@@ -355,9 +355,9 @@ class JobQueue:
             return None
         out = [first]
         while len(out) < self.batch_size and shared and not shared[0].stream:
-            job = self._pop_live(shared)
-            if job is not None:
-                out.append(job)
+            live = self._pop_live(shared)
+            if live is not None:
+                out.append(live)
         return out
 
     def _arm(self, when: float) -> None:

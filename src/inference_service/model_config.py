@@ -169,7 +169,7 @@ def parallel_settings(yaml_config: dict[str, Any]) -> tuple[int, int, list[int]]
     if not isinstance(torchrun, dict):
         raise InvalidArgument("model config key torchrun must be a mapping")
     device_ids = [int(d) for d in yaml_config.get("deviceIds") or []]
-    threads = int(torchrun.get("OMP_NUMBER_THREADS", torchrun.get("omp-num-threads", 1)))
+    threads = int(str(torchrun.get("OMP_NUMBER_THREADS", torchrun.get("omp-num-threads", 1))))
     if parallel is None:
         return 1, threads, device_ids
     if parallel not in PARALLEL_TYPES:

@@ -23,7 +23,7 @@ class ContinuousSteps(BaseHandler):
     def preprocess(self, data):
         ids = list(self.context.request_ids.values())
         self.max_batch = max(self.max_batch, len(ids))
-        for idx, (req_id, row) in enumerate(zip(ids, data)):
+        for idx, (req_id, row) in enumerate(zip(ids, data, strict=True)):
             if req_id not in self.context.cache:
                 body = json.loads(bytes(row.get("data") or row.get("body")))
                 self.context.cache[req_id] = {"steps": int(body["steps"]), "done": 0, "body": body}

@@ -208,3 +208,19 @@ def test_a_sequence_request_cancels_that_sequences_running_stream(models):
     assert streamed[0] == b"5" and set(streamed) == {b"5"}
     assert len(streamed) < 10  # the stream ended early, as in TorchServe's example
     pending.put(None)
+
+
+def test_describe_model_reports_the_modes_with_torchserve_keys(models):
+    described = models.describe("cb")[0]
+    expected = {"modelName": str, "modelVersion": str, "modelUrl": str, "runtime": str, "minWorkers": int,
+                "maxWorkers": int, "batchSize": int, "maxBatchDelay": int, "responseTimeout": int,
+                "startupTimeout": int, "maxRetryTimeoutInSec": int, "clientTimeoutInMills": int,
+                "parallelType": str, "parallelLevel": int, "deviceType": str, "continuousBatching": bool,
+                "useJobTicket": bool, "useVenv": bool, "stateful": bool, "sequenceMaxIdleMSec": int,
+                "sequenceTimeoutMSec": int, "maxNumSequence": int, "maxSequenceJobQueueSize": int,
+                "loadedAtStartup": bool, "workers": list, "jobQueueStatus": dict}
+    for key, kind in expected.items():
+        assert isinstance(described[key], kind), (key, described.get(key))
+    assert (described["continuousBatching"], described["batchSize"], described["stateful"]) == (True, 3, False)
+    assert models.describe("runsum")[0]["stateful"] is True
+    assert models.describe("asyncparts")[0]["continuousBatching"] is False

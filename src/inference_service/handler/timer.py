@@ -26,7 +26,7 @@ def timed(func: F) -> F:
         context = getattr(self, "context", None)
         config = getattr(context, "model_yaml_config", None) or {}
         handler_config = config.get("handler") if isinstance(config, dict) else None
-        if not (isinstance(handler_config, dict) and handler_config.get("profile")):
+        if context is None or not (isinstance(handler_config, dict) and handler_config.get("profile")):
             return func(self, *args, **kwargs)
         start = time.perf_counter()
         result = func(self, *args, **kwargs)

@@ -344,7 +344,7 @@ def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto")
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype="auto")
     except Exception as exc:
         raise ModelPreparationError(f"cannot load model from {model_dir}: {exc}") from exc
     model.to(device)

@@ -36,18 +36,40 @@ def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
 
 
 def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
-    """DescribeModel's object for one version: name, version, URL, runtime, the worker and batch
-    settings under TorchServe's names, device type, whether it was loaded at startup and is the
-    default, its workers (:func:`describe_worker`) and its job queue."""
+    """DescribeModel's object for one version, with every key TorchServe 0.12's
+    ``DescribeModelResponse`` sends (Gson leaves out null ones: ``engine``, ``status``,
+    ``metrics``, and ``deviceIds`` when none are set), in its order and types: name, version,
+    URL, runtime, the worker and batch settings, ``clientTimeoutInMills``, ``parallelType``
+    (``""`` when none) and ``parallelLevel``, device type, ``continuousBatching``,
+    ``useJobTicket``, ``useVenv``, ``stateful`` (``sequenceBatching``) and the sequence limits,
+    whether it was loaded at startup, plus ``isDefault``, its workers (:func:`describe_worker`)
+    and its job queue."""
     c = model.config
-    return {
+    yaml = model.archive.config
+    parallel_type = str(yaml.get("parallelType") or "")
+    described: dict[str, Any] = {
         "modelName": model.name,
         "modelVersion": model.version,
         "modelUrl": model.archive.url,
         "runtime": str(model.archive.manifest.get("runtime", "python")),
         **c.torchserve_fields(),
         "maxRetryTimeoutInSec": c.max_retry_timeout_s,
+        "clientTimeoutInMills": _int(yaml.get("clientTimeoutInMills")),
+        "parallelType": parallel_type,
+        "parallelLevel": model.world_size if parallel_type else 0,
         "deviceType": c.device_type or ("gpu" if model.gpu_count and model.gpus.count else "cpu"),
+    }
+    if model.device_ids:  # Gson leaves a null list out
+        described["deviceIds"] = list(model.device_ids)
+    described.update({
+        "continuousBatching": c.continuous_batching,
+        "useJobTicket": _bool(yaml.get("useJobTicket")),
+        "useVenv": _bool(yaml.get("useVenv")),
+        "stateful": c.sequence_batching,
+        "sequenceMaxIdleMSec": c.sequence_max_idle_ms,
+        "sequenceTimeoutMSec": c.sequence_timeout_ms,
+        "maxNumSequence": c.max_num_sequence,
+        "maxSequenceJobQueueSize": c.max_sequence_job_queue_size,
         "loadedAtStartup": model.loaded_at_startup,
         "isDefault": is_default,
         "workers": [describe_worker(s) for s in model.slots.values()],
@@ -55,7 +77,19 @@ def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
             "remainingCapacity": model.queue.remaining_capacity(),
             "pendingRequests": len(model.queue),
         },
-    }
+    })
+    return described
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _bool(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
 
 
 def describe_json(versions: list[tuple[ModelVersion, bool]]) -> str:
