@@ -1,18 +1,36 @@
 """Resolve a manifest's ``handler`` entry point into a callable, as TorchServe does.
 
-Accepted forms (TorchServe's):
-- ``file.py`` or ``module``: a module (in the model directory, else importable,
-  else a built-in ``ts.torch_handler.<name>``) that defines exactly one class;
-  an instance of it is the service (``initialize(context)`` then
-  ``handle(data, context)``). A module-level ``__handler__ = SomeClass`` names
-  the class instead (an inference-service rule, used by the built-in
-  ``ts.torch_handler.*`` modules, which re-export classes defined elsewhere).
-- ``file.py:function`` or ``module:function``: ``function(data, context)`` is
-  the service; it is called once with ``data=None`` at load.
+The entry point is chosen in the order of TorchServe 0.12's ``ts/model_loader.py``
+(``TsModelLoader.load``):
+
+1. ``file.py:function`` or ``module:function``: that module-level function is the
+   service, ``function(data, context)``.
+2. ``file.py`` or ``module`` whose module has a module-level function ``handle``:
+   that function is the service (TorchServe's ``function_name = function_name or
+   "handle"``, checked before any class, so a module defining a class *and* a
+   ``handle`` function is served by the function, as TorchServe's documentation's
+   "module level entry point" teaches).
+3. Otherwise the module's class: a module-level ``__handler__ = SomeClass`` names it
+   (an inference-service rule, used by the built-in ``ts.torch_handler.*`` modules,
+   which re-export classes defined elsewhere), else the module must define exactly
+   one class. An instance of it is the service: ``initialize(context)`` at load,
+   then ``handle(data, context)`` per batch.
+
+For a function entry point (1 and 2), the load calls it once with
+``(None, context)``, as TorchServe's ``_get_function_entry_point`` does, so it can
+build its model then. This project's generator form is kept: a generator function
+returned at load is run to its end (TorchServe would create the generator and
+never run it), and a coroutine (``async def handle``) is run to its end on an event
+loop of its own, before the worker's serving loop starts.
+
+The module is looked up as ``<name>.py`` in the model directory, else as an
+importable (dotted) module, else as a built-in ``ts.torch_handler.<name>``
+(TorchServe's ``_load_default_handler``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import os
@@ -23,6 +41,9 @@ from types import ModuleType
 from typing import Any
 
 from inference_service.handler.context import Context
+
+#: The function a module without ``:function`` is served by, when it has one (TorchServe's default).
+DEFAULT_FUNCTION = "handle"
 
 
 class HandlerLoadError(Exception):
@@ -35,7 +56,7 @@ class Service:
 
     handle: Callable[[Any, Context], Any]
     description: str
-    instance: Any = None  #: the handler object (``None`` for a ``module:function`` entry point)
+    instance: Any = None  #: the handler object (``None`` for a function entry point)
 
 
 def _import_handler_module(name: str, model_dir: str) -> ModuleType:
@@ -63,20 +84,50 @@ def _import_handler_module(name: str, model_dir: str) -> ModuleType:
     )
 
 
+def _module_function(module: ModuleType, name: str) -> Callable[..., Any] | None:
+    """``module.<name>`` when it is a function (or other non-class callable), else ``None``."""
+    fn = getattr(module, name, None)
+    return fn if callable(fn) and not inspect.isclass(fn) else None
+
+
+def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
+    """Call a function entry point once with ``(None, context)`` (TorchServe's load-time call).
+
+    A generator it returns is run to its end (its items are discarded); a coroutine or an
+    async generator is run to its end with :func:`asyncio.run`.
+    """
+    result = fn(None, context)
+    if inspect.isgenerator(result):
+        for _ in result:
+            pass
+    elif inspect.iscoroutine(result):
+        asyncio.run(result)
+    elif inspect.isasyncgen(result):
+        agen = result
+
+        async def drain() -> None:
+            async for _ in agen:
+                pass
+
+        asyncio.run(drain())
+
+
 def load_service(handler: str, model_dir: str, context: Context) -> Service:
-    """Import and initialise the handler named by ``handler``.
+    """Import and initialise the handler named by ``handler`` (precedence: see the module docstring).
 
     Args:
         handler: the manifest's (or RegisterModel's) handler entry point.
         model_dir: the extracted archive directory (put first on ``sys.path``).
-        context: the worker's context, passed to ``initialize``.
+        context: the worker's context, passed to ``initialize`` (or to a function entry
+            point's load-time call with ``data=None``).
 
     Returns:
         The ready :class:`Service`.
 
     Raises:
-        HandlerLoadError: not found, ambiguous (not exactly one class), or its
-            import or ``initialize`` raised (the message carries the cause).
+        HandlerLoadError: not found; ``module:function`` naming no function; no
+            ``handle`` function and not exactly one class; or its import, the
+            load-time call or ``initialize`` raised (the message carries the cause).
     """
     if not handler:
         raise HandlerLoadError("no handler given: set the manifest's handler or RegisterModel's handler")
@@ -85,13 +136,19 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
     module_part, _, function_name = handler.partition(":")
     module = _import_handler_module(module_part, model_dir)
     if function_name:
-        fn = getattr(module, function_name, None)
-        if not callable(fn):
+        fn = _module_function(module, function_name)
+        if fn is None:
             raise HandlerLoadError(f"handler module {module.__name__!r} has no function {function_name!r}")
+    else:
+        fn = _module_function(module, DEFAULT_FUNCTION)
+        function_name = DEFAULT_FUNCTION
+    if fn is not None:
         try:
-            fn(None, context)
+            _initialize_function(fn, context)
         except Exception as exc:
-            raise HandlerLoadError(f"handler {handler!r} failed to initialize: {type(exc).__name__}: {exc}") from exc
+            raise HandlerLoadError(
+                f"handler {module.__name__}:{function_name} failed to initialize: {type(exc).__name__}: {exc}"
+            ) from exc
         return Service(fn, f"{module.__name__}:{function_name}")
     explicit = getattr(module, "__handler__", None)
     if inspect.isclass(explicit):
@@ -102,8 +159,8 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
         ]
     if len(classes) != 1:
         raise HandlerLoadError(
-            f"handler module {module.__name__!r} must define exactly one class (found {len(classes)}) "
-            "or be given as module:function"
+            f"handler module {module.__name__!r} must define a module-level function handle(data, context) "
+            f"or exactly one class (found {len(classes)}), or be given as module:function"
         )
     try:
         instance = classes[0]()
