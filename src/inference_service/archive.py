@@ -5,7 +5,11 @@ default), a gzipped tar (``--archive-format tgz``), or an unpacked directory
 (``no-archive``), each holding ``MAR-INF/MANIFEST.json`` and the handler,
 weights, extra files and the per-model YAML config named by
 ``model.configFile``. Local archives are opened only from inside the model
-store; ``http(s)://`` URLs are fetched only when they match ``allowed_urls``
+store: the name given (RegisterModel's ``url``, ``--models``) must stay in it as
+written (no ``..``, no absolute path elsewhere), and a symbolic link found there is
+then followed wherever it points, as TorchServe does (an operator's choice:
+TorchServe's test harness and Kubernetes volume mounts fill stores with links);
+``http(s)://`` URLs are fetched only when they match ``allowed_urls``
 (:class:`UrlPolicy`, checked before anything is fetched, and again for every
 redirect), with a size cap and a deadline, into the per-instance directory.
 Extraction is the one hardened path for both: member names must stay inside
@@ -157,18 +161,33 @@ def _extract_tar(src: Path, dest: Path, max_bytes: int) -> None:
         _extract_members(_tar_members(tf), src, dest, max_bytes)
 
 
+RELATIVE_PATH_MESSAGE = "Relative path is not allowed in url: {url}"  # TorchServe's ModelArchive text
+
+
+def _has_parent_segment(path: str) -> bool:
+    """Whether ``path`` has a ``..`` segment (``/`` or ``\\`` separated)."""
+    return ".." in re.split(r"[/\\]", path)
+
+
 def resolve_in_store(url: str, model_store: Path | None) -> Path:
-    """Resolve a RegisterModel ``url`` to a path inside the model store.
+    """Resolve a RegisterModel (or ``--models``) ``url`` to a path in the model store.
 
     Accepts a file name or relative path in the store, an absolute path inside
-    it, or a ``file://`` URL of either. Percent-encoding, ``..`` and symlinks
-    are resolved before the check.
+    it (as the store is given or as it resolves), or a ``file://`` URL of either
+    (percent-encoding decoded). The name is confined as written: a ``..``
+    segment is refused with TorchServe's "Relative path is not allowed in url"
+    (its ``ModelArchive.downloadModel``), an absolute path elsewhere is refused.
+    Symbolic links inside the store are then followed wherever they point: only
+    whoever can write the store can place one, and TorchServe follows them too.
+
+    Returns:
+        The path in the store (links not resolved, so its name is the store's).
 
     Raises:
-        InvalidArgument: empty URL, a remote URL, a workflow archive, or a path
-            outside the model store.
+        InvalidArgument: empty URL, a remote URL, a workflow archive, a ``..``
+            segment, or an absolute path outside the model store.
         FailedPrecondition: the server has no model store.
-        NotFound: nothing exists at that path.
+        NotFound: nothing exists at that path (or a link in the store points nowhere).
     """
     if not url:
         raise InvalidArgument("url is required: the model archive's file name in the model store")
@@ -182,11 +201,19 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
         raise InvalidArgument("workflows are not supported: register a model archive (.mar)")
     if model_store is None:
         raise FailedPrecondition("the server was started without --model-store")
-    store = model_store.resolve()
-    path = Path(raw)
-    path = (path if path.is_absolute() else store / path).resolve()
-    if path != store and store not in path.parents:
-        raise InvalidArgument(f"model url {url!r} is outside the model store")
+    if _has_parent_segment(raw):
+        raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url)
+                              + " (a '..' segment could point outside the model store)")
+    store = Path(os.path.abspath(model_store))
+    path = Path(os.path.normpath(raw))
+    if path.is_absolute():
+        for root in (store, store.resolve()):
+            if path == root or root in path.parents:
+                path = path.relative_to(root)
+                break
+        else:
+            raise InvalidArgument(f"model url {url!r} is outside the model store {store}")
+    path = store / path
     if not path.exists():
         raise NotFound(f"model archive {url!r} not found in the model store {store}")
     return path
@@ -238,8 +265,10 @@ class UrlPolicy:
 
         Raises:
             InvalidArgument: not http(s), credentials in the URL, no host, or a
-                ``..`` path segment (also percent-encoded: CVE-2024-35198).
-            PermissionDenied: no ``allowed_urls`` pattern matches.
+                ``..`` path segment (also percent-encoded: CVE-2024-35198), the latter
+                with TorchServe's "Relative path is not allowed in url: <url>".
+            PermissionDenied: no ``allowed_urls`` pattern matches (TorchServe's
+                "Given URL <url> does not match any allowed URL(s)", then why).
         """
         parsed = urlparse(url)
         if parsed.scheme.lower() not in REMOTE_SCHEMES:
@@ -252,12 +281,12 @@ class UrlPolicy:
         path = parsed.path
         for _ in range(3):  # %252e%252e decodes to %2e%2e, then to ..
             path = unquote(path)
-        if ".." in re.split(r"[/\\]", path):
-            raise InvalidArgument(f"model URL {url!r} has a '..' path segment")
+        if _has_parent_segment(path):
+            raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url) + " (a '..' path segment)")
         normalized = urlunsplit(urlsplit(url)._replace(scheme=parsed.scheme.lower(), netloc=parsed.netloc.lower()))
         if not any(re.fullmatch(p, normalized) for p in self.allowed_urls):
-            raise PermissionDenied(
-                f"model URL {url!r} is not allowed: it matches no allowed_urls pattern "
+            raise PermissionDenied(  # TorchServe's ArchiveUtils.validateURL text, then why
+                f"Given URL {url} does not match any allowed URL(s): it matches no allowed_urls pattern "
                 "(by default only archives in the model store can be registered)")
 
 
