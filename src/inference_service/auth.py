@@ -10,8 +10,9 @@ directory in TorchServe's layout::
 Clients send ``authorization: Bearer <key>`` metadata: the inference key on the
 inference port (``Ping`` included), the management key on the management port.
 A missing or wrong key is answered UNAUTHENTICATED (TorchServe answers
-PERMISSION_DENIED). ``grpc.health.v1`` and server reflection stay open so
-probes work. Keys never appear in the log.
+PERMISSION_DENIED) with TorchServe's message, "Token Authorization failed. Token
+either incorrect, expired, or not provided correctly", then which key to send.
+``grpc.health.v1`` and server reflection stay open so probes work. Keys never appear in the log.
 
 Keys do not expire unless ``token_expiration_min`` is set. When it is, each key
 is replaced once half its lifetime has passed (the key file is rewritten
@@ -57,9 +58,11 @@ API = "API"
 SCOPES = (MANAGEMENT, INFERENCE, API)
 # Methods every caller may use: Kubernetes probes and tooling carry no token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: TorchServe's text first (its GRPCInterceptor and TokenAuthorizationHandler), then what to send.
+TORCHSERVE_TOKEN_MESSAGE = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 UNAUTHENTICATED_MESSAGE = (
-    "token authorization failed: send metadata 'authorization: Bearer <key>' with the {scope} key "
-    "of the server's key_file.json (the key is missing, wrong or expired)"
+    TORCHSERVE_TOKEN_MESSAGE + ": send metadata 'authorization: Bearer <key>' with the {scope} key "
+    "of the server's key_file.json"
 )
 
 
