@@ -391,6 +391,51 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
     return _extract_archive(url, path, path.name, extract_root, max_bytes)
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """``MAR-INF/MANIFEST.json`` of the archive at ``path``, read without extracting anything else.
+
+    Reads a zip ``.mar``, a tar (``<name>/MAR-INF/...`` too, as torch-model-archiver's tgz
+    format writes it) or a directory. Used by ``inference-service --start`` to name the
+    startup models it waits for, and to refuse an archive that cannot load before the
+    server starts.
+
+    Raises:
+        InvalidArgument: not an archive, no manifest, or a manifest that is not a JSON
+            object (the message names the archive).
+    """
+    shown = path.name
+    try:
+        if path.is_dir():
+            manifest_path = path / MANIFEST
+            if not manifest_path.is_file():
+                raise InvalidArgument(f"model archive {shown} has no {MANIFEST}")
+            raw = manifest_path.read_bytes()
+        elif zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                try:
+                    raw = zf.read(MANIFEST)
+                except KeyError:
+                    raise InvalidArgument(f"model archive {shown} has no {MANIFEST}") from None
+        elif tarfile.is_tarfile(path):
+            with tarfile.open(path, "r:*") as tf:
+                member = next((m for m in tf.getmembers() if m.isfile() and (
+                    m.name == MANIFEST or (m.name.endswith("/" + MANIFEST) and m.name.count("/") == 2))), None)
+                fin = tf.extractfile(member) if member is not None else None
+                if fin is None:
+                    raise InvalidArgument(f"model archive {shown} has no {MANIFEST}")
+                raw = fin.read()
+        else:
+            raise InvalidArgument(f"{shown} is not a model archive (expected a zip .mar, a tgz or a directory)")
+        manifest = json.loads(raw.decode("utf-8"))
+    except (OSError, zipfile.BadZipFile, tarfile.TarError, EOFError) as exc:
+        raise InvalidArgument(f"cannot read {shown}: {exc}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{MANIFEST} of {shown} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("model", {}), dict):
+        raise InvalidArgument(f"{MANIFEST} of {shown} must be a JSON object with a 'model' object")
+    return manifest
+
+
 def _extract_archive(url: str, path: Path, name: str, extract_root: Path, max_bytes: int) -> ModelArchive:
     shown = PurePosixPath(name).name or path.name
     if zipfile.is_zipfile(path):
