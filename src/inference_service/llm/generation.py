@@ -12,8 +12,10 @@ The pieces, bottom-up:
   equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
 - :class:`StopStringFilter`: cuts the text at the first stop string, holding back
   only a tail that could still become one.
-- :func:`generate_pieces`: the generation loop with the KV cache, a generator of
-  text pieces whose return value is a :class:`GenerationResult`.
+- :func:`generate_pieces`: one request's generation as a generator of text pieces
+  whose return value is a :class:`GenerationResult`; a thin wrapper over a
+  one-request :class:`~inference_service.llm.engine.GenerationEngine`, the batched
+  (continuous batching) generation loop that the handlers drive directly.
 
 Request body (JSON object, UTF-8)::
 
@@ -38,7 +40,6 @@ without it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import secrets
@@ -602,25 +603,25 @@ def generate_pieces(
     should_stop: Callable[[], bool] | None = None,
     eos_ids: Iterable[int] | None = None,
 ) -> Generator[str, None, GenerationResult]:
-    """Generate text token by token with the KV cache, yielding each new text piece.
+    """Generate text for one request token by token, yielding each new text piece.
 
-    One forward pass over the prompt (prefill), then one pass per new token
-    with ``past_key_values`` and ``use_cache=True``, all under
-    ``torch.inference_mode()``. Each sampled token goes through an
-    :class:`IncrementalDecoder` and a :class:`StopStringFilter`; every
-    non-empty released piece is yielded at once. Generation ends at an
-    end-of-sequence token (unless ``params.ignore_eos``; the token itself is
-    not decoded), when a stop string appears (it and anything after it is not
-    emitted), after ``params.max_new_tokens`` tokens, or when ``should_stop()``
-    returns true (checked before each step).
+    A one-request :class:`~inference_service.llm.engine.GenerationEngine` (the one
+    generation loop of this package): a prefill forward pass over the prompt, then one
+    pass per new token with the KV cache, each under ``torch.inference_mode()`` (never
+    held across a ``yield``). Each sampled token goes through an
+    :class:`IncrementalDecoder` and a :class:`StopStringFilter`; every non-empty
+    released piece is yielded at once. Generation ends at an end-of-sequence token
+    (unless ``params.ignore_eos``; the token itself is not decoded), when a stop string
+    appears (it and anything after it is not emitted), after ``params.max_new_tokens``
+    tokens, or when ``should_stop()`` returns true (checked before each step). Closing
+    the generator frees the KV cache at once.
 
     Invariant: ``"".join(pieces) + result.remaining_text`` equals
     ``tokenizer.decode(ids, skip_special_tokens=True)`` of the sampled ids
     (without a final end-of-sequence token), cut before the first stop string.
 
     Args:
-        model: a transformers causal LM (``model(input_ids, past_key_values=...,
-            use_cache=True)`` returning ``.logits`` of shape ``[1, seq, vocab]``).
+        model: a transformers causal LM (see :class:`~inference_service.llm.engine.GenerationEngine`).
         tokenizer: its tokenizer.
         prompt_ids: the prompt token ids (non-empty).
         params: generation options; sampling uses a ``torch.Generator`` seeded
@@ -638,58 +639,27 @@ def generate_pieces(
     Raises:
         ValueError: ``prompt_ids`` is empty.
     """
-    import torch
+    from inference_service.llm.engine import GenerationEngine
 
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
-    eos = frozenset(eos_ids) if eos_ids is not None else eos_token_ids(model, tokenizer)
-    device = next(model.parameters()).device
-    generator = make_generator(params.seed) if params.temperature > 0 else None
-    decoder = IncrementalDecoder(tokenizer)
-    stop_filter = StopStringFilter(params.stop)
-    result = GenerationResult(prompt_tokens=len(prompt_ids))
-    finish = "length"
-
-    forward_kwargs: dict[str, Any] = {"use_cache": True}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        forward_kwargs["logits_to_keep"] = 1  # prefill: no lm_head over the whole prompt
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    past: Any = None
+    engine = GenerationEngine(model, tokenizer, eos_ids=None if eos_ids is None else frozenset(eos_ids))
+    key = "request"
+    engine.add(key, prompt_ids, params)
     try:
-        for _ in range(params.max_new_tokens):
+        while True:
             if should_stop is not None and should_stop():
-                finish = "cancelled"
-                break
-            # inference mode only around the step, never across a yield (it is thread state)
-            with torch.inference_mode():
-                out = model(input_ids=input_ids, past_key_values=past, **forward_kwargs)
-                past = out.past_key_values
-                token = sample_next_token(out.logits[0, -1], params.temperature, params.top_p, generator)
-            result.token_ids.append(token)
-            if token in eos and not params.ignore_eos:
-                finish = "stop"
-                break
-            piece = stop_filter.push(decoder.push(token))
-            if piece:
-                yield piece
-            if stop_filter.stopped:
-                finish = "stop"
-                break
-            input_ids = torch.tensor([[token]], dtype=torch.long, device=device)
+                cancelled = engine.cancel(key)
+                assert cancelled is not None
+                return cancelled
+            out = engine.step()[key]
+            if out.piece:
+                yield out.piece
+            if out.finished:
+                assert out.result is not None
+                return out.result
     finally:
-        del past  # free the KV cache promptly, also when the consumer closes us
-
-    tail = ""
-    if not stop_filter.stopped:
-        tail = stop_filter.push(decoder.flush())
-        tail += stop_filter.flush()
-        if stop_filter.stopped:
-            finish = "stop"
-    result.remaining_text = tail
-    result.finish_reason = finish
-    result.completion_tokens = len(result.token_ids)
-    result.stop_string = stop_filter.matched
-    return result
+        engine.close()  # free the KV cache promptly, also when the consumer closes us
 
 
 def generate_text(
