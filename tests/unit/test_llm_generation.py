@@ -624,7 +624,7 @@ def test_handler_batch_of_two(
             except StopIteration as done:
                 results = done.value
                 break
-            assert len(message) == 3 and sum(m is not None for m in message) == 1
+            assert len(message) == 3 and message[1] is None and any(m is not None for m in message)
             for i, m in enumerate(message):
                 if m is not None:
                     streamed[i] += m
@@ -640,3 +640,154 @@ def test_handler_batch_of_two(
     # request 2 is plain text with the config defaults (greedy, 6 tokens, EOS honoured)
     text2 = streamed[2] + results[2] if generator_form else results[2]
     assert expected.startswith(text2) and isinstance(results[2], str)
+
+
+class RecordingChannel:
+    """The worker's transport as a handler sees it (``context._channel``): records each
+    intermediate message in order; a request counts as cancelled once it got ``cancel_after``
+    messages (its client goes away)."""
+
+    def __init__(self, cancel_after: dict[str, int] | None = None) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.cancel_after = cancel_after or {}
+
+    def send_intermediate(self, request_id: str, payload: bytes) -> None:
+        assert not self.is_cancelled(request_id), f"message sent to cancelled request {request_id}"
+        self.sent.append((request_id, payload.decode()))
+
+    def is_cancelled(self, request_id: str) -> bool:
+        limit = self.cancel_after.get(request_id)
+        return limit is not None and sum(rid == request_id for rid, _ in self.sent) >= limit
+
+    def text(self, request_id: str) -> str:
+        return "".join(p for rid, p in self.sent if rid == request_id)
+
+
+def test_handler_static_batch_streams_together_and_cancels_one(
+    tiny_model_dir: str, tiny_model: Any, tokenizer: Any
+) -> None:
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMHandler()
+    context = _context(tiny_model_dir, 3)
+    handler.initialize(context)
+    prompts = ["Once upon a time", "The capital of France", "Hello"]
+    params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=9, ignore_eos=True)
+    bodies = [{"prompt": p, "max_new_tokens": 12, "temperature": 1.0, "seed": 9, "ignore_eos": True} for p in prompts]
+    data = [{"data": bytearray(json.dumps(b).encode())} for b in bodies]
+    channel = RecordingChannel(cancel_after={"r1": 3})
+    context.request_ids = {0: "r0", 1: "r1", 2: "r2"}
+    context._channel = channel
+    results = handler.handle(data, context)
+    for i in (0, 2):
+        expected, _ = generate_text(tiny_model, tokenizer, list(tokenizer(prompts[i])["input_ids"]), params)
+        assert channel.text(f"r{i}") + results[i] == expected
+    # the requests were generated together: each one's messages interleave with the others'
+    order = [rid for rid, _ in channel.sent]
+    assert order.index("r2") < len(order) - 1 - order[::-1].index("r0")
+    assert order.index("r0") < len(order) - 1 - order[::-1].index("r2")
+    # r1's client went away after 3 messages: it got no more, and the others went on
+    assert order.count("r1") == 3 and order.count("r0") > 3
+    assert handler.engine is not None and len(handler.engine) == 0  # all freed
+
+
+def _continuous_context(model_dir: str) -> Context:
+    context = _context(model_dir, 4)
+    context.model_yaml_config = {
+        "continuousBatching": True,
+        "handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0},
+    }
+    return context
+
+
+def _call(handler: Any, context: Context, requests: dict[str, dict[str, Any] | None]) -> dict[str, tuple[Any, bool]]:
+    """One worker call in continuous batching: ``{request id: body or None (already running)}``
+    -> ``{request id: (result, finished)}``; a 400 shows as ``("400: message", True)``."""
+    ids = list(requests)
+    context._begin_batch(ids, [{} for _ in ids], [None for _ in ids])
+    data = [{"data": bytearray(json.dumps(b).encode())} if b is not None else {} for b in requests.values()]
+    results = handler.handle(data, context)
+    assert len(results) == len(ids) and len(context.stopping_criteria) == len(ids)
+    out = {}
+    for idx, rid in enumerate(ids):
+        finished = context.stopping_criteria[idx](results[idx])
+        assert isinstance(finished, bool)
+        if context.get_response_status(idx) >= 400:
+            assert finished
+            out[rid] = (f"{context.get_response_status(idx)}: {results[idx]}", True)
+        else:
+            out[rid] = (results[idx], finished)
+    return out
+
+
+def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: Any, tokenizer: Any) -> None:
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMHandler()
+    context = _continuous_context(tiny_model_dir)
+    handler.initialize(context)
+    engine = handler.engine
+    assert engine is not None
+    body_a = {"prompt": "Once upon a time", "max_new_tokens": 10, "ignore_eos": True, "include_usage": True}
+    body_b = {"prompt": "The capital of France", "max_new_tokens": 8, "temperature": 1.0, "seed": 4, "ignore_eos": True}
+    body_c = {"prompt": "Hello", "max_new_tokens": 50, "ignore_eos": True}
+    streamed: dict[str, str] = {"a": "", "b": "", "c": ""}
+    finals: dict[str, Any] = {}
+
+    def record(out: dict[str, tuple[Any, bool]]) -> None:
+        for rid, (value, finished) in out.items():
+            if finished:
+                finals[rid] = value
+            elif value is not None:
+                assert isinstance(value, str) and value
+                streamed[rid] += value
+
+    # call 1: "a" is new, "bad" is rejected
+    out = _call(handler, context, {"a": body_a, "bad": {"prompt": "x", "top_p": 0}})
+    assert out["bad"][0].startswith("400: ") and "'top_p'" in out["bad"][0]
+    assert out["a"][1] is False
+    record({"a": out["a"]})
+    # call 2: "b" joins the running "a" (which comes without inputs now)
+    record(_call(handler, context, {"a": None, "b": body_b}))
+    assert sorted(engine.keys()) == ["a", "b"]
+    # calls 3-5: "a" paused (its client is slow), "b" goes on
+    for _ in range(3):
+        record(_call(handler, context, {"b": None}))
+    # "c" joins, runs one step and is dropped (client cancelled)
+    record(_call(handler, context, {"a": None, "b": None, "c": body_c}))
+    handler.drop_requests(["c", "never-seen"])
+    assert not engine.has("c") and "c" not in handler._jobs
+    # everything left runs to the end
+    for _ in range(20):
+        running = [rid for rid in ("a", "b") if rid not in finals]
+        if not running:
+            break
+        record(_call(handler, context, dict.fromkeys(running)))
+    assert set(finals) == {"a", "b"}
+    ids_a = list(tokenizer(body_a["prompt"])["input_ids"])
+    ids_b = list(tokenizer(body_b["prompt"])["input_ids"])
+    text_a, result_a = generate_text(tiny_model, tokenizer, ids_a, GenerationParams(max_new_tokens=10, ignore_eos=True))
+    text_b, _ = generate_text(
+        tiny_model, tokenizer, ids_b, GenerationParams(max_new_tokens=8, temperature=1.0, seed=4, ignore_eos=True)
+    )
+    assert finals["a"]["finish_reason"] == "length"
+    assert finals["a"]["usage"] == {"prompt_tokens": len(ids_a), "completion_tokens": 10}
+    assert streamed["a"] + finals["a"]["text"] == text_a
+    assert isinstance(finals["b"], str) and streamed["b"] + finals["b"] == text_b
+    assert len(engine) == 0 and handler._jobs == {} and engine.cache_shape == (0, 0)
+    # a request the handler does not know, sent without inputs, is rejected
+    out = _call(handler, context, {"ghost": None})
+    assert out["ghost"][0].startswith("400: ")
+
+
+def test_handler_mode_follows_continuous_batching_key() -> None:
+    from inference_service.llm.handler import continuous_batching
+
+    def ctx(value: Any) -> Context:
+        return Context(
+            "m", ".", {}, 1, None, "t", model_yaml_config={} if value is None else {"continuousBatching": value}
+        )
+
+    assert continuous_batching(ctx(True)) and continuous_batching(ctx("true"))
+    assert not continuous_batching(ctx(None)) and not continuous_batching(ctx(False))
+    assert not continuous_batching(ctx("false"))

@@ -1,14 +1,21 @@
-"""The streaming LLM handler in generator form.
+"""The streaming LLM handler in generator form (static batches only).
 
 Same model loading, configuration, request format, validation (status 400)
 and final message as :mod:`inference_service.llm.handler` (see its docstring,
-including the ``include_usage`` JSON object), but ``handle`` is a generator
-function: each ``yield`` is a list with one entry per request of the batch
-(the new text piece for the request being generated, ``None`` for the
-others), which the worker sends as intermediate messages; the generator's
-``return`` value is the list of final messages. When the client cancels, the
-worker calls ``close()`` on the generator, which stops generation at once
-(``GeneratorExit`` at the pending ``yield``).
+including the ``include_usage`` JSON object), and the same batched generation:
+all requests of a batch are generated together by the shared
+:class:`~inference_service.llm.engine.GenerationEngine`. ``handle`` is a
+generator function: each ``yield`` is a list with one entry per request of the
+batch (the new text piece of each request that released text in this step,
+``None`` for the others), which the worker sends as intermediate messages; the
+generator's ``return`` value is the list of final messages. When the client
+cancels, the worker calls ``close()`` on the generator, which stops generation
+at once (``GeneratorExit`` at the pending ``yield``) and frees the KV cache.
+
+This form serves static batches only (``continuousBatching`` absent or false):
+TorchServe's continuous batching contract calls ``handle`` once per step and
+needs plain results, which :class:`~inference_service.llm.handler.LLMHandler`
+gives.
 """
 
 from __future__ import annotations
@@ -26,15 +33,16 @@ class LLMGeneratorHandler(LLMHandler):
     def handle(  # type: ignore[override]
         self, data: list[dict[str, Any]], context: Context
     ) -> Generator[list[Any], None, list[Any]]:
-        """Generate for each request of the batch in turn, yielding its text pieces.
+        """Generate all requests of the batch together, yielding each step's text pieces.
 
         Args:
             data: one input map per request (body under ``data`` or ``body``).
             context: the worker's context for this batch.
 
         Yields:
-            Lists of ``len(data)`` entries: one new text piece for the request
-            being generated, ``None`` for the others.
+            Lists of ``len(data)`` entries: the new text piece of each request that
+            released text in this step, ``None`` for the others (at least one entry is
+            not ``None``).
 
         Returns:
             One final message per request (the remaining text or the usage
@@ -43,13 +51,13 @@ class LLMGeneratorHandler(LLMHandler):
         """
         batch = self._generate_batch(data, context)
         try:
-            item = next(batch)
+            pieces = next(batch)
             while True:
-                idx, piece = item
                 message: list[Any] = [None] * len(data)
-                message[idx] = piece
+                for idx, piece in pieces.items():
+                    message[idx] = piece
                 yield message
-                item = batch.send(False)
+                pieces = batch.send(None)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         finally:
