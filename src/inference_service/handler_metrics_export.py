@@ -1,0 +1,121 @@
+"""Handler metrics forwarded by workers (``context.metrics``, ``metrics_mode=prometheus``),
+exported as ``prometheus_client`` objects (:class:`HandlerMetricsExporter`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = logging.getLogger("inference_service.metrics")
+
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")  # metric names may hold ':'
+LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")  # label names may not
+HandlerUpdate = tuple[str, str, str, dict[str, str], float]
+"""One handler metric update: ``(name, type, unit, dimensions, value)``."""
+
+
+def sanitize(name: str, pattern: re.Pattern[str]) -> str:
+    """``name`` with every character ``pattern`` matches replaced by ``_`` (Prometheus-safe)."""
+    cleaned = pattern.sub("_", name)
+    return "_" + cleaned if not cleaned or cleaned[0].isdigit() else cleaned
+
+
+class HandlerMetricsExporter:
+    """Handler metric updates applied to ``prometheus_client`` metrics of ``registry``.
+
+    Args:
+        registry: where the metrics are registered (the server's).
+        hostname: the ``Hostname`` label value.
+    """
+
+    def __init__(self, registry: CollectorRegistry, hostname: str) -> None:
+        self.registry = registry
+        self.hostname = hostname
+        # handler metric name -> (type, label names, the prometheus_client metric), or None
+        # when the name could not be registered (its updates are dropped)
+        self._handler: dict[str, tuple[str, tuple[str, ...], Any] | None] = {}
+        self._warned: set[str] = set()
+
+    def apply(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
+        """Apply handler metric updates a worker of ``model_name`` / ``model_version`` forwarded
+        (the worker side's ``metrics_sink``, ``metrics_mode=prometheus``).
+
+        Args:
+            model_name / model_version: whose worker sent them (for warnings).
+            updates: ``(name, type, unit, dimensions, value)`` tuples, decoded by
+                ``worker.protocol.decode_metrics``.
+
+        A counter adds the value, a gauge takes it, a histogram observes it; each metric is a
+        ``prometheus_client`` object created at its first update, labelled with the update's
+        dimension names (made Prometheus-safe) plus ``Hostname``. Updates that cannot be
+        exported are dropped with one warning per metric name and cause: a name of this
+        server's own metrics or one that clashes with another metric's series, dimension
+        names that are invalid or repeat after sanitising, a type or dimension names that
+        differ from the metric's first update, a negative counter increment (Prometheus
+        counters never decrease). Unknown types are exported as gauges. Runs on the event
+        loop thread; never raises.
+        """
+        for name, metric_type, unit, dims, value in updates:
+            try:
+                self._apply(name, metric_type, unit, dims, value)
+            except Exception:  # noqa: BLE001 - a bad metric must not stop the worker's routing
+                self._warn(f"{name}:error", f"model {model_name} version {model_version}: handler metric "
+                                            f"{name!r} dropped")
+                log.debug("handler metric %r dropped", name, exc_info=True)
+
+    def _apply(self, raw_name: str, metric_type: str, unit: str, dims: dict[str, str], value: float) -> None:
+        name = sanitize(raw_name, NAME_RE)
+        if metric_type not in ("counter", "gauge", "histogram"):
+            self._warn(name + ":type", f"handler metric {raw_name!r} has type {metric_type!r}; exported as a gauge")
+            metric_type = "gauge"
+        labels = (*(sanitize(k, LABEL_RE) for k in dims), "Hostname")
+        if name not in self._handler:
+            self._handler[name] = self._create(raw_name, name, metric_type, unit, labels)
+        family = self._handler[name]
+        if family is None:
+            return
+        kind, names, metric = family
+        if kind != metric_type or names != labels:
+            self._warn(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
+                                          f"({kind} {names[:-1]} first); update dropped")
+            return
+        child = metric.labels(*dims.values(), self.hostname)
+        if kind == "counter":
+            if value < 0:
+                self._warn(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
+                                               "negative increments are dropped")
+                return
+            child.inc(value)
+        elif kind == "gauge":
+            child.set(value)
+        else:
+            child.observe(value)
+
+    def _create(self, raw_name: str, name: str, metric_type: str, unit: str,
+                labels: tuple[str, ...]) -> tuple[str, tuple[str, ...], Any] | None:
+        """The metric object of a handler metric's first update (``None``: it cannot be exported)."""
+        if name.startswith(("ts_inference_", "ts_queue_", "inference_service_")):
+            self._warn(name + ":reserved",
+                       f"handler metric {raw_name!r} uses a name of the server's own metrics; dropped")
+            return None
+        if len(set(labels)) != len(labels):
+            self._warn(name + ":labels", f"handler metric {raw_name!r}: its dimension names {labels[:-1]} "
+                                         "repeat (or include Hostname) once made Prometheus-safe; dropped")
+            return None
+        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[metric_type]
+        extra = {"buckets": HANDLER_BUCKETS} if metric_type == "histogram" else {}
+        try:
+            metric = cls(name, f"handler metric, unit: {unit}", labels, registry=self.registry, **extra)
+        except ValueError as exc:  # a series name taken by another metric, a reserved label (``le``)
+            self._warn(name + ":clash", f"handler metric {raw_name!r} cannot be exported ({exc}); dropped")
+            return None
+        return metric_type, labels, metric
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
