@@ -1,6 +1,6 @@
 """Frontend side of one worker process: spawn, load, run requests, route responses, stop.
 
-One routing callback per worker connection (:class:`_Channel`, an asyncio protocol: no
+One routing callback per worker connection (:class:`FrameChannel`, an asyncio protocol: no
 task, no await) parses the IPC frames as they arrive and hands every response to its
 job's mailbox by request id; nothing else reads the socket. When the worker has room
 for more requests (its batch is done, or in ``continuous``/``async`` mode one of its
@@ -37,64 +37,11 @@ from inference_service.errors import (
 )
 from inference_service.jobs import Job, Kind
 from inference_service.worker import protocol
+from inference_service.worker.ipc import FrameChannel, relay_output
 
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-_LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
-
-
-class _Channel(asyncio.Protocol):
-    """One rank's IPC connection: frames in, routed by :meth:`WorkerProcess._frame`."""
-
-    def __init__(self, owner: WorkerProcess) -> None:
-        self.owner = owner
-        self.transport: asyncio.Transport | None = None
-        self.answers = owner.spec.world_size == 1  # only rank 0 answers clients
-        self._buf = bytearray()
-        self._paused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.owner._attach(self)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        if buf:
-            buf += data
-            src: bytes | bytearray = buf
-        else:
-            src = data
-        end, size, pos = len(src), protocol.HEADER.size, 0
-        unpack = protocol.HEADER.unpack_from
-        frame_handler = self.owner._frame
-        while end - pos >= size:
-            length, kind = unpack(src, pos)
-            stop = pos + 4 + length
-            if stop > end:
-                break
-            body = src[pos + size:stop]
-            pos = stop
-            frame_handler(self, kind, bytes(body) if isinstance(body, bytearray) else body)
-        if src is buf:
-            del buf[:pos]
-        elif pos < end:
-            self._buf = bytearray(src[pos:])
-
-    def pause(self) -> None:
-        """Stop reading until :meth:`resume` (a mailbox is full: back-pressure the worker)."""
-        if not self._paused and self.transport is not None and not self.transport.is_closing():
-            self._paused = True
-            self.transport.pause_reading()
-
-    def resume(self) -> None:
-        """Read again."""
-        if self._paused and self.transport is not None and not self.transport.is_closing():
-            self._paused = False
-            self.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner._tasks.append(asyncio.ensure_future(self.owner._on_channel_closed()))
 
 
 MetricsSink = Callable[[str, str, list[tuple[str, str, str, dict[str, str], float]]], None]
@@ -143,7 +90,7 @@ class WorkerProcess:
         self.pid: int | None = None
         self.start_time = time.time()
         self.proc: asyncio.subprocess.Process | None = None
-        self._channels: list[_Channel] = []
+        self._channels: list[FrameChannel] = []
         self._connected: asyncio.Event | None = None  # torchrun group: every rank connected
         self._ready_count = 0
         self._closed = False
@@ -213,7 +160,7 @@ class WorkerProcess:
             asyncio.create_task(self._relay(self.proc.stderr, logging.INFO)),
         ]
 
-    def _attach(self, channel: _Channel) -> None:
+    def _attach(self, channel: FrameChannel) -> None:
         self._channels.append(channel)
         assert channel.transport is not None
         channel.transport.write(self.spec.to_frame())
@@ -232,7 +179,7 @@ class WorkerProcess:
         self.pid = self.proc.pid
         self.start_time = time.time()
         self._watch_output()
-        await asyncio.get_running_loop().create_unix_connection(lambda: _Channel(self), sock=parent)
+        await asyncio.get_running_loop().create_unix_connection(lambda: FrameChannel(self), sock=parent)
 
     async def _spawn_group(self, startup_timeout: float) -> None:
         """torchrun group: every rank connects to a private Unix socket of this worker."""
@@ -240,7 +187,7 @@ class WorkerProcess:
         directory = tempfile.mkdtemp(prefix="inference-service-")  # mode 0700
         path = os.path.join(directory, "group.sock")
         connected = self._connected = asyncio.Event()
-        listener = await asyncio.get_running_loop().create_unix_server(lambda: _Channel(self), path=path)
+        listener = await asyncio.get_running_loop().create_unix_server(lambda: FrameChannel(self), path=path)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
@@ -264,38 +211,14 @@ class WorkerProcess:
             shutil.rmtree(directory, ignore_errors=True)
 
     async def _relay(self, stream: asyncio.StreamReader | None, level: int) -> None:
-        """Log each line of the worker's stdout/stderr as ``[<model> worker-<id> pid <pid>] <line>``.
-
-        Blank lines are skipped. A line the worker's logging wrote (``LEVEL logger: message``) keeps its level;
-        traceback lines keep the level of the line they follow; any other line
-        (``print`` output) gets ``level``. The record carries ``model``,
-        ``model_version``, ``worker_id`` and ``worker_pid`` for the JSON log format.
-        """
-        if stream is None:
-            return
+        """Relay the worker's stdout/stderr lines as ``[<model> worker-<id> pid <pid>] <line>``
+        (:func:`~inference_service.worker.ipc.relay_output`)."""
         spec = self.spec
-        prefix = f"[{spec.model_name} worker-{spec.worker_id} pid {self.pid}]"
-        extra = {"model": spec.model_name, "model_version": spec.model_version, "worker_id": spec.worker_id,
-                 "worker_pid": self.pid}
-        current, in_traceback = level, False
-        while line := await stream.readline():
-            text = line.decode("utf-8", "replace").rstrip()
-            if not text:
-                continue
-            head = text.split(" ", 1)[0]
-            if head in _LEVELS:
-                current, in_traceback = _LEVELS[head], False
-            elif text.startswith("Traceback ("):
-                in_traceback = True
-            elif text[:1].isspace():
-                pass
-            elif in_traceback:  # the exception line ends a traceback
-                in_traceback = False
-            else:
-                current = level
-            self._log.log(current, "%s %s", prefix, text, extra=extra)
+        await relay_output(stream, level, self._log, f"[{spec.model_name} worker-{spec.worker_id} pid {self.pid}]",
+                           {"model": spec.model_name, "model_version": spec.model_version,
+                            "worker_id": spec.worker_id, "worker_pid": self.pid})
 
-    def _frame(self, channel: _Channel, kind: int, body: bytes) -> None:
+    def _frame(self, channel: FrameChannel, kind: int, body: bytes) -> None:
         """Route one frame of ``channel``: a response to its job, a batch end to :attr:`on_free`."""
         if kind == protocol.CHUNK or kind == protocol.FINAL:
             if not channel.answers:
