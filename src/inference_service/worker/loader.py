@@ -151,6 +151,7 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
             ) from exc
         return Service(fn, f"{module.__name__}:{function_name}")
     explicit = getattr(module, "__handler__", None)
+    classes: list[type[Any]]
     if inspect.isclass(explicit):
         classes = [explicit]
     else:
