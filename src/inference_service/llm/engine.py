@@ -1,5 +1,12 @@
 """Batched token generation with continuous batching: many requests share one forward pass per step.
 
+This module holds the token-level building blocks of one request (:class:`GenerationParams`,
+:class:`GenerationResult`, :func:`sample_next_token`, :class:`IncrementalDecoder`,
+:class:`StopStringFilter`, :func:`eos_token_ids`; re-exported by
+:mod:`inference_service.llm.generation`, which adds request parsing and the one-request
+wrapper :func:`~inference_service.llm.generation.generate_pieces`) and the engine that runs
+many requests at once.
+
 :class:`GenerationEngine` holds the requests of one model. Requests join at any time
 (:meth:`GenerationEngine.add`), each :meth:`GenerationEngine.step` advances them by one
 token, and a request leaves when it ends (end-of-sequence token, stop string,
@@ -44,26 +51,275 @@ Supported models: decoder-only transformers causal LMs whose KV cache is a
 SmolLM ...; sliding-window models keep the whole context, which is correct but uses
 more memory). Models with recurrent or linear-attention state raise ``TypeError`` at
 their first prefill.
+
+torch and transformers are imported inside the functions that need them; this module
+imports without them.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
+import secrets
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from inference_service.llm.generation import (
-    GenerationParams,
-    GenerationResult,
-    IncrementalDecoder,
-    StopStringFilter,
-    eos_token_ids,
-    make_generator,
-    sample_next_token,
-)
+# --------------------------------------------------------------------------------------
+# per-request building blocks (re-exported by inference_service.llm.generation)
+# --------------------------------------------------------------------------------------
+_REPLACEMENT = "\ufffd"
 
 
+@dataclass(frozen=True)
+class GenerationParams:
+    """Options of one generation.
+
+    Attributes:
+        max_new_tokens: most tokens to generate (1..4096).
+        temperature: sampling temperature, 0 (greedy) to 5.
+        top_p: nucleus mass in (0, 1]; 1 disables the cut.
+        seed: seed of the sampling ``torch.Generator``; ``None`` draws a random one.
+        stop: stop strings; generation ends when the text contains one, which
+            is not emitted.
+        ignore_eos: if true, the end-of-sequence token does not end generation.
+        include_usage: if true, the handler's final message is a JSON object
+            with finish reason and token counts.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    include_usage: bool = False
+
+
+@dataclass
+class GenerationResult:
+    """How a generation ended (:attr:`StepOutput.result`; the return value of
+    :func:`~inference_service.llm.generation.generate_pieces`).
+
+    Attributes:
+        remaining_text: text released only at the end (a held-back tail that
+            turned out not to be a stop string, or an incomplete character);
+            not yielded as a piece. May be empty.
+        finish_reason: ``"stop"`` (end-of-sequence token or stop string),
+            ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``
+            (``should_stop`` returned true).
+        prompt_tokens: number of prompt tokens.
+        completion_tokens: number of tokens sampled (an end-of-sequence token
+            that ended generation counts).
+        token_ids: the sampled token ids, in order (including such an
+            end-of-sequence token).
+        stop_string: the stop string that ended generation, if any.
+    """
+
+    remaining_text: str = ""
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    stop_string: str | None = None
+
+
+# --------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------
+def make_generator(seed: int | None) -> Any:
+    """Return a CPU ``torch.Generator`` seeded with ``seed`` (a random seed if ``None``)."""
+    import torch
+
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return generator
+
+
+def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
+    """Choose the next token id from one row of logits.
+
+    Args:
+        logits: float tensor of shape ``[vocab]`` (unnormalized scores).
+        temperature: 0 -> greedy (``argmax``); otherwise logits are divided by it.
+        top_p: keep the smallest set of most likely tokens whose probability
+            mass reaches ``top_p`` (at least one token), renormalize, sample.
+        generator: CPU ``torch.Generator`` used for sampling (ignored when greedy).
+
+    Returns:
+        The chosen token id.
+    """
+    import torch
+
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, sorted_ids = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        # keep tokens whose preceding mass is < top_p (so the first one is always kept)
+        keep = (cumulative - sorted_probs) < top_p
+        kept_probs = sorted_probs[keep]
+        choice = torch.multinomial(kept_probs / kept_probs.sum(), 1, generator=generator)
+        return int(sorted_ids[keep][choice].item())
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+# --------------------------------------------------------------------------------------
+# streaming text
+# --------------------------------------------------------------------------------------
+class IncrementalDecoder:
+    """Turn a growing list of token ids into text pieces that never need retracting.
+
+    Each :meth:`push` decodes the ids generated so far (a suffix window starting
+    at a point where the text was stable, so the cost per token stays bounded)
+    and returns the newly stable text: new text is held back while it ends in
+    U+FFFD (an incomplete multi-byte character split over byte tokens) or while
+    the decoded window no longer extends what was already released.
+    :meth:`flush` releases whatever is left.
+
+    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids,
+    skip_special_tokens=True)`` for tokenizers whose decoding is
+    prefix-stable (byte-level BPE such as GPT-2/Llama-3/SmolLM2, and
+    SentencePiece with ``clean_up_tokenization_spaces=False``).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        skip_special_tokens: passed to ``tokenizer.decode`` (default true).
+    """
+
+    #: window start is moved forward once the stable text is this many tokens behind
+    _WINDOW = 32
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._start = 0  # window start (token index)
+        self._released = ""  # text released since the window start
+        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """All ids pushed so far (a copy)."""
+        return list(self._ids)
+
+    def _decode_window(self) -> str:
+        return self._tokenizer.decode(self._ids[self._start :], skip_special_tokens=self._skip)
+
+    def push(self, token_id: int) -> str:
+        """Add one token id and return the newly stable text (possibly ``""``)."""
+        self._ids.append(int(token_id))
+        text = self._decode_window()
+        if text.endswith(_REPLACEMENT) or not text.startswith(self._released):
+            return ""
+        piece = text[len(self._released) :]
+        self._released = text
+        self._released_ids = len(self._ids)
+        self._advance_window()
+        return piece
+
+    def _advance_window(self) -> None:
+        """Move the window start forward to a token boundary where decoding is stable.
+
+        The new start ``s`` is accepted only if decoding ``ids[s:]`` gives
+        exactly the released text after ``decode(ids[start:s])``, so releasing
+        relative to the new window stays equivalent to decoding everything.
+        """
+        if self._released_ids - self._start < 2 * self._WINDOW:
+            return
+        new_start = self._released_ids - self._WINDOW
+        head = self._tokenizer.decode(self._ids[self._start : new_start], skip_special_tokens=self._skip)
+        tail = self._tokenizer.decode(self._ids[new_start : self._released_ids], skip_special_tokens=self._skip)
+        if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
+            self._start = new_start
+            self._released = tail
+
+    def flush(self) -> str:
+        """Return all text not yet released.
+
+        It may end in U+FFFD when generation stopped in the middle of a character.
+        """
+        text = self._decode_window()
+        # for a decoder that is not prefix-stable the released text cannot be
+        # taken back; release what lies past its length (best effort)
+        piece = text[len(self._released) :]
+        self._released = text
+        self._released_ids = len(self._ids)
+        return piece
+
+
+class StopStringFilter:
+    """Cut a text stream at the first occurrence of any stop string.
+
+    :meth:`push` returns the text that can safely be released: everything up to
+    a stop string once one is complete, otherwise everything except the
+    longest tail that is a proper prefix of some stop string (that tail is held
+    back until it is resolved). :meth:`flush` releases a held tail at the end.
+
+    Args:
+        stops: the stop strings (non-empty strings); empty means pass-through.
+    """
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.matched: str | None = None  #: the stop string found, once one was
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string was found (later pushes return ``""``)."""
+        return self.matched is not None
+
+    def push(self, text: str) -> str:
+        """Add text; return what may be released now (possibly ``""``)."""
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        buffer = self._held + text
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            pos = buffer.find(stop)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        if best is not None:
+            self.matched = best[1]
+            self._held = ""
+            return buffer[: best[0]]
+        hold = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(buffer)), hold, -1):
+                if buffer.endswith(stop[:k]):
+                    hold = k
+                    break
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return buffer[: len(buffer) - hold]
+
+    def flush(self) -> str:
+        """Release the held-back tail (``""`` after a stop string was found)."""
+        held, self._held = self._held, ""
+        return "" if self.matched is not None else held
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The end-of-sequence token ids: the model's generation config ``eos_token_id``
+    (int or list) plus the tokenizer's ``eos_token_id``."""
+    ids: set[int] = set()
+    for source in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(getattr(model, "config", None), "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+# --------------------------------------------------------------------------------------
+# the engine
+# --------------------------------------------------------------------------------------
 @dataclass
 class StepOutput:
     """What one :meth:`GenerationEngine.step` produced for one request.
@@ -73,7 +329,8 @@ class StepOutput:
             possible stop-string prefix is held back).
         finished: the request ended in this step and was removed from the engine.
         result: when finished, how it ended; its ``remaining_text`` is the tail released
-            only at the end (not part of ``piece``), as :func:`generate_pieces` returns it.
+            only at the end (not part of ``piece``), as
+            :func:`~inference_service.llm.generation.generate_pieces` returns it.
     """
 
     piece: str = ""
@@ -439,7 +696,8 @@ def _check_cache(cache: Any) -> None:
     from transformers.cache_utils import DynamicLayer
 
     for layer in cache.layers:
-        if type(layer) is not DynamicLayer or getattr(layer, "keys", None) is None or layer.keys.dim() != 4:
+        keys = getattr(layer, "keys", None)
+        if type(layer) is not DynamicLayer or keys is None or keys.dim() != 4:
             raise TypeError(
                 f"unsupported KV cache layer {type(layer).__name__}: the engine batches DynamicCache "
                 "full-attention layers only"

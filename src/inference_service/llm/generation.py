@@ -1,4 +1,4 @@
-"""Token-by-token text generation for causal LMs: request parsing, sampling, streaming decode.
+"""Text generation for causal LMs: requests in, text pieces out.
 
 The pieces, bottom-up:
 
@@ -12,10 +12,15 @@ The pieces, bottom-up:
   equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
 - :class:`StopStringFilter`: cuts the text at the first stop string, holding back
   only a tail that could still become one.
-- :func:`generate_pieces`: one request's generation as a generator of text pieces
-  whose return value is a :class:`GenerationResult`; a thin wrapper over a
-  one-request :class:`~inference_service.llm.engine.GenerationEngine`, the batched
-  (continuous batching) generation loop that the handlers drive directly.
+- :func:`generate_pieces` / :func:`generate_text`: one request's generation, a thin
+  wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`
+  (the batched, continuous-batching generation loop the handlers drive directly; the
+  one generation loop of this package).
+
+``GenerationParams``, ``GenerationResult``, ``sample_next_token``, ``make_generator``,
+``IncrementalDecoder``, ``StopStringFilter`` and ``eos_token_ids`` are defined in
+:mod:`inference_service.llm.engine` (which needs them and must not import this module)
+and re-exported here unchanged.
 
 Request body (JSON object, UTF-8)::
 
@@ -42,10 +47,45 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+from inference_service.llm.engine import (
+    GenerationEngine,
+    GenerationParams,
+    GenerationResult,
+    IncrementalDecoder,
+    StopStringFilter,
+    eos_token_ids,
+    make_generator,
+    sample_next_token,
+)
+
+__all__ = [
+    "MAX_NEW_TOKENS_LIMIT",
+    "MAX_STOP_LENGTH",
+    "MAX_STOP_STRINGS",
+    "MAX_TEMPERATURE",
+    "REQUEST_FIELDS",
+    "GenerationParams",
+    "GenerationRequest",
+    "GenerationResult",
+    "IncrementalDecoder",
+    "InvalidRequest",
+    "StopStringFilter",
+    "build_prompt_ids",
+    "eos_token_ids",
+    "final_message",
+    "generate_pieces",
+    "generate_text",
+    "make_generator",
+    "model_context_length",
+    "params_from_config",
+    "parse_input_row",
+    "parse_request",
+    "sample_next_token",
+]
 
 #: Upper bound of ``max_new_tokens`` accepted from a request or config.
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -70,36 +110,9 @@ REQUEST_FIELDS = frozenset(
     }
 )
 
-_REPLACEMENT = "\ufffd"
-
 
 class InvalidRequest(ValueError):
     """A request (or config value) is malformed; the message explains it to the client."""
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Options of one generation.
-
-    Attributes:
-        max_new_tokens: most tokens to generate (1..4096).
-        temperature: sampling temperature, 0 (greedy) to 5.
-        top_p: nucleus mass in (0, 1]; 1 disables the cut.
-        seed: seed of the sampling ``torch.Generator``; ``None`` draws a random one.
-        stop: stop strings; generation ends when the text contains one, which
-            is not emitted.
-        ignore_eos: if true, the end-of-sequence token does not end generation.
-        include_usage: if true, the handler's final message is a JSON object
-            with finish reason and token counts.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    include_usage: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,33 +122,6 @@ class GenerationRequest:
     prompt: str | None
     messages: tuple[dict[str, str], ...] | None
     params: GenerationParams
-
-
-@dataclass
-class GenerationResult:
-    """How a generation ended (the return value of :func:`generate_pieces`).
-
-    Attributes:
-        remaining_text: text released only at the end (a held-back tail that
-            turned out not to be a stop string, or an incomplete character);
-            not yielded as a piece. May be empty.
-        finish_reason: ``"stop"`` (end-of-sequence token or stop string),
-            ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``
-            (``should_stop`` returned true).
-        prompt_tokens: number of prompt tokens.
-        completion_tokens: number of tokens sampled (an end-of-sequence token
-            that ended generation counts).
-        token_ids: the sampled token ids, in order (including such an
-            end-of-sequence token).
-        stop_string: the stop string that ended generation, if any.
-    """
-
-    remaining_text: str = ""
-    finish_reason: str = "length"
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    token_ids: list[int] = field(default_factory=list)
-    stop_string: str | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -401,200 +387,6 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
     return ids
 
 
-# --------------------------------------------------------------------------------------
-# sampling
-# --------------------------------------------------------------------------------------
-def make_generator(seed: int | None) -> Any:
-    """Return a CPU ``torch.Generator`` seeded with ``seed`` (a random seed if ``None``)."""
-    import torch
-
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
-    return generator
-
-
-def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
-    """Choose the next token id from one row of logits.
-
-    Args:
-        logits: float tensor of shape ``[vocab]`` (unnormalized scores).
-        temperature: 0 -> greedy (``argmax``); otherwise logits are divided by it.
-        top_p: keep the smallest set of most likely tokens whose probability
-            mass reaches ``top_p`` (at least one token), renormalize, sample.
-        generator: CPU ``torch.Generator`` used for sampling (ignored when greedy).
-
-    Returns:
-        The chosen token id.
-    """
-    import torch
-
-    if temperature <= 0.0:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, sorted_ids = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # keep tokens whose preceding mass is < top_p (so the first one is always kept)
-        keep = (cumulative - sorted_probs) < top_p
-        kept_probs = sorted_probs[keep]
-        choice = torch.multinomial(kept_probs / kept_probs.sum(), 1, generator=generator)
-        return int(sorted_ids[keep][choice].item())
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-# --------------------------------------------------------------------------------------
-# streaming text
-# --------------------------------------------------------------------------------------
-class IncrementalDecoder:
-    """Turn a growing list of token ids into text pieces that never need retracting.
-
-    Each :meth:`push` decodes the ids generated so far (a suffix window starting
-    at a point where the text was stable, so the cost per token stays bounded)
-    and returns the newly stable text: new text is held back while it ends in
-    U+FFFD (an incomplete multi-byte character split over byte tokens) or while
-    the decoded window no longer extends what was already released.
-    :meth:`flush` releases whatever is left.
-
-    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids,
-    skip_special_tokens=True)`` for tokenizers whose decoding is
-    prefix-stable (byte-level BPE such as GPT-2/Llama-3/SmolLM2, and
-    SentencePiece with ``clean_up_tokenization_spaces=False``).
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        skip_special_tokens: passed to ``tokenizer.decode`` (default true).
-    """
-
-    #: window start is moved forward once the stable text is this many tokens behind
-    _WINDOW = 32
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._ids: list[int] = []
-        self._start = 0  # window start (token index)
-        self._released = ""  # text released since the window start
-        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """All ids pushed so far (a copy)."""
-        return list(self._ids)
-
-    def _decode_window(self) -> str:
-        return self._tokenizer.decode(self._ids[self._start :], skip_special_tokens=self._skip)
-
-    def push(self, token_id: int) -> str:
-        """Add one token id and return the newly stable text (possibly ``""``)."""
-        self._ids.append(int(token_id))
-        text = self._decode_window()
-        if text.endswith(_REPLACEMENT) or not text.startswith(self._released):
-            return ""
-        piece = text[len(self._released) :]
-        self._released = text
-        self._released_ids = len(self._ids)
-        self._advance_window()
-        return piece
-
-    def _advance_window(self) -> None:
-        """Move the window start forward to a token boundary where decoding is stable.
-
-        The new start ``s`` is accepted only if decoding ``ids[s:]`` gives
-        exactly the released text after ``decode(ids[start:s])``, so releasing
-        relative to the new window stays equivalent to decoding everything.
-        """
-        if self._released_ids - self._start < 2 * self._WINDOW:
-            return
-        new_start = self._released_ids - self._WINDOW
-        head = self._tokenizer.decode(self._ids[self._start : new_start], skip_special_tokens=self._skip)
-        tail = self._tokenizer.decode(self._ids[new_start : self._released_ids], skip_special_tokens=self._skip)
-        if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
-            self._start = new_start
-            self._released = tail
-
-    def flush(self) -> str:
-        """Return all text not yet released.
-
-        It may end in U+FFFD when generation stopped in the middle of a character.
-        """
-        text = self._decode_window()
-        # for a decoder that is not prefix-stable the released text cannot be
-        # taken back; release what lies past its length (best effort)
-        piece = text[len(self._released) :]
-        self._released = text
-        self._released_ids = len(self._ids)
-        return piece
-
-
-class StopStringFilter:
-    """Cut a text stream at the first occurrence of any stop string.
-
-    :meth:`push` returns the text that can safely be released: everything up to
-    a stop string once one is complete, otherwise everything except the
-    longest tail that is a proper prefix of some stop string (that tail is held
-    back until it is resolved). :meth:`flush` releases a held tail at the end.
-
-    Args:
-        stops: the stop strings (non-empty strings); empty means pass-through.
-    """
-
-    def __init__(self, stops: Iterable[str]) -> None:
-        self._stops = tuple(s for s in stops if s)
-        self._held = ""
-        self.matched: str | None = None  #: the stop string found, once one was
-
-    @property
-    def stopped(self) -> bool:
-        """Whether a stop string was found (later pushes return ``""``)."""
-        return self.matched is not None
-
-    def push(self, text: str) -> str:
-        """Add text; return what may be released now (possibly ``""``)."""
-        if self.matched is not None:
-            return ""
-        if not self._stops:
-            return text
-        buffer = self._held + text
-        best: tuple[int, str] | None = None
-        for stop in self._stops:
-            pos = buffer.find(stop)
-            if pos >= 0 and (best is None or pos < best[0]):
-                best = (pos, stop)
-        if best is not None:
-            self.matched = best[1]
-            self._held = ""
-            return buffer[: best[0]]
-        hold = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(buffer)), hold, -1):
-                if buffer.endswith(stop[:k]):
-                    hold = k
-                    break
-        self._held = buffer[len(buffer) - hold :] if hold else ""
-        return buffer[: len(buffer) - hold]
-
-    def flush(self) -> str:
-        """Release the held-back tail (``""`` after a stop string was found)."""
-        held, self._held = self._held, ""
-        return "" if self.matched is not None else held
-
-
-def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The end-of-sequence token ids: the model's generation config ``eos_token_id``
-    (int or list) plus the tokenizer's ``eos_token_id``."""
-    ids: set[int] = set()
-    for source in (
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-        getattr(getattr(model, "config", None), "eos_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-    ):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    return frozenset(ids)
-
-
 def generate_pieces(
     model: Any,
     tokenizer: Any,
@@ -639,8 +431,6 @@ def generate_pieces(
     Raises:
         ValueError: ``prompt_ids`` is empty.
     """
-    from inference_service.llm.engine import GenerationEngine
-
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
     engine = GenerationEngine(model, tokenizer, eos_ids=None if eos_ids is None else frozenset(eos_ids))
