@@ -57,8 +57,8 @@ log = logging.getLogger("inference_service")
 DEFAULT_WAIT_READY_S = 300.0
 #: How long ``--start`` waits for the server to listen (s).
 LISTEN_TIMEOUT_S = 60.0
-#: Polling interval of ``--start``'s waits (s).
-POLL_S = 0.1
+#: Polling interval of ``--start``'s waits (s); each model poll is one DescribeModel call.
+POLL_S = 0.2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="inference-service",
         description="gRPC model server, wire-compatible with TorchServe's gRPC APIs.")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--start", action="store_true", help="start the server (default), in the background")
+    mode.add_argument("--start", action="store_true",
+                      help="start the server (default) in the background; returns once the startup models are "
+                           "ready (see --wait-ready)")
     mode.add_argument("--stop", action="store_true", help="stop the running server of this working directory")
     p.add_argument("--foreground", action="store_true", help="run in the foreground (logs to stderr)")
     p.add_argument("--wait-ready", type=float, default=None, metavar="SECONDS",
@@ -436,8 +438,17 @@ def _management_key(info: dict[str, Any], settings: Settings) -> str | None:
     return settings.management_key
 
 
+class CannotFollow(Exception):
+    """DescribeModel answers something ``--start`` cannot wait on (e.g. UNAUTHENTICATED)."""
+
+
 def _describe(stub: Any, model: StartupModel, key: str | None) -> dict[str, Any] | None:
-    """DescribeModel's entry for ``model``; ``None`` while it is not registered (or not reachable)."""
+    """DescribeModel's entry for ``model``; ``None`` while it is not registered (NOT_FOUND) or the
+    call did not get through (UNAVAILABLE, DEADLINE_EXCEEDED).
+
+    Raises:
+        CannotFollow: any other answer (the message has its code and details).
+    """
     import grpc
 
     from inference_service._proto import management_pb2
@@ -446,8 +457,12 @@ def _describe(stub: Any, model: StartupModel, key: str | None) -> dict[str, Any]
     request = management_pb2.DescribeModelRequest(model_name=model.name or "", model_version=model.version)
     try:
         described = json.loads(stub.DescribeModel(request, timeout=5, metadata=metadata).msg)
-    except grpc.RpcError:
-        return None
+    except grpc.RpcError as err:
+        code = err.code() if hasattr(err, "code") else None
+        if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return None
+        raise CannotFollow(f"{getattr(code, 'name', code)}: {err.details() if hasattr(err, 'details') else err}") \
+            from err
     return described[0] if isinstance(described, list) and described else None
 
 
@@ -571,7 +586,12 @@ def _wait_models(child: subprocess.Popen[bytes], settings: Settings, info: dict[
             for i, model in enumerate(named):
                 if states[i] in done:
                     continue
-                desc = _describe(stub, model, key)
+                try:
+                    desc = _describe(stub, model, key)
+                except CannotFollow as exc:
+                    print(f"inference-service: cannot follow the startup models ({exc}); not waiting for them",
+                          file=sys.stderr)
+                    return f"; startup models not waited for: {', '.join(m.ident for m in models)}"
                 state = "registering" if desc is None else "registered" if wait_ready_s <= 0 else _model_state(desc)
                 if state == "failed" or (desc is None and load_failure(messages, model)):
                     reason = load_failure(messages, model) or "its workers keep failing to load"
