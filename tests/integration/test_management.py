@@ -213,7 +213,7 @@ def test_model_api_disabled_by_default(store, tmp_path):
     srv = ServerProcess(tmp_path, store, ["--models", "echo=echo.mar", "--workers-per-model", "1"])
     try:
         code, details = _code(srv.register, "fn.mar")
-        assert code == grpc.StatusCode.PERMISSION_DENIED and "model API disabled" in details
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "Model API disabled" in details
         code, _ = _code(srv.unregister, "echo")
         assert code == grpc.StatusCode.PERMISSION_DENIED
         srv.wait_workers("echo", 1)

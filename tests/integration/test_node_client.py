@@ -43,7 +43,7 @@ def test_ping_and_token_authorization(server):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"status": "Healthy", "code": 200}
     denied = node(server, "ping", key=False)
-    assert denied.returncode == 1 and denied.stderr.startswith("error: UNAUTHENTICATED: token authorization")
+    assert denied.returncode == 1 and denied.stderr.startswith("error: UNAUTHENTICATED: Token Authorization failed")
     wrong = node(server, "--token", "not-the-key-" * 4, "ping", key=False)
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
     token = node(server, "--token", read_key(server.key_file, "inference"), "ping", key=False)

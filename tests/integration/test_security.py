@@ -205,7 +205,7 @@ def test_disabled_token_auth_and_loud_warning_on_a_non_loopback_bind(store, tmp_
             # model API off by default, token or not
             code, details = _code(management.RegisterModel,
                                   management_pb2.RegisterModelRequest(url="echo.mar"), timeout=5)
-            assert code == grpc.StatusCode.PERMISSION_DENIED and "model API disabled" in details
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "Model API disabled" in details
         warning = [line for line in exposed.log().splitlines() if "SECURITY WARNING" in line]
         assert len(warning) == 1 and "0.0.0.0" in warning[0] and "inference" in warning[0]
         assert "WARNING" in warning[0]

@@ -22,7 +22,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
     Args:
         core: the serving core.
         model_api_enabled: whether RegisterModel/UnregisterModel are allowed
-            (PERMISSION_DENIED "model API disabled" otherwise).
+            (PERMISSION_DENIED "Model API disabled", TorchServe's text, otherwise).
         telemetry: where RPCs are counted and access-logged (``None``: nowhere).
     """
 
@@ -34,7 +34,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
 
     def _check_model_api(self) -> None:
         if not self.model_api_enabled:
-            raise PermissionDenied("model API disabled: start the server with --enable-model-api")
+            raise PermissionDenied("Model API disabled: start the server with --enable-model-api")
 
     @unary
     async def RegisterModel(self, request: management_pb2.RegisterModelRequest,
@@ -44,7 +44,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         Status: INVALID_ARGUMENT (bad url/fields/archive, workflows), NOT_FOUND
         (no such archive), FAILED_PRECONDITION (version exists), INTERNAL
         (synchronous and the worker failed to load: the handler's message),
-        PERMISSION_DENIED (model API disabled, or a URL ``allowed_urls`` does
+        PERMISSION_DENIED (Model API disabled, or a URL ``allowed_urls`` does
         not allow), UNAVAILABLE / DEADLINE_EXCEEDED (a download failed or took
         longer than ``download_timeout``).
         """
