@@ -188,11 +188,32 @@ class ModelVersion:
                 del self.sequences[seq]
         self.on_change()
 
+    def load_error(self) -> str | None:
+        """Why no worker of this version can serve: the latest load error, when no worker is
+        ready and every live worker's latest start failed to load (``None`` otherwise, e.g.
+        while a first start or a restart after a crash is still loading)."""
+        live = [s for s in self.slots.values() if not s.stopping]
+        if not live or any(s.state in (WorkerState.READY, WorkerState.BUSY) for s in live):
+            return None
+        errors = [s.load_error for s in live]
+        return errors[0] if all(errors) else None
+
+    def on_load_failed(self, slot: WorkerSlot) -> None:
+        """A worker failed to load: if that leaves no worker able to serve, the queued requests
+        fail at once with UNAVAILABLE and the load error instead of waiting for a retry that
+        may never load (they would otherwise wait until maxRetryTimeoutInSec)."""
+        error = self.load_error()
+        if error is not None:
+            self.queue.drain(Unavailable(f"model {self.name} version {self.version} cannot start a worker: "
+                                         f"{error}", reason="MODEL_LOAD_FAILED", retry_after_s=5.0))
+
     def submit(self, job: Job) -> None:
         """Queue ``job`` for this version.
 
         Raises:
-            Unavailable: no worker is scheduled (0 workers, or all gave up).
+            Unavailable: no worker is scheduled (0 workers, or all gave up), or every worker's
+                latest start failed to load its model (reason ``MODEL_LOAD_FAILED``, with the
+                load error; accepted again as soon as a worker loads).
             ResourceExhausted: the job queue is full.
         """
         if self.closed:
@@ -201,6 +222,10 @@ class ModelVersion:
             raise Unavailable(
                 f"model {self.name} version {self.version} has no worker; scale it with ScaleWorker",
                 reason="NO_WORKER", retry_after_s=5.0)
+        load_error = self.load_error()
+        if load_error is not None:
+            raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
+                              reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
         worker_id = None
         if job.sequence_id is not None:
             worker_id = self.sequences.get(job.sequence_id)

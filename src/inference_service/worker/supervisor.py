@@ -46,6 +46,9 @@ class SlotOwner(Protocol):
     def on_worker_failed(self) -> None:
         """A worker gave up (maxRetryTimeoutInSec)."""
 
+    def on_load_failed(self, slot: WorkerSlot) -> None:
+        """A worker's start failed to load its model (``slot.load_error`` says why)."""
+
 
 class WorkerState(enum.Enum):
     """A worker slot's state as DescribeModel shows it."""
@@ -73,6 +76,7 @@ class WorkerSlot:
         self.process: WorkerProcess | None = None
         self.restarts = 0
         self.last_error: str | None = None
+        self.load_error: str | None = None  # why the latest start failed to load; None once one loaded
         self.first_outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.stopping = False
         self.task: asyncio.Task[None] | None = None
@@ -108,12 +112,14 @@ class WorkerSlot:
             try:
                 await process.start(config.startup_timeout_s)
             except WorkerLoadError as exc:
-                self.last_error = exc.message
+                self.last_error = self.load_error = exc.message
                 log.error("%s", exc.message)
                 self._outcome(exc.message)
+                self.model.on_load_failed(self)
             else:
                 self.start_time = process.start_time
                 failures, first_failure = 0, None
+                self.load_error = None
                 self._set_state(WorkerState.READY)
                 self._outcome(None)
                 await self._serve(process)
