@@ -19,6 +19,10 @@ ManagementResponse = management_pb2.ManagementResponse
 class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
     """TorchServe's management API.
 
+    ``ManagementResponse.msg`` is TorchServe's plain status text for RegisterModel,
+    UnregisterModel, ScaleWorker and SetDefault (e.g. ``Model "echo" unregistered``, as its
+    ``ManagementImpl.sendStatusResponse`` sends it), and JSON for DescribeModel and ListModels.
+
     Args:
         core: the serving core.
         model_api_enabled: whether RegisterModel/UnregisterModel are allowed
@@ -55,12 +59,15 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
             max_batch_delay=request.max_batch_delay, initial_workers=request.initial_workers,
             response_timeout=request.response_timeout, startup_timeout=request.startup_timeout,
             synchronous=request.synchronous))
-        msg = (f'Model "{model.name}" Version: {model.version} registered with '
-               f'{model.config.min_workers} initial workers')
-        if not request.synchronous and model.config.min_workers:
-            msg += ". Use describe model API to check if the workers are ready"
-
-        return ManagementResponse(msg=json.dumps({"status": msg}, indent=2))
+        workers = model.config.min_workers
+        if not workers:
+            msg = (f'Model "{model.name}" Version: {model.version} registered with 0 initial workers. '
+                   "Use scale workers API to add workers for the model.")
+        elif request.synchronous:
+            msg = f'Model "{model.name}" Version: {model.version} registered with {workers} initial workers'
+        else:
+            msg = "Processing worker updates..."
+        return ManagementResponse(msg=msg)
 
     @unary
     async def UnregisterModel(self, request: management_pb2.UnregisterModelRequest,
@@ -68,9 +75,8 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         """Remove a version (default if none given). Status: NOT_FOUND, FAILED_PRECONDITION
         (removing the default while other versions exist)."""
         self._check_model_api()
-        version = await self.core.unregister(request.model_name, request.model_version)
-        return ManagementResponse(msg=json.dumps(
-            {"status": f'Model "{request.model_name}" version {version} unregistered'}, indent=2))
+        await self.core.unregister(request.model_name, request.model_version)
+        return ManagementResponse(msg=f'Model "{request.model_name}" unregistered')
 
     @unary
     async def ScaleWorker(self, request: management_pb2.ScaleWorkerRequest,
@@ -79,20 +85,20 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         model = await self.core.scale(request.model_name, request.model_version, request.min_worker,
                                       request.max_worker, request.synchronous, request.timeout,
                                       request.number_gpu)
-        if request.synchronous:
-            status = f'Workers scaled to {model.config.min_workers} for model: {model.name}, version: {model.version}'
-        else:
-            status = "Processing worker updates..."
-        return ManagementResponse(msg=json.dumps({"status": status}, indent=2))
+        if not request.synchronous:
+            return ManagementResponse(msg="Processing worker updates...")
+        status = f"Workers scaled to {model.config.min_workers} for model: {model.name}"
+        if request.model_version:
+            status += f", version: {request.model_version}"
+        return ManagementResponse(msg=status)
 
     @unary
     async def SetDefault(self, request: management_pb2.SetDefaultRequest,
                          context: grpc.aio.ServicerContext) -> ManagementResponse:
         """Make a version the default. Status: NOT_FOUND, INVALID_ARGUMENT."""
         self.core.set_default(request.model_name, request.model_version)
-        return ManagementResponse(msg=json.dumps({"status": (
-            f'Default version successfully updated for model "{request.model_name}" to '
-            f'"{request.model_version}"')}, indent=2))
+        return ManagementResponse(msg=f'Default version successfully updated for model "{request.model_name}" '
+                                      f'to "{request.model_version}"')
 
     @unary
     async def DescribeModel(self, request: management_pb2.DescribeModelRequest,
