@@ -368,7 +368,7 @@ def _snapshot_models(settings: Settings) -> list[StartupModel]:
     """The model versions of the snapshot the server will restore (none if it cannot be read)."""
     from inference_service.snapshot import SnapshotError, SnapshotStore
 
-    snapshots = SnapshotStore(settings.working_dir / "logs" / "config")
+    snapshots = SnapshotStore(settings.files_dir / "logs" / "config")
     latest = snapshots.latest()
     if latest is None:
         return []
@@ -490,7 +490,7 @@ def _start_background(argv: list[str], settings: Settings, wait_ready_s: float) 
             print(f"inference-service: {problem}", file=sys.stderr)
         print("inference-service: not started", file=sys.stderr)
         return 1
-    logs = settings.working_dir / "logs"
+    logs = settings.files_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / "inference_service.log"
     offset = log_path.stat().st_size if log_path.exists() else 0

@@ -145,6 +145,14 @@ class Settings:
         return self.run_dir or self.working_dir / ".inference_service"
 
     @property
+    def files_dir(self) -> Path:
+        """Where this instance's ``key_file.json``, ``logs/`` and snapshots (``logs/config``) go:
+        the working directory, as TorchServe, for the default instance; the run directory for
+        an instance started with ``--run-dir``, so servers sharing a working directory never
+        read, overwrite or delete each other's keys, logs or snapshots."""
+        return self.run_dir or self.working_dir
+
+    @property
     def url_policy(self) -> UrlPolicy:
         """Which ``http(s)://`` register URLs are fetched, and how: ``allowed_urls``,
         ``max_download_size`` (bytes) and ``download_timeout_s`` as one

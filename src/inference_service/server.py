@@ -107,11 +107,11 @@ class Server:
         )
         if self.metrics is not None:
             self.metrics.attach(self.core)
-        self.snapshots = SnapshotStore(settings.working_dir / "logs" / "config")
+        self.snapshots = SnapshotStore(settings.files_dir / "logs" / "config")
         if settings.snapshot:
             self.core.on_models_changed = self._save_snapshot
         self.auth = None if settings.disable_token_auth else TokenAuthorization(
-            settings.working_dir / KEY_FILE_NAME, settings.token_expiration_min,
+            settings.files_dir / KEY_FILE_NAME, settings.token_expiration_min,
             fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
         self.servers: list[grpc.aio.Server] = []
         self.http_api: HttpInferenceApi | None = None
