@@ -34,7 +34,8 @@ without bound.
 A request left out of a step's ``active`` set is *paused* (e.g. its client reads more
 slowly than it is generated): its row gets a padding token with mask 0 and its
 position does not advance, so it keeps its KV cache and state and resumes later with
-exactly the tokens it would have produced without the pause.
+exactly the tokens it would have produced without the pause. (Its row holds one masked column
+per step it misses, until it finishes or is cancelled: the cache is one rectangle.)
 
 Each request samples on its own: greedy (``argmax`` per row) or temperature / top-p
 with its own CPU ``torch.Generator`` seeded from ``params.seed``; its own
@@ -402,7 +403,7 @@ class GenerationEngine:
             ``[batch, seq, vocab]``), in eval mode.
         tokenizer: its tokenizer (decoding and the padding token id).
         eos_ids: end-of-sequence token ids; ``None`` means
-            :func:`~inference_service.llm.generation.eos_token_ids`.
+            :func:`eos_token_ids`.
     """
 
     def __init__(self, model: Any, tokenizer: Any, eos_ids: Collection[int] | None = None) -> None:
