@@ -165,6 +165,21 @@ def test_batch_of_8_tokens_and_text(model: Any, tokenizer: Any, prompts: dict[in
         assert text_of(seen[str(n)]) == tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
 
+def test_max_prefill_takes_a_burst_a_few_at_a_time(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer, max_prefill=2)
+    keys = [str(n) for n in LENGTHS[:5]]
+    for key, n in zip(keys, LENGTHS[:5], strict=True):
+        engine.add(key, prompts[n], greedy(10))
+    assert sorted(engine.step()) == sorted(keys[:2])  # the two oldest first
+    assert sorted(engine.step()) == sorted(keys[:4])  # two more join, the first two decode
+    assert sorted(engine.step()) == sorted(keys)
+    seen = drain(engine)
+    for key, n in zip(keys, LENGTHS[:5], strict=True):
+        assert_greedy_equal(model, prompts[n], final(seen[key]).token_ids, reference(model, prompts[n], 10))
+    with pytest.raises(ValueError):
+        GenerationEngine(model, tokenizer, max_prefill=0)
+
+
 def test_join_midway(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
     engine = GenerationEngine(model, tokenizer)
     seen: dict[str, list[StepOutput]] = {}

@@ -404,9 +404,18 @@ class GenerationEngine:
         tokenizer: its tokenizer (decoding and the padding token id).
         eos_ids: end-of-sequence token ids; ``None`` means
             :func:`eos_token_ids`.
+        max_prefill: most waiting requests prefilled in one step (``None``: all of them).
+            Prefill costs about as much per prompt token batched or not on a CPU, so taking
+            newcomers a few at a time lets the first of a burst get their first token sooner
+            (and the running requests their next one) instead of all waiting for the
+            whole burst's prefill.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, eos_ids: Collection[int] | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, eos_ids: Collection[int] | None = None,
+                 max_prefill: int | None = None) -> None:
+        if max_prefill is not None and max_prefill < 1:
+            raise ValueError(f"max_prefill must be at least 1, got {max_prefill}")
+        self.max_prefill = max_prefill
         self.model = model
         self.tokenizer = tokenizer
         self.eos: frozenset[int] = frozenset(eos_ids) if eos_ids is not None else eos_token_ids(model, tokenizer)
@@ -521,6 +530,8 @@ class GenerationEngine:
             if self._rows:
                 self._decode(selected, outputs)
             new = [r for k, r in self._waiting.items() if selected is None or k in selected]
+            if self.max_prefill is not None:
+                new = new[:self.max_prefill]  # the oldest first; the rest wait for the next steps
             if new:
                 self._prefill(new, outputs)
         return outputs
