@@ -75,7 +75,12 @@ class SnapshotStore:
             OSError: the directory is not writable.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        name = time.strftime("%Y%m%d%H%M%S") + f"{time.time_ns() // 1000 % 1_000_000:06d}" + SUFFIX
+        now_us = time.time_ns() // 1000  # one clock read: seconds and microseconds always agree
+        name = time.strftime("%Y%m%d%H%M%S", time.localtime(now_us // 1_000_000)) + f"{now_us % 1_000_000:06d}"
+        for existing in self.files()[-1:]:  # never sort before the previous one (clock steps)
+            if existing.name[:-len(SUFFIX)] >= name:
+                name = str(int(existing.name[:-len(SUFFIX)]) + 1)
+        name += SUFFIX
         models: dict[str, dict[str, Any]] = {}
         for model_name, entry in sorted(core.models.items()):
             for version, model in sorted(entry.versions.items()):
