@@ -4,7 +4,7 @@ Servicers translate protos to calls on :class:`InferenceCore` and back; every
 failure is an :class:`~inference_service.errors.InferenceError`.
 
 The core knows neither metrics nor TorchServe's JSON shapes: it records requests into a
-:class:`RequestTelemetry` it is given (``metrics.Telemetry`` implements it), offers a
+:class:`~inference_service.stats.RequestTelemetry` it is given (``metrics.Telemetry`` implements it), offers a
 read-only :meth:`InferenceCore.stats` view for the metrics collector, and hands the
 management servicer the model versions to describe.
 """
@@ -14,16 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import inference_service
-from inference_service.archive import install_requirements, open_archive
 from inference_service.config import Settings
 from inference_service.errors import (
     FailedPrecondition,
@@ -36,103 +33,13 @@ from inference_service.errors import (
 )
 from inference_service.jobs import Job, Kind
 from inference_service.model import ModelVersion
-from inference_service.model_config import ModelConfig
+from inference_service.registry import ModelEntry, RegisterRequest, newest_version, prepare_version
+from inference_service.stats import RequestTelemetry, VersionStats
 from inference_service.worker.gpu import GpuAllocator
 from inference_service.worker.process import WorkerOptions
 from inference_service.worker.supervisor import WorkerState
 
 log = logging.getLogger(__name__)
-
-
-class RequestStats(Protocol):
-    """What the core records one request of a model into (``metrics.ModelStats`` is one).
-
-    Attributes:
-        requests: requests received (the core adds one per request it looks up successfully).
-    """
-
-    requests: int
-
-    def message(self, enqueued: float, last: float) -> float:
-        """A stream message is about to be sent (``time.monotonic()`` values); returns the new ``last``."""
-        ...
-
-    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
-        """The request ended (``dispatched`` 0.0: no worker took it)."""
-        ...
-
-
-class RequestTelemetry(Protocol):
-    """Where the core records requests (``metrics.Telemetry`` is one)."""
-
-    def model(self, name: str, version: str) -> RequestStats | None:
-        """The stats of ``name`` and the request's ``version`` ("": the default), or ``None``: not recorded."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class VersionStats:
-    """One model version in :meth:`InferenceCore.stats` (plain values read at one instant).
-
-    Attributes:
-        model_name / model_version: which version.
-        queue_depth: requests waiting in its job queue.
-        workers: worker count by DescribeModel's state name, every state included (zeros too).
-        restarts: worker process restarts of the version so far (monotonic across scale-downs).
-    """
-
-    model_name: str
-    model_version: str
-    queue_depth: int
-    workers: Mapping[str, int]
-    restarts: int
-
-
-def version_key(version: str) -> tuple[int, ...] | None:
-    """``"10.0"`` -> ``(10, 0)``: a version of dot-separated integers as a tuple that orders
-    numerically ("9.0" before "10.0"); ``None`` for anything else ("1.0a", "latest")."""
-    parts = version.split(".")
-    if not all(p.isdigit() and p.isascii() for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
-
-
-def newest_version(versions: Iterable[str]) -> str:
-    """The version to fall back to as the default: the numerically highest of those that
-    are dot-separated integers (:func:`version_key`), else the last registered.
-
-    Args:
-        versions: the model's versions in registration order (at least one).
-    """
-    ordered = list(versions)
-    numeric = [(key, i) for i, v in enumerate(ordered) if (key := version_key(v)) is not None]
-    return ordered[max(numeric)[1]] if numeric else ordered[-1]
-
-
-@dataclass
-class RegisterRequest:
-    """RegisterModel's fields (0 / "" mean unset, as in proto3)."""
-
-    url: str
-    model_name: str = ""
-    handler: str = ""
-    runtime: str = ""
-    batch_size: int = 0
-    max_batch_delay: int = 0
-    initial_workers: int = 0
-    response_timeout: int = 0
-    startup_timeout: int = 0
-    synchronous: bool = False
-    loaded_at_startup: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ModelEntry:
-    """All versions of one model name and which is the default."""
-
-    versions: dict[str, ModelVersion] = field(default_factory=dict)
-    default_version: str = ""
 
 
 class InferenceCore:
@@ -362,55 +269,16 @@ class InferenceCore:
         """
         if not self.accepting:
             raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
-        if req.runtime and req.runtime != "python":
-            raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)")
-        for field_name in ("batch_size", "max_batch_delay", "initial_workers", "response_timeout",
-                           "startup_timeout"):
-            if getattr(req, field_name) < 0:
-                raise InvalidArgument(f"{field_name} must not be negative")
-        archive = await asyncio.to_thread(open_archive, req.url, self.settings.model_store,
-                                          self.extract_dir, self.settings.max_archive_bytes, self.url_policy)
+        prepared = await prepare_version(self.settings, req, self.extract_dir)
+        name, config, handler, archive = prepared.name, prepared.config, prepared.handler, prepared.archive
         try:
-            name = req.model_name or archive.model_name
-            if not name:
-                raise InvalidArgument("model_name is required (the manifest has no modelName)")
-            if not _valid_name(name):
-                raise InvalidArgument(
-                    f"invalid model name {name!r}: use letters, digits, '_', '-' and '.' (at most 256)")
-            handler = req.handler or archive.handler
-            defaults = {
-                "response_timeout_s": self.settings.default_response_timeout_s,
-                "startup_timeout_s": self.settings.default_startup_timeout_s,
-                "job_queue_size": self.settings.job_queue_size,
-                "max_backoff_s": self.settings.max_backoff_s,
-                "worker_threads": self.settings.worker_threads,
-            }
-            if req.loaded_at_startup and "minWorkers" not in archive.config:
-                defaults["min_workers"] = self.settings.default_workers_per_model
-            overrides = {
-                "batch_size": req.batch_size,
-                "max_batch_delay_ms": req.max_batch_delay,
-                "response_timeout_s": req.response_timeout,
-                "startup_timeout_s": req.startup_timeout,
-                "min_workers": req.initial_workers,
-                **req.extra,
-            }
-            config = ModelConfig.resolve(archive.config, overrides, defaults)
-            extra_paths = []
-            if (archive.model_dir / "requirements.txt").is_file():
-                if self.settings.install_py_dep_per_model:
-                    deps = await asyncio.to_thread(install_requirements, archive, sys.executable)
-                    if deps:
-                        extra_paths.append(deps)
-                else:
-                    log.info("model %s: requirements.txt ignored (install_py_dep_per_model=false)", name)
             async with self._register_lock:
                 entry = self.models.get(name)
                 if entry is not None and archive.version in entry.versions:
                     raise FailedPrecondition(
                         f"model {name!r} version {archive.version!r} is already registered")
                 model = ModelVersion(name, archive, config, handler, inference_service.__version__,
-                                     self._on_health_change, req.loaded_at_startup, extra_paths,
+                                     self._on_health_change, req.loaded_at_startup, prepared.extra_paths,
                                      gpus=self.gpus, worker_options=self.worker_options)
                 entry = self.models.setdefault(name, ModelEntry())
                 entry.versions[model.version] = model
@@ -576,8 +444,4 @@ class InferenceCore:
         for (name, version), result in zip(versions, results, strict=True):
             if isinstance(result, BaseException):  # pragma: no cover - best effort
                 log.error("error stopping %s %s: %r", name, version, result)
-
-
-def _valid_name(name: str) -> bool:
-    return 0 < len(name) <= 256 and all(c.isalnum() or c in "_-." for c in name) and name.isascii()
 

@@ -30,11 +30,12 @@ from inference_service.accesslog import AccessLog
 from inference_service.archive import MANIFEST
 from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
 from inference_service.config import Settings
-from inference_service.core import InferenceCore, RegisterRequest
+from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.http_api import HttpInferenceApi, server_ssl_context
 from inference_service.metrics import ServerMetrics, Telemetry
+from inference_service.registry import RegisterRequest
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service

@@ -28,7 +28,8 @@ from typing import Any
 
 import javaproperties
 
-from inference_service.core import InferenceCore, RegisterRequest
+from inference_service.core import InferenceCore
+from inference_service.registry import RegisterRequest
 
 log = logging.getLogger(__name__)
 

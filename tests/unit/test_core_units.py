@@ -18,13 +18,14 @@ import pytest
 
 from inference_service.archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
-from inference_service.core import InferenceCore, ModelEntry, newest_version, version_key
+from inference_service.core import InferenceCore
 from inference_service.errors import InvalidArgument, NotFound, ResourceExhausted, grpc_code_for_http
 from inference_service.handler.encoding import encode_response
 from inference_service.health import NOT_SERVING, READINESS, Health
 from inference_service.jobs import Job, Kind
 from inference_service.metrics import ServerMetrics, Telemetry
 from inference_service.model_config import ModelConfig
+from inference_service.registry import ModelEntry, newest_version, version_key
 from inference_service.worker import protocol
 from inference_service.worker.supervisor import WorkerState
 

@@ -7,9 +7,10 @@ import json
 import grpc
 
 from inference_service._proto import management_pb2, management_pb2_grpc
-from inference_service.core import InferenceCore, RegisterRequest
+from inference_service.core import InferenceCore
 from inference_service.errors import PermissionDenied
 from inference_service.metrics import Telemetry
+from inference_service.registry import RegisterRequest
 from inference_service.servicers.base import unary
 from inference_service.servicers.torchserve_json import describe_json
 
