@@ -33,7 +33,13 @@ from inference_service.errors import (
 )
 from inference_service.jobs import Job, Kind
 from inference_service.model import ModelVersion
-from inference_service.registry import ModelEntry, RegisterRequest, newest_version, prepare_version
+from inference_service.registry import (
+    ModelEntry,
+    RegisterRequest,
+    list_models_page,
+    newest_version,
+    prepare_version,
+)
 from inference_service.stats import RequestTelemetry, VersionStats
 from inference_service.worker.gpu import GpuAllocator
 from inference_service.worker.process import WorkerOptions
@@ -77,6 +83,7 @@ class InferenceCore:
         self.on_models_changed: Callable[[], None] = lambda: None
         self.gpus = GpuAllocator(number_of_gpu)
         self.inflight = 0
+        self.startup = "pending"  # then "done", or "failed": a startup model could not be registered
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -386,21 +393,7 @@ class InferenceCore:
         Raises:
             InvalidArgument: ``limit`` outside 0..1000 or a negative token.
         """
-        if limit < 0 or limit > 1000:
-            raise InvalidArgument("limit must be between 1 and 1000 (0 means 100)")
-        if next_page_token < 0:
-            raise InvalidArgument("next_page_token must not be negative")
-        limit = limit or 100
-        names = sorted(self.models)
-        page = names[next_page_token : next_page_token + limit]
-        result: dict[str, Any] = {}
-        if next_page_token + limit < len(names):
-            result["nextPageToken"] = str(next_page_token + limit)
-        result["models"] = [
-            {"modelName": n, "modelUrl": self.models[n].versions[self.models[n].default_version].archive.url}
-            for n in page
-        ]
-        return result
+        return list_models_page(self.models, limit, next_page_token)
 
     def stats(self) -> tuple[int, list[VersionStats]]:
         """A read-only view for the metrics collector: ``(requests in flight, per-version stats)``.
@@ -418,14 +411,21 @@ class InferenceCore:
         return self.inflight, out
 
     # ------------------------------------------------------------------ health
+    def finish_startup(self, failed: bool) -> None:
+        """The server has tried to register every startup model (``failed``: one could not be)."""
+        self.startup = "failed" if failed else "done"
+        self._on_health_change()
+
     def healthy(self) -> bool:
-        """Every model version has at least its minimum workers ready (TorchServe's Ping rule)."""
-        return all(m.healthy for e in self.models.values() for m in e.versions.values())
+        """The startup models have been registered (TorchServe answers nothing before) and every
+        model version has at least its minimum workers ready (TorchServe's Ping rule)."""
+        return self.startup != "pending" and all(
+            m.healthy for e in self.models.values() for m in e.versions.values())
 
     def startup_ready(self) -> bool:
-        """Every model loaded at startup has its minimum workers ready (readiness)."""
-        return all(m.healthy for e in self.models.values() for m in e.versions.values()
-                   if m.loaded_at_startup)
+        """Readiness: every startup model was registered and has its minimum workers ready."""
+        return self.startup == "done" and all(
+            m.healthy for e in self.models.values() for m in e.versions.values() if m.loaded_at_startup)
 
     def model_ready(self, name: str) -> bool:
         """The model's default version has a ready worker (and its minimum)."""

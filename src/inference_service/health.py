@@ -2,17 +2,25 @@
 
 Service names:
 - ``""``: liveness, SERVING while the server runs.
-- ``org.pytorch.serve.grpc.inference.InferenceAPIsService``: readiness,
-  SERVING only when every model loaded at startup has its minimum workers ready.
+- ``org.pytorch.serve.grpc.inference.InferenceAPIsService``: readiness, SERVING only once
+  the startup models have been registered and every one of them has its minimum workers
+  ready (``InferenceCore.startup_ready``); NOT_SERVING for good if one failed to register.
 - ``org.pytorch.serve.grpc.management.ManagementAPIsService``: SERVING while the server runs.
-- ``model/<model_name>``: SERVING while the model's default version has its
-  minimum workers ready (and at least one).
+- ``model/<model_name>``: SERVING while the model's default version has its minimum workers
+  ready (and at least one), NOT_SERVING while it is registered but not ready. A name that is
+  not registered (never, or no longer) is an unknown service, as the gRPC health protocol
+  specifies: ``Check`` fails with NOT_FOUND and ``Watch`` sends SERVICE_UNKNOWN.
+
+Health needs no key (probes have none), so anyone who can reach the port can learn which
+model names are registered now; nothing about models that were never registered.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
@@ -22,6 +30,21 @@ READINESS = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 MANAGEMENT = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+class ModelHealthServicer(HealthServicer):
+    """grpc's aio :class:`HealthServicer` where a service whose status is SERVICE_UNKNOWN (a
+    model that was unregistered) is unknown to ``Check`` too: NOT_FOUND, as for a name never
+    set. ``Watch`` already sends SERVICE_UNKNOWN for both."""
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,  # noqa: N802 - gRPC method name
+                    context: grpc.aio.ServicerContext[Any, Any]) -> health_pb2.HealthCheckResponse:
+        """The service's status; aborts with NOT_FOUND for an unknown service."""
+        status = self._server_status.get(request.service)
+        if status is None or status == SERVICE_UNKNOWN:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
 
 
 def model_service_name(model_name: str) -> str:
@@ -41,7 +64,7 @@ class Health:
     """
 
     def __init__(self) -> None:
-        self.servicer = HealthServicer()
+        self.servicer = ModelHealthServicer()
         self.core: InferenceCore | None = None
         self._scheduled = False
         self._wanted: dict[str, int] = {}  # service name -> the status last asked for
@@ -89,9 +112,11 @@ class Health:
             return
         self._publish(READINESS, SERVING if core.startup_ready() and core.accepting else NOT_SERVING)
         names = set(core.models)
-        for name in names | self._known_models:
-            ok = name in names and core.model_ready(name) and core.accepting
-            self._publish(model_service_name(name), SERVING if ok else NOT_SERVING)
+        for name in names:
+            self._publish(model_service_name(name), SERVING if core.model_ready(name) and core.accepting
+                          else NOT_SERVING)
+        for name in self._known_models - names:
+            self._publish(model_service_name(name), SERVICE_UNKNOWN)
         self._known_models = names
 
     def _publish(self, name: str, status: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,33 @@ class ModelEntry:
 
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     default_version: str = ""
+
+
+def list_models_page(models: Mapping[str, ModelEntry], limit: int, next_page_token: int) -> dict[str, Any]:
+    """One page of TorchServe's ListModels JSON: ``{"nextPageToken"?, "models": [{"modelName",
+    "modelUrl"}]}``, names sorted, the default version's URL.
+
+    Args:
+        models: the registry. limit: page size, 0 for 100 (at most 1000).
+        next_page_token: index of the first name of the page.
+
+    Raises:
+        InvalidArgument: ``limit`` outside 0..1000 or a negative token.
+    """
+    if limit < 0 or limit > 1000:
+        raise InvalidArgument("limit must be between 1 and 1000 (0 means 100)")
+    if next_page_token < 0:
+        raise InvalidArgument("next_page_token must not be negative")
+    limit = limit or 100
+    names = sorted(models)
+    page = names[next_page_token : next_page_token + limit]
+    result: dict[str, Any] = {}
+    if next_page_token + limit < len(names):
+        result["nextPageToken"] = str(next_page_token + limit)
+    result["models"] = [
+        {"modelName": n, "modelUrl": models[n].versions[models[n].default_version].archive.url} for n in page
+    ]
+    return result
 
 
 def valid_model_name(name: str) -> bool:

@@ -119,6 +119,7 @@ class Server:
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
+        self._startup_failed = False  # a startup model could not be registered (readiness stays off)
 
     @property
     def status_file(self) -> Path:
@@ -222,6 +223,15 @@ class Server:
             self._startup_tasks.append(asyncio.create_task(self._restore(restored)))
         for req in self._startup_requests():
             self._startup_tasks.append(asyncio.create_task(self._load_startup(req)))
+        if self._startup_tasks:
+            self._startup_tasks.append(asyncio.create_task(self._finish_startup(list(self._startup_tasks))))
+        else:
+            self.core.finish_startup(failed=False)
+
+    async def _finish_startup(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Once every startup model has been tried, readiness and Ping may turn healthy."""
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.core.finish_startup(self._startup_failed)
 
     def _save_snapshot(self) -> None:
         try:
@@ -295,8 +305,10 @@ class Server:
             await self.core.register(req)
         except InferenceError as exc:
             log.error("startup model %s failed to register: %s", req.model_name or req.url, exc.message)
+            self._startup_failed = True
         except Exception:
             log.exception("startup model %s failed to register", req.model_name or req.url)
+            self._startup_failed = True
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, drain, stop workers, clean up."""
