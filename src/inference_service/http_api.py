@@ -53,6 +53,7 @@ from pathlib import Path
 
 import grpc
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from inference_service.auth import INFERENCE, KeyStore, is_loopback, read_bearer
 from inference_service.config import Settings
@@ -286,19 +287,30 @@ class HttpInferenceApi:
         return {"body": await request.read()}
 
     async def _multipart(self, request: web.Request) -> dict[str, bytes]:
+        """The parts of a ``multipart/*`` body by name (``body`` for an unnamed part).
+
+        Raises:
+            InvalidArgument: (400) a nested multipart, or a body that does not parse as multipart
+                (no or wrong boundary, truncated, bad part headers): "malformed multipart body: ...".
+            web.HTTPRequestEntityTooLarge: (413) the parts exceed ``max_request_size`` bytes.
+        """
         inputs: dict[str, bytes] = {}
         total = 0
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader):  # a nested multipart: not something TorchServe reads
-                raise InvalidArgument("nested multipart bodies are not supported")
-            data = bytearray()
-            while chunk := await part.read_chunk():
-                total += len(chunk)
-                if total > self.max_request_size:
-                    raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=total)
-                data += chunk
-            inputs[part.name or "body"] = bytes(data)
+        try:
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader):  # a nested multipart: not something TorchServe reads
+                    raise InvalidArgument("nested multipart bodies are not supported")
+                data = bytearray()
+                while chunk := await part.read_chunk():
+                    total += len(chunk)
+                    if total > self.max_request_size:
+                        raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=total)
+                    data += chunk
+                inputs[part.name or "body"] = bytes(data)
+        except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
+            # aiohttp's multipart reader raises these for bodies that break the format
+            raise InvalidArgument(f"malformed multipart body: {exc or type(exc).__name__}") from exc
         return inputs
 
     async def _stream(self, request: web.Request,

@@ -361,3 +361,22 @@ def test_https_inference_address_with_mutual_tls(store, tmp_path):
             conn.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_malformed_multipart_is_a_bad_request(srv):
+    # each is refused with TorchServe's 400 JSON error naming the problem; the model stays served
+    cases = {
+        "no boundary": (b"--x\r\n\r\nhello\r\n--x--\r\n", "multipart/form-data"),
+        "wrong boundary": (b"--y\r\nContent-Disposition: form-data; name=\"data\"\r\n\r\nhi\r\n--y--\r\n",
+                           "multipart/form-data; boundary=x"),
+        "truncated": (b"--x\r\nContent-Disposition: form-data; name=\"data\"\r\n\r\nhi",
+                      "multipart/form-data; boundary=x"),
+        "garbage headers": (b"--x\r\n\x00\x01\x02 not a header\r\n\r\nhi\r\n--x--\r\n",
+                            "multipart/form-data; boundary=x"),
+    }
+    for label, (body, ctype) in cases.items():
+        status, _, answer = call(srv, "POST", "/predictions/echo", body, {"Content-Type": ctype})
+        assert status == 400, (label, status, answer)
+        assert error(answer)["message"].startswith("malformed multipart body"), (label, answer)
+    status, _, answer = post(srv, "/predictions/echo", "still here")
+    assert (status, answer) == (200, b"still here")
