@@ -63,3 +63,32 @@ def test_unary_call_on_a_long_streaming_handler_gets_every_part(server):
     parts = [body[i * size:(i + 1) * size] for i in range(count)]
     assert all(p.startswith(f"{i}:".encode()) for i, p in enumerate(parts))
     assert float(final) > 0
+
+
+def test_cancels_in_the_middle_of_writes_log_no_traceback(server):
+    """Clients that cancel while their messages are being written: a normal event (the access
+    log says CANCELLED), never a traceback in the server's log."""
+    before = len(server.log())
+    for taken in (1, 2, 5, 20, 64, 65, 200):
+        call = server.inference.StreamPredictions(_request(count=400, size=64), timeout=60)
+        for _ in range(taken):
+            next(call)
+        call.cancel()
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.CANCELLED
+    # unary calls with a large answer, cancelled while it is on its way
+    for _ in range(5):
+        future = server.inference.Predictions.future(
+            inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"repeat:3000000"}), timeout=60)
+        time.sleep(0.05)  # cancel at some point of the call: the scenario, not a wait for the server
+        future.cancel()
+    # bidirectional sequence streams dropped by their client
+    for _ in range(3):
+        requests = iter([inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"stream:50:0.01"})])
+        call = server.inference.StreamPredictions2(requests, timeout=60)
+        next(call)
+        call.cancel()
+    assert server.predict("echo", "after", timeout=10) == b"after"
+    log = server.log()[before:]
+    assert "Traceback" not in log, log[-4000:]
