@@ -17,7 +17,8 @@ the per-instance directory. Extraction is the one hardened path for both
 extraction directory (no ``..``, no absolute paths, no links) and the total
 uncompressed size is capped. Extraction directories are named after the
 archive's sanitised name plus a random suffix; the manifest and YAML are data
-(``json`` and ``yaml.safe_load``), never code.
+(``json``, and ``yaml.safe_load`` within a size and node budget:
+:mod:`inference_service.yaml_budget`), never code.
 
 This module opens archives; the checks of the ``url`` text live in
 :mod:`inference_service.model_url`. ``UrlPolicy``, ``fetch_archive``,
@@ -38,8 +39,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-import yaml
-
 from inference_service.archive_extract import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     archive_extractor,
@@ -49,6 +48,7 @@ from inference_service.archive_extract import (
 from inference_service.archive_fetch import UrlPolicy, fetch_archive
 from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound
 from inference_service.model_url import RELATIVE_PATH_MESSAGE, has_parent_segment, is_remote_url
+from inference_service.yaml_budget import read_yaml_budgeted
 
 __all__ = [
     "DEFAULT_MAX_ARCHIVE_BYTES", "MANIFEST", "ModelArchive", "UrlPolicy", "fetch_archive", "install_requirements",
@@ -163,7 +163,9 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
 
     Raises:
         InvalidArgument: bad URL, not an archive, unsafe members, too large,
-            or a manifest/config that cannot be parsed.
+            or a manifest/config that cannot be parsed; a ``model-config.yaml``
+            over 1 MiB or over 100,000 YAML nodes with its aliases expanded
+            (see :func:`inference_service.yaml_budget.load_yaml_budgeted`).
         PermissionDenied: a remote URL ``allowed_urls`` does not allow.
         NotFound: no such archive in the store (or 404).
         Unavailable / DeadlineExceeded: a download failed or took too long.
@@ -267,10 +269,7 @@ def _load_dir(url: str, model_dir: Path, extracted: bool) -> ModelArchive:
         config_path = (model_dir / safe_member(str(config_file))).resolve()
         if not config_path.is_file():
             raise InvalidArgument(f"model config file {config_file!r} named by the manifest is missing")
-        try:
-            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"model config file {config_file!r} is not valid YAML: {exc}") from exc
+        loaded = read_yaml_budgeted(config_path, f"model config file {config_file!r}")
         if loaded is not None and not isinstance(loaded, dict):
             raise InvalidArgument(f"model config file {config_file!r} must be a YAML mapping")
         config = loaded or {}

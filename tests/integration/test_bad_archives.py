@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 import zipfile
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import ServerProcess
+from conftest import HANDLERS, ServerProcess
 
 
 def _manifest(handler: str = "h.py") -> bytes:
@@ -83,3 +84,41 @@ def test_bad_archive_refused(bsrv, bad_store, url, code, fragment):
     leftovers = [p for p in (bsrv.workdir / ".inference_service").glob("models-*/*") if p.name.startswith("bad")
                  or p.name.startswith(url.split(".")[0])]
     assert leftovers == []
+
+
+def _laughs(levels: int) -> str:
+    """A "billion laughs" YAML: ``levels`` anchors of ten aliases each, 10**levels scalars once expanded."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _echo_zip(path: Path, config_yaml: str) -> None:
+    """A zip archive of the echo handler whose manifest names ``model-config.yaml`` = ``config_yaml``."""
+    manifest = {"runtime": "python", "model": {"modelName": path.stem, "handler": "echo_handler.py",
+                                               "modelVersion": "1.0", "configFile": "model-config.yaml"}}
+    _zip(path, {"MAR-INF/MANIFEST.json": json.dumps(manifest).encode(),
+                "echo_handler.py": (HANDLERS / "echo_handler.py").read_bytes(),
+                "model-config.yaml": config_yaml.encode()})
+
+
+def test_yaml_alias_bomb_is_refused_quickly_and_the_server_keeps_serving(bsrv, bad_store):
+    bomb = _laughs(6)  # 10**6 scalars from a few hundred bytes
+    assert len(bomb) < 400
+    _echo_zip(bad_store / "laughs.mar", bomb)
+    _echo_zip(bad_store / "recursive.mar", "minWorkers: 1\nloop: &loop [1, *loop]\n")
+    _echo_zip(bad_store / "anchors.mar", "defaults: &d {topk: 3}\nhandler: *d\nminWorkers: 1\n")
+    for url, fragment in [("laughs.mar", "more than 100000 YAML nodes"), ("recursive.mar", "recursive")]:
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            bsrv.register(url, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert "model config file 'model-config.yaml'" in err.value.details()
+        assert fragment in err.value.details()
+        assert time.monotonic() - start < 5
+        assert bsrv.predict("echo", "still serving") == b"still serving"
+        assert not list((bsrv.workdir / ".inference_service").glob(f"models-*/{url.split('.')[0]}-*"))
+    # anchors and aliases within the budget still work
+    bsrv.register("anchors.mar", initial_workers=1)
+    assert bsrv.predict("anchors", "anchored") == b"anchored"
+    bsrv.unregister("anchors")

@@ -1,0 +1,131 @@
+"""YAML read from a model archive, within a budget: ``yaml.safe_load`` that cannot blow up.
+
+``yaml.safe_load`` runs no code, but YAML aliases let a few hundred bytes stand
+for millions of values ("billion laughs": each level of ``[*a, *a, ...]``
+multiplies the count by ten), and an alias may even point into its own anchor
+(a recursive list). The server keeps a model's config and walks it (to send it
+to workers, to describe the model), so it pays for every expanded value.
+
+:func:`load_yaml_budgeted` parses with PyYAML's pure-Python ``SafeLoader`` (the
+one ``yaml.safe_load`` uses; libyaml's composer crashes the process on deeply
+nested input) and counts, while the document is being composed, the nodes it
+would have with every alias expanded: it stops at the first node past the
+budget, before the rest is read and before any Python object is built.
+Anchors and aliases within the budget keep working (TorchServe's own
+``metrics.yaml`` uses them, though no ``model-config.yaml`` of its examples
+does); the largest YAML file in TorchServe's repository is 22 KB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inference_service.errors import InvalidArgument
+
+MAX_YAML_BYTES = 1024 * 1024
+"""Largest YAML file read from an archive (1 MiB)."""
+MAX_YAML_NODES = 100_000
+"""Most nodes (scalars, sequences, mappings) one YAML document may have with its aliases expanded."""
+
+
+class _BudgetLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` counting the nodes composed, each alias as the size of what it names.
+
+    The count is the document's node count with every alias expanded: a node is
+    one plus its children, and an alias adds the size of its (complete) anchored
+    node. Refuses, as soon as the count passes ``max_nodes``, and for an alias
+    used inside the node it names.
+    """
+
+    def __init__(self, text: str, source: str, max_nodes: int) -> None:
+        super().__init__(text)
+        self.source = source
+        self.max_nodes = max_nodes
+        self.expanded = 0
+        self.anchored_sizes: dict[str, int] = {}  # anchor -> expanded size, once its node is complete
+
+    def _count(self, nodes: int) -> None:
+        self.expanded += nodes
+        if self.expanded > self.max_nodes:
+            raise InvalidArgument(
+                f"{self.source} expands to more than {self.max_nodes} YAML nodes once its aliases (*name) "
+                "are expanded; refusing it (a model config never needs that many)")
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        """Compose one node as PyYAML does, counting it (see the class docstring)."""
+        event = self.peek_event()
+        anchor = event.anchor
+        if isinstance(event, yaml.AliasEvent):
+            if anchor in self.anchors:  # an unknown one is the composer's own error
+                if anchor not in self.anchored_sizes:
+                    raise InvalidArgument(f"{self.source}: the alias *{anchor} is used inside the node it names "
+                                          "(a recursive structure); refusing it")
+                self._count(self.anchored_sizes[anchor])
+            node: yaml.Node = super().compose_node(parent, index)
+            return node
+        start = self.expanded
+        node = super().compose_node(parent, index)
+        self._count(1)
+        if anchor is not None:
+            self.anchored_sizes[anchor] = self.expanded - start
+        return node
+
+
+def load_yaml_budgeted(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """Parse one YAML document as ``yaml.safe_load`` does, within a node budget.
+
+    Args:
+        text: the document.
+        source: what to call it in error messages (e.g. ``model config file 'model-config.yaml'``).
+        max_nodes: most nodes (scalars, sequences, mappings) with every alias
+            expanded (default :data:`MAX_YAML_NODES`, 100,000).
+
+    Returns:
+        What ``yaml.safe_load(text)`` returns (``None`` for an empty document).
+
+    Raises:
+        InvalidArgument: the document expands to more than ``max_nodes`` nodes,
+            or an alias is used inside the node it names; it is nested too deeply
+            to parse; it is not valid YAML or uses a tag ``safe_load`` refuses
+            (such as ``!!python/object``: "not valid YAML"). The message starts
+            with ``source``.
+    """
+    loader = _BudgetLoader(text, source, max_nodes)
+    try:
+        return loader.get_single_data()
+    except RecursionError as exc:
+        raise InvalidArgument(f"{source} is nested too deeply to parse") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"{source} is not valid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
+
+
+def read_yaml_budgeted(path: Path, source: str, max_nodes: int = MAX_YAML_NODES,
+                       max_bytes: int = MAX_YAML_BYTES) -> Any:
+    """Read the UTF-8 YAML file at ``path`` with :func:`load_yaml_budgeted`, at most ``max_bytes`` of it.
+
+    Args:
+        path: the file.
+        source: what to call it in error messages.
+        max_nodes: see :func:`load_yaml_budgeted`.
+        max_bytes: largest accepted file (default :data:`MAX_YAML_BYTES`, 1 MiB);
+            no more than one byte past it is read.
+
+    Raises:
+        InvalidArgument: the file is larger than ``max_bytes``, is not UTF-8, or
+            is refused by :func:`load_yaml_budgeted`.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fin:
+        data = fin.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InvalidArgument(f"{source} is larger than the {max_bytes}-byte limit of a YAML file; refusing it")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{source} is not valid YAML: {exc}") from exc
+    return load_yaml_budgeted(text, source, max_nodes)
