@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -40,6 +39,7 @@ from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
 from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
+from inference_service.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
 from inference_service.worker.gpu import detect_gpus
 from inference_service.worker.process import WorkerOptions
 
@@ -71,13 +71,6 @@ def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | Non
     return options
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
 class Server:
     """A running inference-service instance.
 
@@ -90,6 +83,12 @@ class Server:
         self.instance_dir = settings.instance_dir
         self.extract_dir = self.instance_dir / f"models-{os.getpid()}"
         self.health = Health()
+        # the status file: its state ("serving", "stopping"; None before it is first written),
+        # the startup models it shows and the "models" map last written
+        self._status_state: str | None = None
+        self.startup_models = StartupModels()
+        self._models_written: dict[str, dict[str, Any]] = {}
+        self._status_scheduled = False
         # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
         self.metrics = ServerMetrics() if settings.enable_metrics_api else None
         self.telemetry = Telemetry(
@@ -97,7 +96,7 @@ class Server:
         self.core = InferenceCore(
             settings, self.extract_dir,
             number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
-            on_health_change=self.health.changed,
+            on_health_change=self._changed,
             telemetry=self.telemetry,
             # workers log at the server's level and, with metrics_mode=prometheus, forward handler
             # metrics to /metrics instead of logging them
@@ -123,10 +122,35 @@ class Server:
 
     @property
     def status_file(self) -> Path:
-        """``<instance dir>/status.json``: pid, ports and state, for scripts and tests."""
-        return self.instance_dir / "status.json"
+        """``<instance dir>/status.json``: pid, ports, state and the startup models' states, for
+        ``--start``, scripts and tests (fields: :mod:`inference_service.status`)."""
+        return self.instance_dir / STATUS_FILE_NAME
+
+    def _changed(self) -> None:
+        """A model or worker changed (called by the core): recompute health, and the startup
+        models' states of the status file (coalesced to once per event loop turn)."""
+        self.health.changed()
+        if self._status_scheduled or self._status_state != "serving":
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._status_scheduled = True
+        loop.call_soon(self._refresh_status)
+
+    def _refresh_status(self) -> None:
+        """Rewrite the status file if a startup model's state changed (not once stopping)."""
+        self._status_scheduled = False
+        if self._status_state == "serving" and self.startup_models.as_json() != self._models_written:
+            try:
+                self._write_status("serving")
+            except OSError as exc:
+                log.error("cannot write the status file %s: %s", self.status_file, exc)
 
     def _write_status(self, state: str) -> None:
+        self._status_state = state
+        self._models_written = self.startup_models.as_json()
         write_json_atomic(self.status_file, {
             "pid": os.getpid(),
             "state": state,
@@ -142,6 +166,7 @@ class Server:
             "tls": self.settings.enable_grpc_ssl,
             "key_file": str(self.auth.key_file) if self.auth is not None else None,
             "version": inference_service.__version__,
+            "models": self._models_written,
         })
 
     async def start(self) -> None:
@@ -217,12 +242,15 @@ class Server:
                               f"{exc.strerror or exc}") from exc
             log.info("metrics API listening on http://%s:%d/metrics (metrics_mode %s)",
                      s.metrics_address, self.ports["metrics"], s.metrics_mode)
+        restored = self._snapshot_to_restore() or []
+        requests = [(startup_key(req.model_name or req.url), req) for req in self._startup_requests()]
+        for key in [startup_key(m.name, m.version) for m in restored] + [key for key, _ in requests]:
+            self.startup_models.registering(key)  # in the status file from the start: --start waits for each
         self._write_status("serving")
-        restored = self._snapshot_to_restore()
-        if restored is not None:
+        if restored:
             self._startup_tasks.append(asyncio.create_task(self._restore(restored)))
-        for req in self._startup_requests():
-            self._startup_tasks.append(asyncio.create_task(self._load_startup(req)))
+        for key, req in requests:
+            self._startup_tasks.append(asyncio.create_task(self._load_startup(req, key)))
         if self._startup_tasks:
             self._startup_tasks.append(asyncio.create_task(self._finish_startup(list(self._startup_tasks))))
         else:
@@ -262,7 +290,7 @@ class Server:
     async def _restore(self, models: list[SnapshotModel]) -> None:
         for m in models:
             m.request.extra["max_workers"] = m.max_workers
-            await self._load_startup(m.request)
+            await self._load_startup(m.request, startup_key(m.name, m.version))
         for m in models:
             if m.default:
                 try:
@@ -300,15 +328,22 @@ class Server:
             requests.append(req)
         return requests
 
-    async def _load_startup(self, req: RegisterRequest) -> None:
+    async def _load_startup(self, req: RegisterRequest, key: str) -> None:
+        """Register one startup model; its outcome goes to the log and, under ``key``, to the
+        status file (a failure to load its workers later too, see :meth:`_changed`)."""
         try:
-            await self.core.register(req)
+            version = await self.core.register(req)
         except InferenceError as exc:
             log.error("startup model %s failed to register: %s", req.model_name or req.url, exc.message)
             self._startup_failed = True
-        except Exception:
+            self.startup_models.failed(key, exc.message)
+        except Exception as exc:
             log.exception("startup model %s failed to register", req.model_name or req.url)
             self._startup_failed = True
+            self.startup_models.failed(key, f"{type(exc).__name__}: {exc}")
+        else:
+            self.startup_models.registered(key, version)
+        self._changed()
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, drain, stop workers, clean up."""

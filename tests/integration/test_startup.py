@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ROOT, _alive, auth_metadata
+from conftest import ROOT, ServerProcess, _alive, auth_metadata, wait_for
 from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
 
 FREE_PORTS = ["--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0", "--metrics-port", "0"]
@@ -102,6 +102,33 @@ def test_start_reports_a_startup_model_that_cannot_load_and_stops(store, workdir
     assert "RuntimeError: weights are corrupt (test)" in proc.stderr
     pid = int(re.search(r"the server \(pid (\d+)\) was stopped", proc.stderr)[1])
     assert not _alive(pid) and _nothing_running(workdir)
+
+
+def test_status_file_has_each_startup_models_state_and_error(store, tmp_path):
+    """The server writes every startup model's outcome into status.json (``--start`` reads it there)."""
+    srv = ServerProcess(tmp_path, store, ["--models", "echo=echo.mar", "broken=broken.mar", "missing.mar",
+                                          "--workers-per-model", "1"])
+    try:
+        assert set(srv.status["models"]) == {"echo", "broken", "missing.mar"}  # listed from the first write
+
+        def settled() -> dict | None:
+            models = json.loads((tmp_path / ".inference_service" / "status.json").read_text())["models"]
+            done = models["echo"]["state"] == "ready" and all(
+                models[key]["state"] == "failed" for key in ("broken", "missing.mar"))
+            return models if done else None
+
+        models = wait_for(settled, timeout=60, interval=0.1, what="startup models ready or failed")
+        assert models["echo"] == {"state": "ready", "model_name": "echo", "version": "1.0"}
+        broken = models["broken"]
+        assert broken["model_name"] == "broken" and broken["version"]  # registered, its workers fail to load
+        assert broken["error"].startswith("model broken failed to load:")
+        assert "RuntimeError: weights are corrupt (test)" in broken["error"]
+        missing = models["missing.mar"]
+        assert "version" not in missing  # never registered
+        assert "model archive 'missing.mar' not found in the model store" in missing["error"]
+    finally:
+        srv.stop()
+    assert not (tmp_path / ".inference_service" / "status.json").exists()
 
 
 def test_start_names_a_port_in_use_and_its_holder(workdir):
