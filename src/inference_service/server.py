@@ -55,6 +55,9 @@ _MODELS_JSON_KEYS = {
 }
 
 
+PENDING_CALLS = 20_000
+"""Calls gRPC holds for the server before the event loop takes them (beyond: CANCELLED by gRPC)."""
+
 def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | None) -> list[tuple[str, Any]]:
     # gRPC's own limits sit above the settings, so that the core can refuse an oversize
     # request or response with a message naming the setting; beyond twice the setting
@@ -63,6 +66,12 @@ def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | Non
         ("grpc.max_receive_message_length", 2 * settings.max_request_size + (1 << 20)),
         ("grpc.max_send_message_length", settings.max_response_size + (1 << 20)),
         ("grpc.so_reuseport", 0),
+        # Calls that arrived but that the event loop has not picked up yet: above gRPC's
+        # default backlog (1,000, random refusals up to 3,000) a burst on one connection had
+        # calls dropped as CANCELLED, which clients do not retry; with room for a burst every
+        # call reaches the core, which answers RESOURCE_EXHAUSTED when the job queue is full.
+        ("grpc.server.max_pending_requests", PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
     ]
     if age_ms:
         options.append(("grpc.max_connection_age_ms", age_ms))

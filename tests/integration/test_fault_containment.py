@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 
+from conftest import read_key
 from inference_service._proto import inference_pb2
 
 
@@ -37,3 +38,33 @@ def test_requests_at_the_limits_are_served(server):
     entries = {"data": b"edge", **{f"k{i}": b"" for i in range(65_534)}}  # 65,535 entries
     assert _call(server, entries).prediction == b"edge"
     assert _call(server, {"data": b"long name", "n" * 65_534: b""}).prediction == b"long name"
+
+
+def test_a_burst_on_one_connection_is_served_or_refused_with_resource_exhausted(server):
+    """2,000 calls at once on one connection, far beyond the job queue: each is served or gets
+    RESOURCE_EXHAUSTED (which clients retry), none CANCELLED by the transport's backlog."""
+    import asyncio
+    import collections
+
+    from inference_service._proto import inference_pb2_grpc
+
+    key = read_key(server.key_file, "inference")
+
+    async def burst() -> collections.Counter[str]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel:
+            stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+            request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"sleep:0.05"})
+
+            async def one() -> str:
+                try:
+                    await stub.Predictions(request, timeout=120, metadata=[("authorization", f"Bearer {key}")])
+                except grpc.aio.AioRpcError as err:
+                    return f"{err.code().name}: {err.details()}"
+                return "OK"
+            return collections.Counter(await asyncio.gather(*(one() for _ in range(2000))))
+
+    outcomes = asyncio.run(burst())
+    assert outcomes["OK"] > 0, outcomes
+    refused = {outcome for outcome in outcomes if outcome != "OK"}
+    assert all(o.startswith("RESOURCE_EXHAUSTED: job queue is full") for o in refused), outcomes
+    assert server.predict("echo", "after the burst", timeout=10) == b"after the burst"
