@@ -47,7 +47,12 @@ from inference_service.archive_extract import (
 )
 from inference_service.archive_fetch import UrlPolicy, fetch_archive
 from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound
-from inference_service.model_url import RELATIVE_PATH_MESSAGE, has_parent_segment, is_remote_url
+from inference_service.model_url import (
+    RELATIVE_PATH_MESSAGE,
+    has_parent_segment,
+    is_remote_url,
+    refuse_control_characters,
+)
 from inference_service.yaml_budget import read_yaml_budgeted
 
 __all__ = [
@@ -115,19 +120,22 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
         The path in the store (links not resolved, so its name is the store's).
 
     Raises:
-        InvalidArgument: empty URL, a remote URL, a workflow archive, a ``..``
-            segment, or an absolute path outside the model store.
+        InvalidArgument: empty URL, control characters (CR, LF, NUL...; also
+            percent-encoded in a ``file://`` URL), a remote URL, a workflow
+            archive, a ``..`` segment, or an absolute path outside the model store.
         FailedPrecondition: the server has no model store.
         NotFound: nothing exists at that path (or a link in the store points nowhere).
     """
     if not url:
         raise InvalidArgument("url is required: the model archive's file name in the model store")
+    refuse_control_characters(url)
     parsed = urlparse(url)
     if parsed.scheme in ("http", "https", "s3", "ftp"):
         raise InvalidArgument(
             f"remote model URLs are not supported ({url}); copy the archive into the model store"
         )
     raw = unquote(parsed.path) if parsed.scheme == "file" else url
+    refuse_control_characters(url, raw, " once percent-decoded")
     if raw.endswith(".war"):
         raise InvalidArgument("workflows are not supported: register a model archive (.mar)")
     if model_store is None:
@@ -162,7 +170,8 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
     directory is used in place.
 
     Raises:
-        InvalidArgument: bad URL, not an archive, unsafe members, too large,
+        InvalidArgument: bad URL (control characters included: "... contains
+            control characters"), not an archive, unsafe members, too large,
             or a manifest/config that cannot be parsed; a ``model-config.yaml``
             over 1 MiB or over 100,000 YAML nodes with its aliases expanded
             (see :func:`inference_service.yaml_budget.load_yaml_budgeted`).
@@ -170,6 +179,8 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
         NotFound: no such archive in the store (or 404).
         Unavailable / DeadlineExceeded: a download failed or took too long.
     """
+    if url:
+        refuse_control_characters(url)  # before any parsing: urllib.parse drops TAB, CR and LF
     if url and is_remote_url(url):
         if urlparse(url).path.endswith(".war"):
             raise InvalidArgument("workflows are not supported: register a model archive (.mar)")

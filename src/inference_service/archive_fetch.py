@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from inference_service.archive_extract import DEFAULT_MAX_ARCHIVE_BYTES
 from inference_service.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, Unavailable
-from inference_service.model_url import RELATIVE_PATH_MESSAGE, has_parent_segment
+from inference_service.model_url import RELATIVE_PATH_MESSAGE, has_parent_segment, refuse_control_characters
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,15 @@ class UrlPolicy:
         Checked before anything is fetched, and for every redirect target.
 
         Raises:
-            InvalidArgument: not http(s), credentials in the URL, no host, or a
+            InvalidArgument: control characters (CR, LF, TAB, NUL...: urllib.parse
+                would drop some, so the URL matched would not be the one fetched),
+                not http(s), credentials in the URL, no host, or a
                 ``..`` path segment (also percent-encoded: CVE-2024-35198), the latter
                 with TorchServe's "Relative path is not allowed in url: <url>".
             PermissionDenied: no ``allowed_urls`` pattern matches (TorchServe's
                 "Given URL <url> does not match any allowed URL(s)", then why).
         """
+        refuse_control_characters(url)
         parsed = urlparse(url)
         if parsed.scheme.lower() not in REMOTE_SCHEMES:
             raise InvalidArgument(f"model URL scheme {parsed.scheme!r} is not supported ({url}): "

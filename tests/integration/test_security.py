@@ -381,6 +381,18 @@ def test_local_paths_stay_inside_the_model_store(url_env):
     srv.unregister("by_file_url")
 
 
+def test_urls_with_control_characters_are_refused(url_env):
+    srv, base = url_env
+    before = list(_ArchiveHost.requested)
+    for url in ["echo.mar\r\nX: y", "echo.mar\n", "echo.mar\x00", "\techo.mar", "echo\x7f.mar", "echo\x85.mar",
+                f"file://{srv.store}/echo.mar%0d%0aX: y", f"{base}/ok/a\nb.mar",
+                f"{base}/ok/echo.mar\r\nX-Injected: 1", f"{base}/ok/echo.mar\x00"]:
+        got, details = _code(srv.register, url, model_name="nope", initial_workers=0)
+        assert got == grpc.StatusCode.INVALID_ARGUMENT and "contains control characters" in details, (url, details)
+        assert "\n" not in details and "\r" not in details  # the message shows them escaped
+    assert _ArchiveHost.requested == before  # refused before anything was fetched
+
+
 def test_archive_names_are_sanitised(url_env):
     srv, _ = url_env
     srv.register("weird name;$(id).mar", model_name="weird", initial_workers=0)
