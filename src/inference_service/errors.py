@@ -26,6 +26,7 @@ class InferenceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
     retry_after_s: float | None = None
+    http_status: int | None = None  # the HTTP status a handler set (the HTTP API answers it as is)
 
     def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -114,26 +115,42 @@ class WorkerLoadError(InferenceError):
     reason = "MODEL_LOAD_FAILED"
 
 
-# TorchServe's table from an HTTP status a handler sets to a gRPC code.
+# TorchServe 0.12's table from an HTTP status a handler sets to a gRPC code
+# (GRPCUtils.getGRPCStatusCode).
 _HTTP_TO_GRPC: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    416: grpc.StatusCode.OUT_OF_RANGE,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
-    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
 def grpc_code_for_http(status: int) -> grpc.StatusCode:
-    """Map an HTTP status set by a handler to a gRPC code, as TorchServe's frontend does.
+    """Map an HTTP status set by a handler to a gRPC code, as TorchServe 0.12's frontend does
+    (``GRPCUtils.getGRPCStatusCode``).
 
-    400 INVALID_ARGUMENT, 404 NOT_FOUND, 503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED,
-    other 4xx FAILED_PRECONDITION, other 5xx (and anything else) INTERNAL.
+    400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ABORTED,
+    413 and 429 RESOURCE_EXHAUSTED, 416 OUT_OF_RANGE, 499 CANCELLED, 501 UNIMPLEMENTED,
+    503 UNAVAILABLE, 504 DEADLINE_EXCEEDED; other 2xx OK, other 4xx FAILED_PRECONDITION, other
+    5xx INTERNAL, anything else UNKNOWN.
     """
     if status in _HTTP_TO_GRPC:
         return _HTTP_TO_GRPC[status]
+    if 200 <= status < 300:
+        return grpc.StatusCode.OK
     if 400 <= status < 500:
         return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL
+    if 500 <= status < 600:
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNKNOWN
 
 
 _BY_CODE: dict[grpc.StatusCode, type[InferenceError]] = {
@@ -145,13 +162,22 @@ _BY_CODE: dict[grpc.StatusCode, type[InferenceError]] = {
 }
 
 
-def error_for_code(code: grpc.StatusCode, message: str) -> InferenceError:
+def error_for_code(code: grpc.StatusCode, message: str, http_status: int | None = None) -> InferenceError:
     """The error a worker reported for one request, as an :class:`InferenceError`.
 
-    INTERNAL is the handler's exception (reason HANDLER_ERROR); CANCELLED a cancel; any
-    other code came from a status the handler set (TorchServe's table), reason HANDLER_STATUS.
+    INTERNAL without an HTTP status is the handler's exception (reason HANDLER_ERROR); CANCELLED
+    without one a cancel; anything else came from a status the handler set (TorchServe's
+    table), reason HANDLER_STATUS, carrying ``http_status`` for the HTTP API.
     """
-    cls = _BY_CODE.get(code, HandlerError)
-    if cls in (HandlerError, Cancelled):
-        return cls(message)
-    return cls(message, reason="HANDLER_STATUS")
+    if http_status is None:
+        if code == grpc.StatusCode.CANCELLED:
+            return Cancelled(message)
+        if code == grpc.StatusCode.INTERNAL:
+            return HandlerError(message)
+    cls = _BY_CODE.get(code)
+    error = cls(message, reason="HANDLER_STATUS") if cls is not None else InferenceError(message, "HANDLER_STATUS")
+    error.code = code  # codes without a class of their own (ABORTED, OUT_OF_RANGE, ...)
+    if code == grpc.StatusCode.OK:  # a 2xx error status: nothing to send as OK, so UNKNOWN as TorchServe would
+        error.code = grpc.StatusCode.UNKNOWN
+    error.http_status = http_status
+    return error

@@ -98,13 +98,15 @@ _FORM = "application/x-www-form-urlencoded"
 def http_status(exc: InferenceError) -> int:
     """The HTTP status of an :class:`InferenceError` on the HTTP API.
 
-    As TorchServe's REST API: 400 bad request (and a handler's 400 or other 4xx), 404 unknown
-    model or version, 503 no worker / shutting down / job queue full, 507 out of memory or a
-    response above ``max_response_size`` (a handler's 507), 413 a request above
+    A status the handler set (4xx/5xx) is answered as is, as TorchServe's REST API does.
+    Otherwise, as TorchServe's: 400 bad request, 404 unknown model or version, 503 no worker /
+    shutting down / job queue full, 507 a response above ``max_response_size``, 413 a request above
     ``max_request_size``, 500 a handler error. Added here: 504 when the model's
     ``response_timeout`` passed (TorchServe answers 500 "Worker died."), 401/403/409/501 for
     the matching gRPC codes.
     """
+    if exc.http_status is not None and 400 <= exc.http_status <= 599:
+        return exc.http_status  # the handler's own status, as TorchServe's REST API answers it
     return _REASON_STATUS.get(exc.reason) or _HTTP_STATUS.get(exc.code, 500)
 
 

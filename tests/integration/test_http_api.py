@@ -188,7 +188,9 @@ def test_error_statuses(srv):
     status, _, body = post(srv, "/predictions/echo", "boom")
     assert (status, error(body)) == (500, {"code": 500, "type": "InternalServerException",
                                            "message": "boom: the handler failed"})
-    for handler_status, expected in ((400, 400), (404, 404), (503, 503), (507, 507), (418, 400)):
+    # the handler's own status comes back as is, as from TorchServe's REST API
+    for handler_status, expected in ((400, 400), (404, 404), (503, 503), (507, 507), (418, 418), (409, 409),
+                                     (502, 502)):
         status, response, body = post(srv, "/predictions/echo", f"status:{handler_status}")
         assert (status, error(body)["message"]) == (expected, "handler says no"), handler_status
     assert response.getheader("Retry-After") is None

@@ -81,12 +81,21 @@ def test_handler_error_is_internal_with_message_and_worker_survives(server):
     assert server.predict("echo", "still alive") == b"still alive"
 
 
-@pytest.mark.parametrize("status,code", [
+@pytest.mark.parametrize("status,code", [  # TorchServe 0.12's GRPCUtils.getGRPCStatusCode
     (400, grpc.StatusCode.INVALID_ARGUMENT),
+    (401, grpc.StatusCode.UNAUTHENTICATED),
+    (403, grpc.StatusCode.PERMISSION_DENIED),
     (404, grpc.StatusCode.NOT_FOUND),
+    (409, grpc.StatusCode.ABORTED),
+    (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (416, grpc.StatusCode.OUT_OF_RANGE),
+    (418, grpc.StatusCode.FAILED_PRECONDITION),
+    (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (499, grpc.StatusCode.CANCELLED),
+    (501, grpc.StatusCode.UNIMPLEMENTED),
     (503, grpc.StatusCode.UNAVAILABLE),
-    (507, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (409, grpc.StatusCode.FAILED_PRECONDITION),
+    (504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (507, grpc.StatusCode.INTERNAL),
     (502, grpc.StatusCode.INTERNAL),
 ])
 def test_handler_status_maps_like_torchserve(server, status, code):

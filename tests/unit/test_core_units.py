@@ -51,14 +51,21 @@ def test_response_and_error_frames_roundtrip():
     body = protocol.encode_response(protocol.CHUNK, "rid", b"payload")[protocol.HEADER.size:]
     assert protocol.decode_response(body) == ("rid", b"payload")
     body = protocol.encode_error("rid", 13, "bad \u00e9")[protocol.HEADER.size:]
-    assert protocol.decode_error(body) == ("rid", 13, "bad \u00e9")
+    assert protocol.decode_error(body) == ("rid", 13, "bad \u00e9", 0)
+    body = protocol.encode_error("rid", 10, "conflict", 409)[protocol.HEADER.size:]
+    assert protocol.decode_error(body) == ("rid", 10, "conflict", 409)
 
 
 @pytest.mark.parametrize("status,code", [
     (400, grpc.StatusCode.INVALID_ARGUMENT), (404, grpc.StatusCode.NOT_FOUND),
-    (503, grpc.StatusCode.UNAVAILABLE), (507, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (401, grpc.StatusCode.FAILED_PRECONDITION), (500, grpc.StatusCode.INTERNAL),
-    (599, grpc.StatusCode.INTERNAL),
+    (503, grpc.StatusCode.UNAVAILABLE), (507, grpc.StatusCode.INTERNAL),
+    (401, grpc.StatusCode.UNAUTHENTICATED), (403, grpc.StatusCode.PERMISSION_DENIED),
+    (409, grpc.StatusCode.ABORTED), (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (429, grpc.StatusCode.RESOURCE_EXHAUSTED), (416, grpc.StatusCode.OUT_OF_RANGE),
+    (499, grpc.StatusCode.CANCELLED), (501, grpc.StatusCode.UNIMPLEMENTED),
+    (504, grpc.StatusCode.DEADLINE_EXCEEDED), (418, grpc.StatusCode.FAILED_PRECONDITION),
+    (500, grpc.StatusCode.INTERNAL), (599, grpc.StatusCode.INTERNAL), (250, grpc.StatusCode.OK),
+    (700, grpc.StatusCode.UNKNOWN),
 ])
 def test_http_status_table(status, code):
     assert grpc_code_for_http(status) == code

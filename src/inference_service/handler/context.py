@@ -173,10 +173,11 @@ class Context:
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         """Set an HTTP status for batch entry ``idx``.
 
-        A status >= 400 turns that request into an error; its gRPC code comes
-        from TorchServe's table (400 INVALID_ARGUMENT, 404 NOT_FOUND,
-        503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, other 4xx FAILED_PRECONDITION,
-        other 5xx INTERNAL) and ``phrase`` becomes the message.
+        A status >= 400 turns that request into an error; its gRPC code comes from
+        TorchServe 0.12's table (``errors.grpc_code_for_http``: 400 INVALID_ARGUMENT,
+        404 NOT_FOUND, 503 UNAVAILABLE, 409 ABORTED, ..., other 4xx FAILED_PRECONDITION,
+        other 5xx INTERNAL), the HTTP API answers ``code`` itself, and ``phrase`` becomes the
+        message.
         """
         if idx < len(self.request_processor):
             self.request_processor[idx].report_status(code, phrase)

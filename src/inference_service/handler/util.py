@@ -13,7 +13,7 @@ class PredictionException(Exception):
     """Raised by a handler to fail the batch with an HTTP status, as in TorchServe.
 
     The worker maps ``error_code`` through TorchServe's table to a gRPC code
-    (e.g. 400 -> INVALID_ARGUMENT, 507 -> RESOURCE_EXHAUSTED) with ``message``.
+    (e.g. 400 -> INVALID_ARGUMENT, 409 -> ABORTED, 507 -> INTERNAL) with ``message``.
 
     Args:
         message: the error text sent to the client.

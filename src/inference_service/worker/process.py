@@ -248,10 +248,10 @@ class WorkerProcess:
             if not channel.answers:
                 return
             self._last_progress = time.monotonic()
-            rid, code, message = protocol.decode_error(body)
+            rid, code, message, http_status = protocol.decode_error(body)
             job = self._jobs.pop(rid, None)
             if job is not None:
-                job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message))
+                job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message, http_status or None))
                 self._request_ended()
         elif kind == protocol.METRIC:
             sink = self.metrics_sink

@@ -58,7 +58,7 @@ MODES = (MODE_BATCH, MODE_CONTINUOUS, MODE_ASYNC)
 HEADER = struct.Struct("!IB")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
-_ERR = struct.Struct("!HB")
+_ERR = struct.Struct("!HBH")
 _NONE = 0xFFFF  # u16 length of an absent sequence id
 _NONE_BYTES = _U16.pack(_NONE)
 MAX_FRAME = 1 << 31
@@ -250,16 +250,18 @@ def decode_credit(body: bytes) -> tuple[str, int]:
     return body[4:].decode(), count
 
 
-def encode_error(request_id: str, code: int, message: str) -> bytes:
-    """An ``ERROR`` frame: u16 id length, u8 gRPC code number, id, UTF-8 message."""
+def encode_error(request_id: str, code: int, message: str, http_status: int = 0) -> bytes:
+    """An ``ERROR`` frame: u16 id length, u8 gRPC code number, u16 HTTP status the handler set
+    (0: none), id, UTF-8 message."""
     rid = request_id.encode()
-    return frame(ERROR, _ERR.pack(len(rid), code) + rid + message.encode("utf-8", "replace"))
+    return frame(ERROR, _ERR.pack(len(rid), code, http_status) + rid + message.encode("utf-8", "replace"))
 
 
-def decode_error(body: bytes) -> tuple[str, int, str]:
-    """Inverse of :func:`encode_error`: ``(request_id, code number, message)``."""
-    n, code = _ERR.unpack_from(body, 0)
-    return body[3 : 3 + n].decode(), code, body[3 + n :].decode("utf-8", "replace")
+def decode_error(body: bytes) -> tuple[str, int, str, int]:
+    """Inverse of :func:`encode_error`: ``(request_id, code number, message, HTTP status or 0)``."""
+    n, code, http_status = _ERR.unpack_from(body, 0)
+    start = _ERR.size
+    return body[start : start + n].decode(), code, body[start + n :].decode("utf-8", "replace"), http_status
 
 
 def encode_metrics(updates: list[tuple[str, str, str, dict[str, str], float]]) -> bytes:

@@ -39,6 +39,11 @@ def _code_number(status: int) -> int:
     return int(grpc_code_for_http(status).value[0])
 
 
+def _http(status: int) -> int:
+    """``status`` as the ERROR frame's HTTP status field (0 when it is not an HTTP status)."""
+    return status if 100 <= status <= 599 else 0
+
+
 class Worker:
     """Runs one loaded :class:`Service` over a :class:`WorkerChannel`."""
 
@@ -103,12 +108,12 @@ class Worker:
     def status_frame(self, idx: int, request_id: str, status: int) -> bytes:
         """The ``ERROR`` frame for a status >= 400 the handler set on batch entry ``idx``."""
         phrase = self.context.request_processor[idx].get_response_status_phrase()
-        return protocol.encode_error(request_id, _code_number(status), phrase or _phrase(status))
+        return protocol.encode_error(request_id, _code_number(status), phrase or _phrase(status), _http(status))
 
     @staticmethod
     def prediction_error_frame(request_id: str, exc: PredictionException) -> bytes:
         """The ``ERROR`` frame for a raised ``PredictionException`` (TorchServe's code table)."""
-        return protocol.encode_error(request_id, _code_number(exc.error_code), exc.message)
+        return protocol.encode_error(request_id, _code_number(exc.error_code), exc.message, _http(exc.error_code))
 
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
         """Call the handler on one batch: a generator's items go out as intermediate responses.
