@@ -36,13 +36,10 @@ import grpc  # noqa: E402
 from llm_inprocess import DEFAULT_PROMPT, time_generation  # noqa: E402
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
-from inference_service.llm.generation import (  # noqa: E402
-    GenerationParams,
-    GenerationRequest,
-    build_prompt_ids,
-    model_context_length,
-)
+from inference_service.llm.generation import build_prompt_ids, model_context_length  # noqa: E402
 from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
+from inference_service.llm.params import GenerationParams  # noqa: E402
+from inference_service.llm.requests import GenerationRequest  # noqa: E402
 
 
 def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:

@@ -221,13 +221,10 @@ def child_main(system: str) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from inference_service.llm.generation import (
-        GenerationParams,
-        GenerationRequest,
-        build_prompt_ids,
-        model_context_length,
-    )
+    from inference_service.llm.generation import build_prompt_ids, model_context_length
     from inference_service.llm.model import load_model, prepare_gguf
+    from inference_service.llm.params import GenerationParams
+    from inference_service.llm.requests import GenerationRequest
 
     job = json.loads(sys.stdin.read())
     max_new_tokens = int(job["max_new_tokens"])

@@ -48,8 +48,8 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
 from inference_service.llm.engine import GenerationEngine  # noqa: E402
-from inference_service.llm.generation import GenerationParams  # noqa: E402
 from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
+from inference_service.llm.params import GenerationParams  # noqa: E402
 
 #: 8 distinct user questions; with SmolLM2's chat template (and its default system prompt) each
 #: encodes to 30..60 tokens (checked at run time).

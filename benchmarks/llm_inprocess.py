@@ -35,15 +35,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from inference_service.llm.generation import (  # noqa: E402
-    GenerationParams,
-    GenerationRequest,
-    GenerationResult,
-    build_prompt_ids,
-    generate_pieces,
-    model_context_length,
-)
+from inference_service.llm.generation import build_prompt_ids, generate_pieces, model_context_length  # noqa: E402
 from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
+from inference_service.llm.params import GenerationParams, GenerationResult  # noqa: E402
+from inference_service.llm.requests import GenerationRequest  # noqa: E402
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 

@@ -36,8 +36,10 @@ def real() -> tuple[Any, Any, list[list[int]], list[list[int]]]:
     """``(model, tokenizer, prompt ids, reference tokens)`` for the 10 committed prompts."""
     import torch
 
-    from inference_service.llm.generation import GenerationParams, build_prompt_ids, parse_request
+    from inference_service.llm.generation import build_prompt_ids
     from inference_service.llm.model import load_model, resolve_model_dir
+    from inference_service.llm.params import GenerationParams
+    from inference_service.llm.requests import parse_request
 
     model, tokenizer = load_model(resolve_model_dir({}))
     bodies = json.loads(PROMPTS_FILE.read_text())
@@ -75,7 +77,7 @@ def _run(model: Any, tokenizer: Any, prompts: list[list[int]], schedule: str) ->
     ``(step + i) % 5 == 0``.
     """
     from inference_service.llm.engine import GenerationEngine
-    from inference_service.llm.generation import GenerationParams
+    from inference_service.llm.params import GenerationParams
 
     engine = GenerationEngine(model, tokenizer)
     params = GenerationParams(max_new_tokens=NEW_TOKENS)

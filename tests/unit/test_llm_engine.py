@@ -22,8 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from inference_service.llm.engine import GenerationEngine, StepOutput
-from inference_service.llm.generation import GenerationParams, GenerationResult, generate_text
+from inference_service.llm.generation import generate_text
 from inference_service.llm.model import converted_model_dir, find_default_gguf, is_model_dir
+from inference_service.llm.params import GenerationParams, GenerationResult
 
 NEAR_TIE = 1e-4
 LENGTHS = [1, 4, 9, 16, 23, 31, 40, 57]  # prompt lengths (tokens)

@@ -20,22 +20,11 @@ import torch
 
 from inference_service.handler import Context, RequestProcessor
 from inference_service.llm.generation import (
-    MAX_NEW_TOKENS_LIMIT,
-    GenerationParams,
-    IncrementalDecoder,
-    InvalidRequest,
-    StopStringFilter,
     build_prompt_ids,
-    eos_token_ids,
     final_message,
     generate_pieces,
     generate_text,
-    make_generator,
     model_context_length,
-    params_from_config,
-    parse_input_row,
-    parse_request,
-    sample_next_token,
 )
 from inference_service.llm.model import (
     DEFAULT_MODEL_NAME,
@@ -44,6 +33,17 @@ from inference_service.llm.model import (
     find_default_gguf,
     is_model_dir,
 )
+from inference_service.llm.params import GenerationParams
+from inference_service.llm.request_state import eos_token_ids
+from inference_service.llm.requests import (
+    MAX_NEW_TOKENS_LIMIT,
+    InvalidRequest,
+    params_from_config,
+    parse_input_row,
+    parse_request,
+)
+from inference_service.llm.sampling import make_generator, sample_next_token
+from inference_service.llm.text import IncrementalDecoder, StopStringFilter
 
 MULTILINGUAL = "héllo 日本語 🙂"
 
@@ -525,7 +525,7 @@ def test_close_stops_generator(tiny_model: Any, tokenizer: Any, prompt_ids: list
 
 
 def test_final_message_with_usage() -> None:
-    from inference_service.llm.generation import GenerationResult
+    from inference_service.llm.params import GenerationResult
 
     result = GenerationResult(
         remaining_text="!",

@@ -1,11 +1,11 @@
 """Batched token generation with continuous batching: many requests share one forward pass per step.
 
-This module holds the token-level building blocks of one request (:class:`GenerationParams`,
-:class:`GenerationResult`, :func:`sample_next_token`, :class:`IncrementalDecoder`,
-:class:`StopStringFilter`, :func:`eos_token_ids`; re-exported by
-:mod:`inference_service.llm.generation`, which adds request parsing and the one-request
-wrapper :func:`~inference_service.llm.generation.generate_pieces`) and the engine that runs
-many requests at once.
+This module holds the engine that runs many requests at once and what one step yields
+(:class:`StepOutput`). The state of one request lives in
+:mod:`inference_service.llm.request_state` (built from :mod:`~inference_service.llm.params`,
+:mod:`~inference_service.llm.sampling` and :mod:`~inference_service.llm.text`), the KV-cache
+helpers in :mod:`inference_service.llm.kv_cache`; the one-request wrapper is
+:func:`~inference_service.llm.generation.generate_pieces`.
 
 :class:`GenerationEngine` holds the requests of one model. Requests join at any time
 (:meth:`GenerationEngine.add`), each :meth:`GenerationEngine.step` advances them by one
@@ -39,8 +39,8 @@ per step it misses, until it finishes or is cancelled: the cache is one rectangl
 
 Each request samples on its own: greedy (``argmax`` per row) or temperature / top-p
 with its own CPU ``torch.Generator`` seeded from ``params.seed``; its own
-:class:`~inference_service.llm.generation.IncrementalDecoder`,
-:class:`~inference_service.llm.generation.StopStringFilter`, ``max_new_tokens`` and
+:class:`~inference_service.llm.text.IncrementalDecoder`,
+:class:`~inference_service.llm.text.StopStringFilter`, ``max_new_tokens`` and
 ``ignore_eos``.
 
 Forward passes run under ``torch.inference_mode()`` inside :meth:`GenerationEngine.step`
@@ -60,267 +60,16 @@ imports without them.
 from __future__ import annotations
 
 import inspect
-import secrets
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-# --------------------------------------------------------------------------------------
-# per-request building blocks (re-exported by inference_service.llm.generation)
-# --------------------------------------------------------------------------------------
-_REPLACEMENT = "\ufffd"
+from inference_service.llm.kv_cache import check_cache, pad_left, select_rows
+from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.request_state import RequestState, eos_token_ids
+from inference_service.llm.sampling import sample_next_token
 
 
-@dataclass(frozen=True)
-class GenerationParams:
-    """Options of one generation.
-
-    Attributes:
-        max_new_tokens: most tokens to generate (1..4096).
-        temperature: sampling temperature, 0 (greedy) to 5.
-        top_p: nucleus mass in (0, 1]; 1 disables the cut.
-        seed: seed of the sampling ``torch.Generator``; ``None`` draws a random one.
-        stop: stop strings; generation ends when the text contains one, which
-            is not emitted.
-        ignore_eos: if true, the end-of-sequence token does not end generation.
-        include_usage: if true, the handler's final message is a JSON object
-            with finish reason and token counts.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    include_usage: bool = False
-
-
-@dataclass
-class GenerationResult:
-    """How a generation ended (:attr:`StepOutput.result`; the return value of
-    :func:`~inference_service.llm.generation.generate_pieces`).
-
-    Attributes:
-        remaining_text: text released only at the end (a held-back tail that
-            turned out not to be a stop string, or an incomplete character);
-            not yielded as a piece. May be empty.
-        finish_reason: ``"stop"`` (end-of-sequence token or stop string),
-            ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``
-            (``should_stop`` returned true).
-        prompt_tokens: number of prompt tokens.
-        completion_tokens: number of tokens sampled (an end-of-sequence token
-            that ended generation counts).
-        token_ids: the sampled token ids, in order (including such an
-            end-of-sequence token).
-        stop_string: the stop string that ended generation, if any.
-    """
-
-    remaining_text: str = ""
-    finish_reason: str = "length"
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    token_ids: list[int] = field(default_factory=list)
-    stop_string: str | None = None
-
-
-# --------------------------------------------------------------------------------------
-# sampling
-# --------------------------------------------------------------------------------------
-def make_generator(seed: int | None) -> Any:
-    """Return a CPU ``torch.Generator`` seeded with ``seed`` (a random seed if ``None``)."""
-    import torch
-
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
-    return generator
-
-
-def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any | None = None) -> int:
-    """Choose the next token id from one row of logits.
-
-    Args:
-        logits: float tensor of shape ``[vocab]`` (unnormalized scores).
-        temperature: 0 -> greedy (``argmax``); otherwise logits are divided by it.
-        top_p: keep the smallest set of most likely tokens whose probability
-            mass reaches ``top_p`` (at least one token), renormalize, sample.
-        generator: CPU ``torch.Generator`` used for sampling (ignored when greedy).
-
-    Returns:
-        The chosen token id.
-    """
-    import torch
-
-    if temperature <= 0.0:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, sorted_ids = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # keep tokens whose preceding mass is < top_p (so the first one is always kept)
-        keep = (cumulative - sorted_probs) < top_p
-        kept_probs = sorted_probs[keep]
-        choice = torch.multinomial(kept_probs / kept_probs.sum(), 1, generator=generator)
-        return int(sorted_ids[keep][choice].item())
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-# --------------------------------------------------------------------------------------
-# streaming text
-# --------------------------------------------------------------------------------------
-class IncrementalDecoder:
-    """Turn a growing list of token ids into text pieces that never need retracting.
-
-    Each :meth:`push` decodes the ids generated so far (a suffix window starting
-    at a point where the text was stable, so the cost per token stays bounded)
-    and returns the newly stable text: new text is held back while it ends in
-    U+FFFD (an incomplete multi-byte character split over byte tokens) or while
-    the decoded window no longer extends what was already released.
-    :meth:`flush` releases whatever is left.
-
-    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids,
-    skip_special_tokens=True)`` for tokenizers whose decoding is
-    prefix-stable (byte-level BPE such as GPT-2/Llama-3/SmolLM2, and
-    SentencePiece with ``clean_up_tokenization_spaces=False``).
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        skip_special_tokens: passed to ``tokenizer.decode`` (default true).
-    """
-
-    #: window start is moved forward once the stable text is this many tokens behind
-    _WINDOW = 32
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._ids: list[int] = []
-        self._start = 0  # window start (token index)
-        self._released = ""  # text released since the window start
-        self._released_ids = 0  # token count whose text is fully released (window end of stable text)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """All ids pushed so far (a copy)."""
-        return list(self._ids)
-
-    def _decode_window(self) -> str:
-        return self._tokenizer.decode(self._ids[self._start :], skip_special_tokens=self._skip)
-
-    def push(self, token_id: int) -> str:
-        """Add one token id and return the newly stable text (possibly ``""``)."""
-        self._ids.append(int(token_id))
-        text = self._decode_window()
-        if text.endswith(_REPLACEMENT) or not text.startswith(self._released):
-            return ""
-        piece = text[len(self._released) :]
-        self._released = text
-        self._released_ids = len(self._ids)
-        self._advance_window()
-        return piece
-
-    def _advance_window(self) -> None:
-        """Move the window start forward to a token boundary where decoding is stable.
-
-        The new start ``s`` is accepted only if decoding ``ids[s:]`` gives
-        exactly the released text after ``decode(ids[start:s])``, so releasing
-        relative to the new window stays equivalent to decoding everything.
-        """
-        if self._released_ids - self._start < 2 * self._WINDOW:
-            return
-        new_start = self._released_ids - self._WINDOW
-        head = self._tokenizer.decode(self._ids[self._start : new_start], skip_special_tokens=self._skip)
-        tail = self._tokenizer.decode(self._ids[new_start : self._released_ids], skip_special_tokens=self._skip)
-        if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
-            self._start = new_start
-            self._released = tail
-
-    def flush(self) -> str:
-        """Return all text not yet released.
-
-        It may end in U+FFFD when generation stopped in the middle of a character.
-        """
-        text = self._decode_window()
-        # for a decoder that is not prefix-stable the released text cannot be
-        # taken back; release what lies past its length (best effort)
-        piece = text[len(self._released) :]
-        self._released = text
-        self._released_ids = len(self._ids)
-        return piece
-
-
-class StopStringFilter:
-    """Cut a text stream at the first occurrence of any stop string.
-
-    :meth:`push` returns the text that can safely be released: everything up to
-    a stop string once one is complete, otherwise everything except the
-    longest tail that is a proper prefix of some stop string (that tail is held
-    back until it is resolved). :meth:`flush` releases a held tail at the end.
-
-    Args:
-        stops: the stop strings (non-empty strings); empty means pass-through.
-    """
-
-    def __init__(self, stops: Iterable[str]) -> None:
-        self._stops = tuple(s for s in stops if s)
-        self._held = ""
-        self.matched: str | None = None  #: the stop string found, once one was
-
-    @property
-    def stopped(self) -> bool:
-        """Whether a stop string was found (later pushes return ``""``)."""
-        return self.matched is not None
-
-    def push(self, text: str) -> str:
-        """Add text; return what may be released now (possibly ``""``)."""
-        if self.matched is not None:
-            return ""
-        if not self._stops:
-            return text
-        buffer = self._held + text
-        best: tuple[int, str] | None = None
-        for stop in self._stops:
-            pos = buffer.find(stop)
-            if pos >= 0 and (best is None or pos < best[0]):
-                best = (pos, stop)
-        if best is not None:
-            self.matched = best[1]
-            self._held = ""
-            return buffer[: best[0]]
-        hold = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(buffer)), hold, -1):
-                if buffer.endswith(stop[:k]):
-                    hold = k
-                    break
-        self._held = buffer[len(buffer) - hold :] if hold else ""
-        return buffer[: len(buffer) - hold]
-
-    def flush(self) -> str:
-        """Release the held-back tail (``""`` after a stop string was found)."""
-        held, self._held = self._held, ""
-        return "" if self.matched is not None else held
-
-
-def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The end-of-sequence token ids: the model's generation config ``eos_token_id``
-    (int or list) plus the tokenizer's ``eos_token_id``."""
-    ids: set[int] = set()
-    for source in (
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-        getattr(getattr(model, "config", None), "eos_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-    ):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    return frozenset(ids)
-
-
-# --------------------------------------------------------------------------------------
-# the engine
-# --------------------------------------------------------------------------------------
 @dataclass
 class StepOutput:
     """What one :meth:`GenerationEngine.step` produced for one request.
@@ -337,51 +86,6 @@ class StepOutput:
     piece: str = ""
     finished: bool = False
     result: GenerationResult | None = None
-
-
-class _Request:
-    """The state of one request: sampling, decoding, stop strings, the tokens so far."""
-
-    __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token")
-
-    def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any) -> None:
-        self.key = key
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.generator = make_generator(params.seed) if params.temperature > 0 else None
-        self.decoder = IncrementalDecoder(tokenizer)
-        self.stop_filter = StopStringFilter(params.stop)
-        self.result = GenerationResult(prompt_tokens=len(prompt_ids))
-        self.last_token = 0  # the token the next decode step feeds
-
-    def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
-        """Take one sampled token: ``(released text, finish reason or None while running)``."""
-        self.result.token_ids.append(token)
-        if token in eos and not self.params.ignore_eos:
-            return "", "stop"  # the end-of-sequence token counts but is not decoded
-        piece = self.stop_filter.push(self.decoder.push(token))
-        if self.stop_filter.stopped:
-            return piece, "stop"
-        if len(self.result.token_ids) >= self.params.max_new_tokens:
-            return piece, "length"
-        self.last_token = token
-        return piece, None
-
-    def finish(self, reason: str) -> GenerationResult:
-        """Release the held-back tail and fill in the result (``finish_reason`` = ``reason``,
-        or ``"stop"`` if the tail completes a stop string)."""
-        result = self.result
-        tail = ""
-        if not self.stop_filter.stopped:
-            tail = self.stop_filter.push(self.decoder.flush())
-            tail += self.stop_filter.flush()
-            if self.stop_filter.stopped:
-                reason = "stop"
-        result.remaining_text = tail
-        result.finish_reason = reason
-        result.completion_tokens = len(result.token_ids)
-        result.stop_string = self.stop_filter.matched
-        return result
 
 
 class GenerationEngine:
@@ -403,7 +107,7 @@ class GenerationEngine:
             ``[batch, seq, vocab]``), in eval mode.
         tokenizer: its tokenizer (decoding and the padding token id).
         eos_ids: end-of-sequence token ids; ``None`` means
-            :func:`eos_token_ids`.
+            :func:`~inference_service.llm.request_state.eos_token_ids`.
         max_prefill: most waiting requests prefilled in one step (``None``: all of them).
             Prefill costs about as much per prompt token batched or not on a CPU, so taking
             newcomers a few at a time lets the first of a burst get their first token sooner
@@ -428,8 +132,8 @@ class GenerationEngine:
         if not isinstance(pad, int):
             pad = min(self.eos) if self.eos else 0
         self.pad_id: int = pad
-        self._waiting: dict[str, _Request] = {}  # added, not yet prefilled (insertion order)
-        self._rows: list[_Request] = []  # running requests, in the cache's row order
+        self._waiting: dict[str, RequestState] = {}  # added, not yet prefilled (insertion order)
+        self._rows: list[RequestState] = []  # running requests, in the cache's row order
         self._row_of: dict[str, int] = {}  # key -> row index
         self._cache: Any = None  # DynamicCache of the running rows
         self._mask: Any = None  # [rows, columns] long: 1 real token, 0 padding
@@ -477,7 +181,7 @@ class GenerationEngine:
             raise ValueError(f"request {key!r} is already in the engine")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        self._waiting[key] = _Request(key, [int(i) for i in prompt_ids], params, self.tokenizer)
+        self._waiting[key] = RequestState(key, [int(i) for i in prompt_ids], params, self.tokenizer)
 
     def cancel(self, key: str) -> GenerationResult | None:
         """Drop request ``key`` now and free its KV cache row.
@@ -570,7 +274,7 @@ class GenerationEngine:
         if done:
             self._remove_rows(done)
 
-    def _prefill(self, new: list[_Request], outputs: dict[str, StepOutput]) -> None:
+    def _prefill(self, new: list[RequestState], outputs: dict[str, StepOutput]) -> None:
         import torch
         from transformers import DynamicCache
 
@@ -585,7 +289,7 @@ class GenerationEngine:
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache()
         logits = self._forward(ids, mask, positions, cache, 0)
-        _check_cache(cache)
+        check_cache(cache)
         for request in new:
             del self._waiting[request.key]
         tokens = self._choose(logits, list(range(len(new))), new)
@@ -601,7 +305,7 @@ class GenerationEngine:
             return
         if len(keep) < len(new):
             index = torch.tensor(keep, dtype=torch.long, device=device)
-            _select_rows(cache, index)
+            select_rows(cache, index)
             mask = mask.index_select(0, index)
         self._merge([new[i] for i in keep], cache, mask)
 
@@ -628,7 +332,7 @@ class GenerationEngine:
             raise TypeError("the model did not fill the DynamicCache it was given; its cache layout is unsupported")
         return out.logits[:, -1, :]
 
-    def _choose(self, logits: Any, indices: list[int], requests: Sequence[_Request]) -> list[int]:
+    def _choose(self, logits: Any, indices: list[int], requests: Sequence[RequestState]) -> list[int]:
         """The next token of each row in ``indices`` (``requests[i]`` samples row ``i``)."""
         greedy = None
         tokens = []
@@ -643,7 +347,7 @@ class GenerationEngine:
         return tokens
 
     # --- the running cache -----------------------------------------------------------
-    def _merge(self, requests: list[_Request], cache: Any, mask: Any) -> None:
+    def _merge(self, requests: list[RequestState], cache: Any, mask: Any) -> None:
         """Append freshly prefilled rows to the running cache (left-padding the shorter side)."""
         import torch
 
@@ -655,12 +359,12 @@ class GenerationEngine:
             width = max(old_cols, new_cols)
             for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
                 old_layer.keys = torch.cat(
-                    [_pad_left(old_layer.keys, width - old_cols), _pad_left(new_layer.keys, width - new_cols)]
+                    [pad_left(old_layer.keys, width - old_cols), pad_left(new_layer.keys, width - new_cols)]
                 )
                 old_layer.values = torch.cat(
-                    [_pad_left(old_layer.values, width - old_cols), _pad_left(new_layer.values, width - new_cols)]
+                    [pad_left(old_layer.values, width - old_cols), pad_left(new_layer.values, width - new_cols)]
                 )
-            self._mask = torch.cat([_pad_left(self._mask, width - old_cols), _pad_left(mask, width - new_cols)])
+            self._mask = torch.cat([pad_left(self._mask, width - old_cols), pad_left(mask, width - new_cols)])
             self._positions = torch.cat([self._positions, positions])
         for request in requests:
             self._row_of[request.key] = len(self._rows)
@@ -675,7 +379,7 @@ class GenerationEngine:
             self._reset_running()
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        _select_rows(self._cache, index)
+        select_rows(self._cache, index)
         self._mask = self._mask.index_select(0, index)
         self._positions = self._positions.index_select(0, index)
         self._rows = [self._rows[i] for i in keep]
@@ -701,37 +405,3 @@ class GenerationEngine:
         self._rows = []
         self._row_of = {}
         self._cache = self._mask = self._positions = None
-
-
-def _check_cache(cache: Any) -> None:
-    """Raise ``TypeError`` unless every layer of ``cache`` holds plain 4-D key/value tensors."""
-    from transformers.cache_utils import DynamicLayer
-
-    for layer in cache.layers:
-        keys = getattr(layer, "keys", None)
-        if type(layer) is not DynamicLayer or keys is None or keys.dim() != 4:
-            raise TypeError(
-                f"unsupported KV cache layer {type(layer).__name__}: the engine batches DynamicCache "
-                "full-attention layers only"
-            )
-
-
-def _select_rows(cache: Any, index: Any) -> None:
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
-
-
-def _pad_left(tensor: Any, count: int) -> Any:
-    """Zero-pad dimension -2 of a KV tensor ``[b, h, cols, d]`` (or dimension 1 of a mask
-    ``[b, cols]``) with ``count`` columns on the left."""
-    if count == 0:
-        return tensor
-    import torch
-
-    if tensor.dim() == 2:
-        pad = torch.zeros((tensor.shape[0], count), dtype=tensor.dtype, device=tensor.device)
-        return torch.cat([pad, tensor], dim=1)
-    shape = list(tensor.shape)
-    shape[-2] = count
-    return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=-2)

@@ -1,43 +1,18 @@
-"""Text generation for causal LMs: requests in, text pieces out.
+"""One request's text generation for causal LMs: prompt ids in, text pieces out.
 
-The pieces, bottom-up:
-
-- :class:`GenerationParams` / :func:`params_from_config` / :func:`parse_request`:
-  the per-request options and their validation (every problem raises
-  :class:`InvalidRequest`, whose message is meant for the client).
-- :func:`build_prompt_ids`: prompt text or chat messages -> token ids.
-- :func:`sample_next_token`: greedy or temperature / top-p sampling from one logits row.
-- :class:`IncrementalDecoder`: token ids in, newly stable text out, such that the
-  concatenation of everything it returns (plus :meth:`IncrementalDecoder.flush`)
-  equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
-- :class:`StopStringFilter`: cuts the text at the first stop string, holding back
-  only a tail that could still become one.
+- :func:`model_context_length` / :func:`build_prompt_ids`: a parsed
+  :class:`~inference_service.llm.requests.GenerationRequest` (prompt text or chat
+  messages) -> prompt token ids, checked against the model's context length.
 - :func:`generate_pieces` / :func:`generate_text`: one request's generation, a thin
   wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`
   (the batched, continuous-batching generation loop the handlers drive directly; the
   one generation loop of this package).
+- :func:`final_message`: the last message of a stream (the remaining text, or an
+  object with finish reason and token counts).
 
-``GenerationParams``, ``GenerationResult``, ``sample_next_token``, ``make_generator``,
-``IncrementalDecoder``, ``StopStringFilter`` and ``eos_token_ids`` are defined in
-:mod:`inference_service.llm.engine` (which needs them and must not import this module)
-and re-exported here unchanged.
-
-Request body (JSON object, UTF-8)::
-
-    {"prompt": "Once upon a time"}                          # or
-    {"messages": [{"role": "user", "content": "Hi"}],       # chat template applied
-     "max_new_tokens": 64,      # int, 1..4096 (and prompt + this <= model context)
-     "temperature": 0.7,        # number, 0..5; 0 = greedy
-     "top_p": 0.9,              # number, 0 < p <= 1
-     "seed": 1234,              # int, 0 <= seed < 2**64 (same seed -> same text)
-     "stop": ["\\n\\n"],          # string or list of up to 16 non-empty strings
-     "ignore_eos": false,       # bool: keep going past the end-of-sequence token
-     "include_usage": false}    # bool: final message becomes a JSON object (see handler)
-
-A field set to ``null`` counts as absent. A body that is not a JSON object (plain
-text, or JSON such as a bare string or number) is used verbatim as the prompt
-with the default options; a body starting with ``{`` that is not valid JSON is
-rejected rather than fed to the model.
+Request parsing lives in :mod:`inference_service.llm.requests`, the options and result
+types in :mod:`inference_service.llm.params`, decoding and stop strings in
+:mod:`inference_service.llm.text`.
 
 torch is imported inside the functions that need it; this module imports
 without it.
@@ -45,296 +20,20 @@ without it.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from inference_service.llm.engine import (
-    GenerationEngine,
-    GenerationParams,
-    GenerationResult,
-    IncrementalDecoder,
-    StopStringFilter,
-    eos_token_ids,
-    make_generator,
-    sample_next_token,
-)
+from inference_service.llm.engine import GenerationEngine
+from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.requests import GenerationRequest, InvalidRequest
 
 __all__ = [
-    "MAX_NEW_TOKENS_LIMIT",
-    "MAX_STOP_LENGTH",
-    "MAX_STOP_STRINGS",
-    "MAX_TEMPERATURE",
-    "REQUEST_FIELDS",
-    "GenerationParams",
-    "GenerationRequest",
-    "GenerationResult",
-    "IncrementalDecoder",
-    "InvalidRequest",
-    "StopStringFilter",
     "build_prompt_ids",
-    "eos_token_ids",
     "final_message",
     "generate_pieces",
     "generate_text",
-    "make_generator",
     "model_context_length",
-    "params_from_config",
-    "parse_input_row",
-    "parse_request",
-    "sample_next_token",
 ]
-
-#: Upper bound of ``max_new_tokens`` accepted from a request or config.
-MAX_NEW_TOKENS_LIMIT = 4096
-#: Upper bound of ``temperature``.
-MAX_TEMPERATURE = 5.0
-#: Most stop strings one request may give.
-MAX_STOP_STRINGS = 16
-#: Longest stop string accepted (characters).
-MAX_STOP_LENGTH = 256
-#: Fields a JSON request body may carry.
-REQUEST_FIELDS = frozenset(
-    {
-        "prompt",
-        "messages",
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-        "ignore_eos",
-        "include_usage",
-    }
-)
-
-
-class InvalidRequest(ValueError):
-    """A request (or config value) is malformed; the message explains it to the client."""
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """A parsed request: exactly one of ``prompt`` / ``messages`` is set, plus its params."""
-
-    prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
-    params: GenerationParams
-
-
-# --------------------------------------------------------------------------------------
-# parameters and request parsing
-# --------------------------------------------------------------------------------------
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"'{name}' must be an integer, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}")
-    return value
-
-
-def _check_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"'{name}' must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise InvalidRequest(f"'{name}' must be a finite number, got {value}")
-    return number
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"'{name}' must be true or false, got {type(value).__name__}")
-    return value
-
-
-def _check_temperature(value: Any) -> float:
-    temperature = _check_number("temperature", value)
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise InvalidRequest(f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
-    return temperature
-
-
-def _check_top_p(value: Any) -> float:
-    top_p = _check_number("top_p", value)
-    if not 0.0 < top_p <= 1.0:
-        raise InvalidRequest(f"'top_p' must be greater than 0 and at most 1, got {value}")
-    return top_p
-
-
-def _check_stop(value: Any) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise InvalidRequest(f"'stop' must be a string or a list of strings, got {type(value).__name__}")
-    if len(items) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}")
-    for item in items:
-        if not isinstance(item, str):
-            raise InvalidRequest(f"'stop' entries must be strings, got {type(item).__name__}")
-        if not item:
-            raise InvalidRequest("'stop' entries must not be empty")
-        if len(item) > MAX_STOP_LENGTH:
-            raise InvalidRequest(f"'stop' entries must be at most {MAX_STOP_LENGTH} characters")
-    return tuple(dict.fromkeys(items))  # drop duplicates, keep order
-
-
-def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
-    """Build the default :class:`GenerationParams` from a handler config section.
-
-    Args:
-        config: the ``handler`` section of the model YAML config; reads
-            ``max_new_tokens`` (default 256), ``temperature`` (default 0) and
-            ``top_p`` (default 1.0). Other keys are ignored here.
-
-    Returns:
-        The defaults every request starts from.
-
-    Raises:
-        InvalidRequest: a value has the wrong type or is out of range (the
-            message says "handler config" and names the key).
-    """
-    params = GenerationParams()
-    try:
-        if config.get("max_new_tokens") is not None:
-            params = replace(
-                params,
-                max_new_tokens=_check_int("max_new_tokens", config["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT),
-            )
-        if config.get("temperature") is not None:
-            params = replace(params, temperature=_check_temperature(config["temperature"]))
-        if config.get("top_p") is not None:
-            params = replace(params, top_p=_check_top_p(config["top_p"]))
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"handler config: {exc}") from None
-    return params
-
-
-def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
-        extra = set(message) - {"role", "content"}
-        if extra:
-            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
-        if not isinstance(content, str):
-            raise InvalidRequest(f"'messages[{i}].content' must be a string")
-        messages.append({"role": role, "content": content})
-    return tuple(messages)
-
-
-def _body_text(body: bytes | bytearray | memoryview | str) -> str:
-    if isinstance(body, str):
-        return body
-    try:
-        return bytes(body).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
-
-
-def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
-    """Parse one request body into a :class:`GenerationRequest`.
-
-    Args:
-        body: the request payload: ``bytes``/``bytearray`` (UTF-8), ``str``, or
-            an already-decoded ``dict``. See the module docstring for the fields.
-        defaults: the params used for fields the request leaves out.
-
-    Returns:
-        The request with validated params.
-
-    Raises:
-        InvalidRequest: invalid UTF-8, malformed JSON object, unknown field,
-            both or neither of ``prompt``/``messages``, a wrong type or an
-            out-of-range value; the message names the field.
-    """
-    if isinstance(body, dict):
-        obj: Any = body
-    elif isinstance(body, (bytes, bytearray, memoryview, str)):
-        text = _body_text(body)
-        stripped = text.strip()
-        obj = None
-        if stripped.startswith("{"):
-            try:
-                obj = json.loads(stripped)
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            if not text:
-                raise InvalidRequest("request body is empty; send a prompt")
-            return GenerationRequest(prompt=text, messages=None, params=defaults)
-    else:
-        raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
-
-    unknown = set(obj) - REQUEST_FIELDS
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(REQUEST_FIELDS))}"
-        )
-    fields = {k: v for k, v in obj.items() if v is not None}
-    prompt = fields.get("prompt")
-    messages = None
-    if ("prompt" in fields) == ("messages" in fields):
-        raise InvalidRequest("exactly one of 'prompt' and 'messages' must be given")
-    if "prompt" in fields:
-        if not isinstance(prompt, str):
-            raise InvalidRequest(f"'prompt' must be a string, got {type(prompt).__name__}")
-        if not prompt:
-            raise InvalidRequest("'prompt' must not be empty")
-    else:
-        messages = _parse_messages(fields["messages"])
-
-    params = defaults
-    if "max_new_tokens" in fields:
-        params = replace(
-            params,
-            max_new_tokens=_check_int("max_new_tokens", fields["max_new_tokens"], 1, MAX_NEW_TOKENS_LIMIT),
-        )
-    if "temperature" in fields:
-        params = replace(params, temperature=_check_temperature(fields["temperature"]))
-    if "top_p" in fields:
-        params = replace(params, top_p=_check_top_p(fields["top_p"]))
-    if "seed" in fields:
-        params = replace(params, seed=_check_int("seed", fields["seed"], 0, 2**64 - 1))
-    if "stop" in fields:
-        params = replace(params, stop=_check_stop(fields["stop"]))
-    if "ignore_eos" in fields:
-        params = replace(params, ignore_eos=_check_bool("ignore_eos", fields["ignore_eos"]))
-    if "include_usage" in fields:
-        params = replace(params, include_usage=_check_bool("include_usage", fields["include_usage"]))
-    return GenerationRequest(prompt=prompt, messages=messages, params=params)
-
-
-def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
-    """Parse one entry of a handler's ``data`` batch (the gRPC input map of one request).
-
-    Args:
-        row: a dict holding the body under ``"data"`` or ``"body"`` (bytes,
-            bytearray, str or an already-decoded dict), or the body itself.
-        defaults: see :func:`parse_request`.
-
-    Returns:
-        The parsed request.
-
-    Raises:
-        InvalidRequest: no ``data``/``body`` entry, or the body is invalid.
-    """
-    if isinstance(row, Mapping):
-        body = row.get("data")
-        if body is None:
-            body = row.get("body")
-        if body is None:
-            raise InvalidRequest("request has no 'data' or 'body' input")
-    else:
-        body = row
-    return parse_request(body, defaults)
 
 
 def model_context_length(model: Any) -> int | None:
@@ -401,7 +100,8 @@ def generate_pieces(
     generation loop of this package): a prefill forward pass over the prompt, then one
     pass per new token with the KV cache, each under ``torch.inference_mode()`` (never
     held across a ``yield``). Each sampled token goes through an
-    :class:`IncrementalDecoder` and a :class:`StopStringFilter`; every non-empty
+    :class:`~inference_service.llm.text.IncrementalDecoder` and a
+    :class:`~inference_service.llm.text.StopStringFilter`; every non-empty
     released piece is yielded at once. Generation ends at an end-of-sequence token
     (unless ``params.ignore_eos``; the token itself is not decoded), when a stop string
     appears (it and anything after it is not emitted), after ``params.max_new_tokens``
@@ -420,13 +120,14 @@ def generate_pieces(
             with ``params.seed``.
         should_stop: polled before each step; true ends generation with
             finish reason ``"cancelled"``.
-        eos_ids: end-of-sequence ids; ``None`` means :func:`eos_token_ids`.
+        eos_ids: end-of-sequence ids; ``None`` means
+            :func:`~inference_service.llm.request_state.eos_token_ids`.
 
     Yields:
         Non-empty text pieces, in order.
 
     Returns:
-        A :class:`GenerationResult` (``StopIteration.value``).
+        A :class:`~inference_service.llm.params.GenerationResult` (``StopIteration.value``).
 
     Raises:
         ValueError: ``prompt_ids`` is empty.

@@ -80,18 +80,10 @@ from typing import Any
 
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.llm.engine import GenerationEngine
-from inference_service.llm.generation import (
-    GenerationParams,
-    GenerationRequest,
-    GenerationResult,
-    InvalidRequest,
-    build_prompt_ids,
-    final_message,
-    model_context_length,
-    params_from_config,
-    parse_input_row,
-)
+from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
 from inference_service.llm.model import load_model, resolve_model_dir, warm_up
+from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.requests import GenerationRequest, InvalidRequest, params_from_config, parse_input_row
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +128,7 @@ class LLMHandler(BaseHandler):
     Attributes (after :meth:`initialize`): ``self.model`` (the transformers
     model, eval mode), ``self.tokenizer``, ``self.engine`` (the
     :class:`~inference_service.llm.engine.GenerationEngine` all requests share),
-    ``self.defaults`` (:class:`~inference_service.llm.generation.GenerationParams` from
+    ``self.defaults`` (:class:`~inference_service.llm.params.GenerationParams` from
     the config), ``self.context_length`` (the model's maximum sequence length or
     ``None``), ``self.model_path`` (the directory loaded).
     """
@@ -155,7 +147,7 @@ class LLMHandler(BaseHandler):
         """Read the ``handler`` config, convert the GGUF if not cached, load model and tokenizer.
 
         Raises:
-            inference_service.llm.generation.InvalidRequest: a generation
+            inference_service.llm.requests.InvalidRequest: a generation
                 default in the config is invalid.
             inference_service.llm.model.ModelPreparationError: the model cannot
                 be located, converted or loaded.

@@ -1,0 +1,81 @@
+"""The state of one request inside the engine, from sampled token ids to released text.
+
+:class:`RequestState` holds a request's prompt ids, its
+:class:`~inference_service.llm.params.GenerationParams`, its seeded ``torch.Generator``
+(:func:`~inference_service.llm.sampling.make_generator`), its
+:class:`~inference_service.llm.text.IncrementalDecoder` and
+:class:`~inference_service.llm.text.StopStringFilter`, and the
+:class:`~inference_service.llm.params.GenerationResult` it fills in.
+:class:`~inference_service.llm.engine.GenerationEngine` feeds it one sampled token per step
+(:meth:`RequestState.accept`, which ends the request at one of :func:`eos_token_ids`) and
+ends it with :meth:`RequestState.finish`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.sampling import make_generator
+from inference_service.llm.text import IncrementalDecoder, StopStringFilter
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The end-of-sequence token ids: the model's generation config ``eos_token_id``
+    (int or list) plus the tokenizer's ``eos_token_id``."""
+    ids: set[int] = set()
+    for source in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(getattr(model, "config", None), "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+class RequestState:
+    """The state of one request: sampling, decoding, stop strings, the tokens so far."""
+
+    __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token")
+
+    def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any) -> None:
+        self.key = key
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.generator = make_generator(params.seed) if params.temperature > 0 else None
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stop_filter = StopStringFilter(params.stop)
+        self.result = GenerationResult(prompt_tokens=len(prompt_ids))
+        self.last_token = 0  # the token the next decode step feeds
+
+    def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
+        """Take one sampled token: ``(released text, finish reason or None while running)``."""
+        self.result.token_ids.append(token)
+        if token in eos and not self.params.ignore_eos:
+            return "", "stop"  # the end-of-sequence token counts but is not decoded
+        piece = self.stop_filter.push(self.decoder.push(token))
+        if self.stop_filter.stopped:
+            return piece, "stop"
+        if len(self.result.token_ids) >= self.params.max_new_tokens:
+            return piece, "length"
+        self.last_token = token
+        return piece, None
+
+    def finish(self, reason: str) -> GenerationResult:
+        """Release the held-back tail and fill in the result (``finish_reason`` = ``reason``,
+        or ``"stop"`` if the tail completes a stop string)."""
+        result = self.result
+        tail = ""
+        if not self.stop_filter.stopped:
+            tail = self.stop_filter.push(self.decoder.flush())
+            tail += self.stop_filter.flush()
+            if self.stop_filter.stopped:
+                reason = "stop"
+        result.remaining_text = tail
+        result.finish_reason = reason
+        result.completion_tokens = len(result.token_ids)
+        result.stop_string = self.stop_filter.matched
+        return result
