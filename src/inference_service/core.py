@@ -340,13 +340,17 @@ class InferenceCore:
                     synchronous: bool, timeout: int, number_gpu: int = 0) -> ModelVersion:
         """ScaleWorker: run ``min_worker`` workers of the version.
 
+        ``number_gpu`` at or below 0 means unset (TorchServe's gRPC ScaleWorker ignores it).
+
         Raises:
-            InvalidArgument: negative or inconsistent counts.
+            InvalidArgument: negative or inconsistent counts (TorchServe reads a negative count
+                as its default and may fail later with INTERNAL).
             NotFound: unknown model or version.
             WorkerLoadError: synchronous and a new worker failed to load.
         """
-        if min_worker < 0 or max_worker < 0 or number_gpu < 0:
-            raise InvalidArgument("min_worker, max_worker and number_gpu must not be negative")
+        if min_worker < 0 or max_worker < 0:
+            raise InvalidArgument("min_worker and max_worker must not be negative")
+        number_gpu = max(0, number_gpu)
         if min_worker > 64 or max_worker > 64:
             raise InvalidArgument("at most 64 workers per model version")
         if max_worker and max_worker < min_worker:
@@ -390,8 +394,7 @@ class InferenceCore:
     def list_models(self, limit: int, next_page_token: int) -> dict[str, Any]:
         """ListModels: ``{"nextPageToken"?, "models": [{"modelName", "modelUrl"}]}`` sorted by name.
 
-        Raises:
-            InvalidArgument: ``limit`` outside 0..1000 or a negative token.
+        ``limit`` outside 1..100 means 100, a negative token the first page (as TorchServe).
         """
         return list_models_page(self.models, limit, next_page_token)
 

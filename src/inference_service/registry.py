@@ -11,7 +11,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +73,17 @@ class ModelEntry:
 
 def list_models_page(models: Mapping[str, ModelEntry], limit: int, next_page_token: int) -> dict[str, Any]:
     """One page of TorchServe's ListModels JSON: ``{"nextPageToken"?, "models": [{"modelName",
-    "modelUrl"}]}``, names sorted, the default version's URL.
+    "modelUrl"}]}``, names sorted, the default version's URL. Never raises.
 
     Args:
-        models: the registry. limit: page size, 0 for 100 (at most 1000).
-        next_page_token: index of the first name of the page.
-
-    Raises:
-        InvalidArgument: ``limit`` outside 0..1000 or a negative token.
+        models: the registry.
+        limit: page size 1..100; anything else means 100 (TorchServe: the same, except that
+            it answers an empty page for 0, which proto3 cannot tell from "unset").
+        next_page_token: index of the first name of the page (negative: 0, as TorchServe).
     """
-    if limit < 0 or limit > 1000:
-        raise InvalidArgument("limit must be between 1 and 1000 (0 means 100)")
-    if next_page_token < 0:
-        raise InvalidArgument("next_page_token must not be negative")
-    limit = limit or 100
+    if limit <= 0 or limit > 100:  # TorchServe's ApiUtils.getModelList: outside 1..100 means 100
+        limit = 100
+    next_page_token = max(0, next_page_token)  # as TorchServe: a negative token is the first page
     names = sorted(models)
     page = names[next_page_token : next_page_token + limit]
     result: dict[str, Any] = {}
@@ -123,13 +120,19 @@ class PreparedVersion:
     extra_paths: list[str]
 
 
-def _check_request(req: RegisterRequest) -> None:
+_NUMBER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
+
+
+def _checked_request(req: RegisterRequest) -> RegisterRequest:
+    """``req`` with its numeric fields at or below 0 read as unset, as TorchServe's gRPC
+    RegisterModel does (``GRPCUtils.getRegisterParam``: a value counts only when > 0).
+
+    Raises:
+        InvalidArgument: a runtime other than python.
+    """
     if req.runtime and req.runtime != "python":
         raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)")
-    for field_name in ("batch_size", "max_batch_delay", "initial_workers", "response_timeout",
-                       "startup_timeout"):
-        if getattr(req, field_name) < 0:
-            raise InvalidArgument(f"{field_name} must not be negative")
+    return replace(req, **{name: max(0, getattr(req, name)) for name in _NUMBER_FIELDS})
 
 
 async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir: Path) -> PreparedVersion:
@@ -146,11 +149,12 @@ async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir:
         extract_dir: this instance's directory for extracted archives.
 
     Raises:
-        InvalidArgument: bad runtime, negative fields, bad URL, archive, manifest, name or config.
+        InvalidArgument: bad runtime, URL, archive, manifest, name or config (numeric fields
+            at or below 0 mean "unset", as in TorchServe).
         PermissionDenied: a remote URL ``allowed_urls`` does not allow.
         NotFound: no such archive in the store.
     """
-    _check_request(req)
+    req = _checked_request(req)
     archive = await asyncio.to_thread(open_archive, req.url, settings.model_store, extract_dir,
                                       settings.max_archive_bytes, settings.url_policy)
     try:

@@ -161,8 +161,6 @@ def test_register_bad_urls(server, url, code, text):
 
 
 def test_register_bad_fields(server):
-    code, details = _code(server.register, "echo.mar", model_name="bad", batch_size=-1)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "batch_size" in details
     code, details = _code(server.register, "echo.mar", model_name="bad name!")
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "invalid model name" in details
     code, details = _code(server.register, "echo.mar", model_name="bad", runtime="java")
@@ -187,10 +185,29 @@ def test_list_models_sorted_and_paginated(server):
     rest = json.loads(server.management.ListModels(
         management_pb2.ListModelsRequest(limit=2, next_page_token=int(page["nextPageToken"])), timeout=10).msg)
     assert [m["modelName"] for m in rest["models"]] == names[2:4]
-    assert _code(server.management.ListModels, management_pb2.ListModelsRequest(limit=5000))[0] \
-        == grpc.StatusCode.INVALID_ARGUMENT
+    # as TorchServe's ApiUtils.getModelList: a limit outside 1..100 is 100, a negative token 0
+    for limit, token in ((5000, 0), (-1, 0), (2, -1)):
+        clamped = json.loads(server.management.ListModels(
+            management_pb2.ListModelsRequest(limit=limit, next_page_token=token), timeout=10).msg)
+        assert [m["modelName"] for m in clamped["models"]] == (names[:2] if limit == 2 else names)
     for name in ("zeta", "alpha", "mid"):
         server.unregister(name)
+
+
+def test_negative_fields_are_unset_as_in_torchserve(server):
+    """TorchServe's gRPC RegisterModel reads a number at or below 0 as unset
+    (``GRPCUtils.getRegisterParam``), and its ScaleWorker ignores number_gpu; its own
+    management test data registers with ``initial_workers=-1`` and scales with
+    ``number_gpu=-1``."""
+    msg = server.register("echo.mar", model_name="negatives", initial_workers=-1, batch_size=-1,
+                          max_batch_delay=-5, response_timeout=-1, startup_timeout=-1, synchronous=True)
+    assert "negatives" in msg
+    desc = server.describe("negatives")[0]
+    assert desc["batchSize"] == 1 and desc["responseTimeout"] > 0 and desc["startupTimeout"] > 0
+    server.management.ScaleWorker(management_pb2.ScaleWorkerRequest(
+        model_name="negatives", min_worker=1, number_gpu=-1, synchronous=True), timeout=60)
+    assert len(server.describe("negatives")[0]["workers"]) == 1
+    server.unregister("negatives")
 
 
 def test_describe_has_torchserve_keys(server):
