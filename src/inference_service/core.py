@@ -40,10 +40,9 @@ from inference_service.registry import (
     newest_version,
     prepare_version,
 )
-from inference_service.stats import RequestTelemetry, VersionStats
+from inference_service.stats import RequestTelemetry, VersionStats, version_stats
 from inference_service.worker.gpu import GpuAllocator
 from inference_service.worker.process import WorkerOptions
-from inference_service.worker.supervisor import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -404,14 +403,9 @@ class InferenceCore:
         Safe to call from another thread (the metrics scrape): it copies the registry's
         dicts before walking them and only reads plain attributes.
         """
-        out = []
-        for name, entry in list(self.models.items()):
-            for version, model in list(entry.versions.items()):
-                workers = dict.fromkeys((state.value for state in WorkerState), 0)
-                for slot in list(model.slots.values()):
-                    workers[slot.state.value] += 1
-                out.append(VersionStats(name, version, len(model.queue), workers, model.restarts_total))
-        return self.inflight, out
+        return self.inflight, [version_stats(name, version, model)
+                               for name, entry in list(self.models.items())
+                               for version, model in list(entry.versions.items())]
 
     # ------------------------------------------------------------------ health
     def finish_startup(self, failed: bool) -> None:

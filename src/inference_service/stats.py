@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from inference_service.worker.supervisor import WorkerState
+
+if TYPE_CHECKING:
+    from inference_service.model import ModelVersion
 
 
 class RequestStats(Protocol):
@@ -54,3 +59,12 @@ class VersionStats:
     queue_depth: int
     workers: Mapping[str, int]
     restarts: int
+
+
+def version_stats(name: str, version: str, model: ModelVersion) -> VersionStats:
+    """The :class:`VersionStats` of one model version, read at one instant (plain attribute
+    reads over copies, so the metrics scrape thread may call it while the loop changes things)."""
+    workers = dict.fromkeys((state.value for state in WorkerState), 0)
+    for slot in list(model.slots.values()):
+        workers[slot.state.value] += 1
+    return VersionStats(name, version, len(model.queue), workers, model.restarts_total)
