@@ -59,6 +59,7 @@ from inference_service.auth import INFERENCE, KeyStore, is_loopback, read_bearer
 from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.http_open_inference import add_open_inference_routes
 
 log = logging.getLogger("inference_service.http")
 
@@ -185,6 +186,7 @@ class HttpInferenceApi:
         for path in ("/predictions/{model_name}", "/predictions/{model_name}/{model_version}"):
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
+        add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str, port: int) -> int:

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 import inference_service
 from inference_service import tls
-from inference_service._proto import inference_pb2, management_pb2
+from inference_service._proto import grpc_predict_v2_pb2, inference_pb2, management_pb2, open_inference_grpc_pb2
 from inference_service.accesslog import AccessLog
 from inference_service.archive import MANIFEST
 from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
@@ -37,6 +37,7 @@ from inference_service.metrics import ServerMetrics, Telemetry
 from inference_service.registry import RegisterRequest
 from inference_service.servicers.inference import InferenceServicer
 from inference_service.servicers.management import ManagementServicer
+from inference_service.servicers.open_inference import OpenInferenceServicer
 from inference_service.servicers.registration import add_service
 from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
 from inference_service.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
@@ -202,13 +203,19 @@ class Server:
                     InferenceServicer(self.core, self.telemetry))
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
                     ManagementServicer(self.core, s.enable_model_api, self.telemetry))
+        # the Open Inference Protocol (KServe v2) under KServe's and TorchServe's package names
+        open_inference = []
+        for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
+            service_descriptor = pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+            add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry))
+            open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
             # server reflection, so grpcurl, Postman and Evans work without the proto files
             api = (inference_pb2 if srv is inference else management_pb2).DESCRIPTOR.services_by_name[service]
             reflection.enable_server_reflection(
-                (api.full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME), srv)
+                (api.full_name, *(open_inference if srv is inference else ()),
+                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), srv)
         binds = [("inference", inference, s.inference_address, s.inference_port, credentials),
                  ("management", management, s.management_address, s.management_port, credentials)]
         if s.health_port is not None:  # plaintext, health only: for probes when the APIs use TLS

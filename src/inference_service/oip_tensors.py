@@ -1,0 +1,237 @@
+"""Tensor data of the Open Inference Protocol (KServe v2): data types, shapes and raw bytes.
+
+The protocol names twelve data types (``BOOL``, ``UINT8`` ... ``UINT64``, ``INT8`` ...
+``INT64``, ``FP16``, ``FP32``, ``FP64``, ``BF16``, ``BYTES``). A tensor's elements travel
+flattened in row-major order, either as typed values (gRPC ``InferTensorContents``, HTTP JSON
+``data``) or as raw bytes (gRPC ``raw_input_contents`` / ``raw_output_contents``, HTTP's binary
+tensor data extension): little-endian, no padding, one element after the other; a ``BYTES``
+element is a 4-byte little-endian length followed by that many bytes; ``BOOL`` is one byte
+(0 false, anything else true); ``BF16`` the upper 16 bits of an IEEE float32.
+
+Everything here is plain Python (``struct``), independent of gRPC and HTTP. Errors are raised
+as the given :class:`~inference_service.errors.InferenceError` class: INVALID_ARGUMENT for what
+a client sent, the handler's error for what a handler answered.
+
+Quick start::
+
+    count = element_count([2, 2], InvalidArgument)               # 4
+    values = decode_raw("FP32", raw, count, "INPUT0", InvalidArgument)
+    raw = encode_raw("INT64", [1, 2, 3], "OUTPUT0", HandlerError)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from inference_service.errors import InferenceError
+
+
+@dataclass(frozen=True)
+class DataType:
+    """How one protocol data type is stored.
+
+    Args:
+        name: the protocol's name (``FP32``).
+        fmt: the ``struct`` format character of one element (``""`` for BYTES).
+        field: the ``InferTensorContents`` field holding typed elements (``""``: raw only,
+            FP16 and BF16).
+        kind: ``"bool"``, ``"int"``, ``"float"`` or ``"bytes"``.
+        low / high: the integer range of ``int`` kinds (inclusive).
+    """
+
+    name: str
+    fmt: str
+    field: str
+    kind: str
+    low: int = 0
+    high: int = 0
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element in raw form (0 for BYTES: variable)."""
+        return 2 if self.name == "BF16" else struct.calcsize("<" + self.fmt) if self.fmt else 0
+
+
+def _int(name: str, fmt: str, field: str, signed: bool) -> DataType:
+    bits = struct.calcsize(fmt) * 8
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    return DataType(name, fmt, field, "int", low, high)
+
+
+DATATYPES: dict[str, DataType] = {t.name: t for t in (
+    DataType("BOOL", "?", "bool_contents", "bool"),
+    _int("UINT8", "B", "uint_contents", signed=False),
+    _int("UINT16", "H", "uint_contents", signed=False),
+    _int("UINT32", "I", "uint_contents", signed=False),
+    _int("UINT64", "Q", "uint64_contents", signed=False),
+    _int("INT8", "b", "int_contents", signed=True),
+    _int("INT16", "h", "int_contents", signed=True),
+    _int("INT32", "i", "int_contents", signed=True),
+    _int("INT64", "q", "int64_contents", signed=True),
+    DataType("FP16", "e", "", "float"),
+    DataType("FP32", "f", "fp32_contents", "float"),
+    DataType("FP64", "d", "fp64_contents", "float"),
+    DataType("BF16", "H", "", "float"),
+    DataType("BYTES", "", "bytes_contents", "bytes"),
+)}
+"""Every data type of the protocol, by name."""
+
+
+def datatype(name: str, error: type[InferenceError], what: str) -> DataType:
+    """The :class:`DataType` called ``name``.
+
+    Raises:
+        error: an unknown name (the message names ``what``, e.g. ``input 'x'``, and the known ones).
+    """
+    found = DATATYPES.get(name)
+    if found is None:
+        raise error(f"{what} has unknown datatype {name!r} (one of {', '.join(DATATYPES)})")
+    return found
+
+
+def element_count(shape: Iterable[Any], error: type[InferenceError], what: str = "tensor") -> int:
+    """The number of elements of a tensor of ``shape`` (1 for ``[]``, a scalar).
+
+    Raises:
+        error: a dimension that is not a non-negative integer (the protocol's ``-1`` only
+            appears in model metadata, never in a tensor that carries data).
+    """
+    count = 1
+    for dim in shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+            raise error(f"{what} has an invalid shape {list(shape)}: dimensions must be integers >= 0")
+        count *= dim
+    return count
+
+
+def flatten(data: Any) -> list[Any]:
+    """The elements of ``data`` in row-major order: nested lists are unrolled, a scalar is one element."""
+    if not isinstance(data, list):
+        return [data]
+    if not any(isinstance(item, list) for item in data):
+        return data
+    out: list[Any] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def check_values(dtype: DataType, values: list[Any], error: type[InferenceError], what: str) -> list[Any]:
+    """Check (and normalise) JSON-typed elements against ``dtype``; returns them.
+
+    BOOL takes booleans; integer types take integers in their range; float types take numbers
+    (integers become floats); BYTES takes strings (kept as ``str``) or ``bytes``.
+
+    Raises:
+        error: an element of the wrong type or out of range (the message names ``what`` and
+            the element's index).
+    """
+    kind = dtype.kind
+    for index, value in enumerate(values):
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise error(f"{what}: element {index} ({value!r}) is not a number ({dtype.name})")
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise error(f"{what}: element {index} ({value!r}) is not an integer ({dtype.name})")
+            if not dtype.low <= value <= dtype.high:
+                raise error(f"{what}: element {index} ({value}) is out of range for {dtype.name}")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise error(f"{what}: element {index} ({value!r}) is not a boolean (BOOL)")
+        elif not isinstance(value, str | bytes):
+            raise error(f"{what}: element {index} ({value!r}) is not a string (BYTES)")
+    if kind == "float":
+        return [float(v) for v in values]
+    return values
+
+
+def check_count(count: int, expected: int, error: type[InferenceError], what: str, shape: list[int]) -> None:
+    """Raise ``error`` unless ``count`` elements fill ``shape`` (``expected`` elements)."""
+    if count != expected:
+        raise error(f"{what}: shape {shape} holds {expected} elements, got {count}")
+
+
+def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
+    """The ``count`` elements of raw tensor bytes (see the module docstring for the layout).
+
+    Returns floats for FP16/FP32/FP64/BF16, ints for integer types, bools for BOOL and ``bytes``
+    for BYTES.
+
+    Raises:
+        error: ``raw`` does not hold exactly ``count`` elements.
+    """
+    if dtype.name == "BYTES":
+        return _decode_bytes(raw, count, what, error)
+    size = dtype.itemsize
+    if len(raw) != count * size:
+        raise error(f"{what}: {len(raw)} raw bytes do not hold {count} {dtype.name} elements "
+                    f"({count * size} bytes expected)")
+    if dtype.name == "BF16":
+        halves = struct.unpack(f"<{count}H", raw)
+        return list(struct.unpack(f"<{count}f", struct.pack(f"<{count}I", *(h << 16 for h in halves))))
+    if dtype.name == "BOOL":
+        return [b != 0 for b in raw]
+    return list(struct.unpack(f"<{count}{dtype.fmt}", raw))
+
+
+def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
+    out: list[bytes] = []
+    view = memoryview(raw)
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise error(f"{what}: raw BYTES data ends inside an element's 4-byte length")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise error(f"{what}: raw BYTES element {len(out)} claims {length} bytes, "
+                        f"{len(raw) - offset} remain")
+        out.append(bytes(view[offset:offset + length]))
+        offset += length
+    if len(out) != count:
+        raise error(f"{what}: raw BYTES data holds {len(out)} elements, the shape {count}")
+    return out
+
+
+def encode_raw(dtype: DataType, values: list[Any], what: str, error: type[InferenceError]) -> bytes:
+    """Raw tensor bytes of ``values`` (elements already checked with :func:`check_values`).
+
+    BYTES elements may be ``bytes`` or ``str`` (UTF-8 encoded).
+
+    Raises:
+        error: a value that does not fit the data type (e.g. beyond FP16's range).
+    """
+    n = len(values)
+    try:
+        if dtype.name == "BYTES":
+            parts = []
+            for value in values:
+                data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+                parts.append(struct.pack("<I", len(data)))
+                parts.append(data)
+            return b"".join(parts)
+        if dtype.name == "BF16":
+            words = struct.unpack(f"<{n}I", struct.pack(f"<{n}f", *values))
+            return struct.pack(f"<{n}H", *(_bf16(w) for w in words))
+        return struct.pack(f"<{n}{dtype.fmt}", *values)
+    except (struct.error, OverflowError) as exc:
+        raise error(f"{what}: values do not fit {dtype.name}: {exc}") from exc
+
+
+def _bf16(word: int) -> int:
+    """The BF16 half of a float32 bit pattern, rounded to nearest even (NaN stays NaN)."""
+    if (word & 0x7F800000) == 0x7F800000 and word & 0x007FFFFF:
+        return (word >> 16) | 0x0040
+    return ((word + 0x7FFF + ((word >> 16) & 1)) >> 16) & 0xFFFF
+
