@@ -170,6 +170,21 @@ class KeyStore:
                 rotated = True
         return rotated
 
+    def renew(self, scope: str) -> None:
+        """Replace the key of ``scope`` now, as TorchServe's token API (``/token?type=...``) does:
+        the key it replaces, and any it had replaced before, stop being valid at once; the new key
+        gets a full lifetime (``expiration_min``).
+
+        Raises:
+            ValueError: ``scope`` is not ``"management"`` or ``"inference"``, or its key was given
+                by the operator (fixed keys never change).
+        """
+        if scope not in (MANAGEMENT, INFERENCE):
+            raise ValueError(f"only the management and inference keys can be renewed, not {scope!r}")
+        if scope in self._fixed:
+            raise ValueError(f"the {scope} key was given by the operator and is never renewed")
+        self._scopes[scope] = _Scope(self._make(scope))
+
     def as_key_file(self) -> dict[str, Any]:
         """The key file's content in TorchServe's layout ("expiration time" ``null`` when keys never expire)."""
         out: dict[str, Any] = {}
@@ -332,6 +347,18 @@ class TokenAuthorization:
                  f"keys rotate every {lifetime / 120:g} min and stay valid {lifetime / 60:g} min")
         if lifetime is not None:
             self._task = asyncio.get_running_loop().create_task(self._rotate_forever())
+
+    def renew(self, scope: str) -> None:
+        """Replace the key of ``scope`` at once (:meth:`KeyStore.renew`) and rewrite the key file
+        (TorchServe's token API).
+
+        Raises:
+            ValueError: as :meth:`KeyStore.renew` (nothing changed).
+            OSError: the key file cannot be written (the new key is in force all the same).
+        """
+        self.keys.renew(scope)
+        self._write()
+        log.info("token authorization: %s key renewed, %s rewritten", scope, self.key_file)
 
     async def _rotate_forever(self) -> None:
         while True:
