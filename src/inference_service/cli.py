@@ -65,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes when TLS is on)")
     p.add_argument("--http-address", help="HTTP/1.1 inference API (TorchServe's REST API) bind address (127.0.0.1)")
     p.add_argument("--http-port", type=int, help="HTTP/1.1 inference API port (8080; 0 = any free port)")
-    p.add_argument("--no-http", action="store_true", help="do not serve the HTTP/1.1 inference API")
+    p.add_argument("--http-management-address",
+                   help="HTTP/1.1 management API (TorchServe's REST management API) bind address (127.0.0.1)")
+    p.add_argument("--http-management-port", type=int,
+                   help="HTTP/1.1 management API port (8081; 0 = any free port)")
+    p.add_argument("--no-http-management", action="store_true", help="do not serve the HTTP/1.1 management API")
+    p.add_argument("--no-http", action="store_true",
+                   help="do not serve the HTTP/1.1 APIs (neither inference nor management)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve both gRPC ports over TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path,
@@ -129,6 +135,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "health_port": args.grpc_health_port,
         "http_address": args.http_address,
         "http_port": args.http_port,
+        "http_management_address": args.http_management_address,
+        "http_management_port": args.http_management_port,
         "certificate_file": args.tls_cert,
         "private_key_file": args.tls_key,
         "client_ca_file": args.tls_client_ca,
@@ -144,9 +152,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     tls.validate(settings)
     if args.no_http:
         settings.http_port = None
-    elif settings.http_tls and (settings.certificate_file is None or settings.private_key_file is None):
-        raise ConfigError("an https:// inference_address needs certificate_file and private_key_file "
-                          "(or --tls-cert and --tls-key)")
+    if args.no_http or args.no_http_management:
+        settings.http_management_port = None
+    for key, port, https in (("inference_address", settings.http_port, settings.http_tls),
+                             ("management_address", settings.http_management_port, settings.http_management_tls)):
+        if port is not None and https and (settings.certificate_file is None or settings.private_key_file is None):
+            raise ConfigError(f"an https:// {key} needs certificate_file and private_key_file "
+                              "(or --tls-cert and --tls-key)")
     if args.ncs:
         settings.snapshot = False
     if args.disable_token_auth:
@@ -164,7 +176,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if env_key is not None and len(env_key) < 16:
             raise ConfigError(f"{name} must have at least 16 characters")
     for port in (settings.inference_port, settings.management_port, settings.health_port or 0,
-                 settings.http_port or 0, settings.metrics_port):
+                 settings.http_port or 0, settings.http_management_port or 0, settings.metrics_port):
         if not 0 <= port <= 65535:
             raise ConfigError(f"port {port} is out of range 0..65535")
     return settings

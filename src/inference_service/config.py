@@ -68,6 +68,13 @@ class Settings:
             (``http://host:port``), see :attr:`inference_http_url`.
         http_tls: serve the HTTP API over TLS (``inference_address=https://...``) with
             ``certificate_file`` / ``private_key_file``, as TorchServe.
+        http_management_address / http_management_port: TorchServe's HTTP/1.1 management API
+            (``/models``, ``/token``; 127.0.0.1:8081 as TorchServe; port 0 = ephemeral;
+            ``http_management_port`` ``None``: off, ``--no-http-management`` or ``--no-http``). Set
+            from config.properties' ``management_address`` (``http://host:port``), see
+            :attr:`management_http_url`.
+        http_management_tls: serve the HTTP management API over TLS
+            (``management_address=https://...``) with ``certificate_file`` / ``private_key_file``.
         drain_timeout_s: how long in-flight requests may finish at shutdown.
         max_backoff_s: cap of the worker restart back-off (s).
         max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
@@ -124,6 +131,9 @@ class Settings:
     http_address: str = "127.0.0.1"
     http_port: int | None = 8080
     http_tls: bool = False
+    http_management_address: str = "127.0.0.1"
+    http_management_port: int | None = 8081
+    http_management_tls: bool = False
     drain_timeout_s: float = 30.0
     max_backoff_s: float = 30.0
     max_archive_bytes: int = 10 * 1024**3
@@ -162,8 +172,7 @@ class Settings:
     @property
     def inference_http_url(self) -> str:
         """The HTTP inference API in TorchServe's ``inference_address`` form (``http://127.0.0.1:8080``)."""
-        host = f"[{self.http_address}]" if ":" in self.http_address else self.http_address
-        return f"{'https' if self.http_tls else 'http'}://{host}:{self.http_port}"
+        return _http_url(self.http_tls, self.http_address, self.http_port)
 
     @inference_http_url.setter
     def inference_http_url(self, bind: tuple[bool, str, int]) -> None:
@@ -171,15 +180,29 @@ class Settings:
         self.http_tls, self.http_address, self.http_port = bind
 
     @property
+    def management_http_url(self) -> str:
+        """The HTTP management API in TorchServe's ``management_address`` form (``http://127.0.0.1:8081``)."""
+        return _http_url(self.http_management_tls, self.http_management_address, self.http_management_port)
+
+    @management_http_url.setter
+    def management_http_url(self, bind: tuple[bool, str, int]) -> None:
+        """Set ``http_management_tls``, ``_address`` and ``_port`` from :func:`parse_http_url`'s result."""
+        self.http_management_tls, self.http_management_address, self.http_management_port = bind
+
+    @property
     def metrics_url(self) -> str:
         """The metrics API in TorchServe's ``metrics_address`` form (``http://127.0.0.1:8082``)."""
-        host = f"[{self.metrics_address}]" if ":" in self.metrics_address else self.metrics_address
-        return f"http://{host}:{self.metrics_port}"
+        return _http_url(False, self.metrics_address, self.metrics_port)
 
     @metrics_url.setter
     def metrics_url(self, bind: tuple[str, int]) -> None:
         """Set ``metrics_address`` and ``metrics_port`` (config.properties' ``metrics_address``)."""
         self.metrics_address, self.metrics_port = bind
+
+
+def _http_url(tls: bool, host: str, port: int | None) -> str:
+    """``http(s)://host:port`` as TorchServe's ``*_address`` keys spell it (IPv6 hosts in brackets)."""
+    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 # config.properties key -> (Settings field, parser)
@@ -223,7 +246,8 @@ _HTTP_URL = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[^:/\[\]]+)(?::(\d+))?/
 
 
 def parse_http_url(value: str) -> tuple[bool, str, int]:
-    """TorchServe's ``inference_address`` (``http://host[:port]``, ``https://...``) as ``(tls, host, port)``.
+    """TorchServe's ``inference_address`` / ``management_address`` (``http://host[:port]``,
+    ``https://...``) as ``(tls, host, port)``.
 
     As TorchServe, a missing port is 80 (http) or 443 (https); ``[::1]`` style IPv6 hosts
     lose their brackets.
@@ -303,6 +327,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "grpc_health_address": ("health_address", str.strip),
     "grpc_health_port": ("health_port", _int),
     "inference_address": ("inference_http_url", parse_http_url),
+    "management_address": ("management_http_url", parse_http_url),
     "drain_timeout_sec": ("drain_timeout_s", float),
     "number_of_gpu": ("number_of_gpu", _int),
     "worker_restart_max_backoff_sec": ("max_backoff_s", float),

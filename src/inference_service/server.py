@@ -1,5 +1,6 @@
 """The gRPC server: two ``grpc.aio`` servers (inference, management) over one core, plus
-TorchServe's HTTP/1.1 inference API (:mod:`inference_service.http_api`) in the same loop.
+TorchServe's HTTP/1.1 inference API (:mod:`inference_service.http_api`) and management API
+(:mod:`inference_service.http_management`) in the same loop.
 
 Start-up order: health NOT_SERVING -> bind and start -> liveness SERVING ->
 startup models load in the background -> readiness SERVING when they are ready.
@@ -33,6 +34,7 @@ from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError
 from inference_service.health import Health
 from inference_service.http_api import HttpInferenceApi, server_ssl_context
+from inference_service.http_management import HttpManagementApi, management_ssl_context
 from inference_service.metrics import ServerMetrics, Telemetry
 from inference_service.registry import RegisterRequest
 from inference_service.servicers.inference import InferenceServicer
@@ -125,6 +127,7 @@ class Server:
             fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
         self.servers: list[grpc.aio.Server] = []
         self.http_api: HttpInferenceApi | None = None
+        self.http_management: HttpManagementApi | None = None
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
@@ -171,6 +174,9 @@ class Server:
             "health_port": self.ports.get("health"),
             "http_address": self.settings.http_address if self.settings.http_port is not None else None,
             "http_port": self.ports.get("http"),
+            "http_management_address": self.settings.http_management_address
+            if self.settings.http_management_port is not None else None,
+            "http_management_port": self.ports.get("http_management"),
             "metrics_address": self.settings.metrics_address if self.metrics is not None else None,
             "metrics_port": self.ports.get("metrics"),
             "tls": self.settings.enable_grpc_ssl,
@@ -249,6 +255,15 @@ class Server:
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
+        if s.http_management_port is not None:  # TorchServe's HTTP/1.1 management API, same core
+            ssl_context = management_ssl_context(s)
+            self.http_management = HttpManagementApi(
+                self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
+                max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.ports["http_management"] = await self.http_management.start(s.http_management_address,
+                                                                              s.http_management_port)
+            log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
+                     self.ports["http_management"], "HTTPS" if ssl_context is not None else "plaintext")
         if self.metrics is not None:
             try:
                 self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
@@ -384,6 +399,8 @@ class Server:
         await asyncio.gather(*(srv.stop(0.5) for srv in self.servers))
         if self.http_api is not None:
             await self.http_api.stop()
+        if self.http_management is not None:
+            await self.http_management.stop()
         await self.core.shutdown()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.stop)
