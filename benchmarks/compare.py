@@ -164,7 +164,7 @@ def start_project(store: Path, workdir: Path) -> Server:
     proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                              "--model-store", str(store), "--models", "echo=echo.mar", "--enable-model-api",
                              "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
+                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
                             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     info = wait_for(workdir / ".inference_service" / "status.json", proc, time.monotonic() + 120)
     keys = json.loads((workdir / "key_file.json").read_text())

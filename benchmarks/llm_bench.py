@@ -48,7 +48,7 @@ def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess
     proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                              "--model-store", str(store), "--models", "smollm2=smollm2.mar",
                              "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
+                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
                             cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     status = workdir / ".inference_service" / "status.json"
     deadline = time.monotonic() + 60

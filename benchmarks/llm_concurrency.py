@@ -436,7 +436,7 @@ def start_ours(name: str, store: Path, workdir: Path, tree: Path | None = None) 
     proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                              "--model-store", str(store), "--models", f"{MODEL}={MODEL}.mar",
                              "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
+                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
                             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         info = wait_for(workdir / ".inference_service" / "status.json", proc, time.monotonic() + 120)

@@ -49,7 +49,7 @@ def main() -> int:
     proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                              "--model-store", str(work / "store"), "--models", "busy",
                              "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
+                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
                             cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         status = work / ".inference_service" / "status.json"

@@ -188,7 +188,7 @@ class ServerProcess:
         self.log_path = workdir / "server.log"
         cmd = [sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
-               "--metrics-port", "0", "--model-store", str(store), *args]
+               "--http-management-port", "0", "--metrics-port", "0", "--model-store", str(store), *args]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})

@@ -16,9 +16,9 @@ from conftest import ServerProcess, _alive, _descendants, auth_metadata
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
 TORCHSERVE_CONFIG = """\
-# config.properties as a TorchServe deployment has it (inference_address on loopback here)
+# config.properties as a TorchServe deployment has it (inference_address and management_address on loopback here)
 inference_address=http://127.0.0.1:8080
-management_address=http://0.0.0.0:8081
+management_address=http://127.0.0.1:8081
 metrics_address=http://0.0.0.0:8082
 grpc_inference_port=0
 grpc_management_port=0
@@ -47,14 +47,19 @@ def test_torchserve_config_properties_with_unsupported_keys(store, tmp_path):
         assert (desc["batchSize"], desc["maxBatchDelay"], desc["maxWorkers"]) == (3, 40, 2)
         assert srv.predict("echo", "configured") == b"configured"
         log = srv.log()
-        # (metrics_address and inference_address are supported: the Prometheus endpoint and the HTTP API)
-        for key in ("management_address", "number_of_netty_threads", "enable_envvars_config"):
+        # (metrics_address, inference_address and management_address are supported: the Prometheus endpoint
+        # and the HTTP APIs)
+        for key in ("number_of_netty_threads", "enable_envvars_config"):
             assert log.count(f"config key '{key}'") == 1, key
             assert "WARNING" in log
         # inference_address is TorchServe's HTTP API: supported; ServerProcess's --http-port 0 wins over 8080
         assert "config key 'inference_address'" not in log
         assert srv.status["http_address"] == "127.0.0.1" and srv.status["http_port"] not in (None, 0, 8080)
         assert f"HTTP inference API listening on 127.0.0.1:{srv.status['http_port']}" in log
+        # management_address is TorchServe's HTTP management API: ServerProcess's --http-management-port 0 wins
+        assert "config key 'management_address'" not in log
+        assert srv.status["http_management_address"] == "127.0.0.1"
+        assert srv.status["http_management_port"] not in (None, 0, 8081)
     finally:
         assert srv.stop() == 0
 
@@ -87,6 +92,7 @@ def test_start_and_stop_in_background(store, tmp_path):
     status = json.loads((tmp_path / ".inference_service" / "status.json").read_text())
     pid = status["pid"]
     assert status["http_port"] is None and "HTTP" not in started.stdout  # --no-http
+    assert status["http_management_port"] is None  # --no-http: neither HTTP API
     channel = grpc.insecure_channel(f"127.0.0.1:{status['inference_port']}")
     stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
     key_file = tmp_path / "key_file.json"  # token authorization is on by default

@@ -198,7 +198,7 @@ def test_metrics_port_conflict_fails_startup_and_api_can_be_off(msrv, store, tmp
     taken = msrv.status["metrics_port"]
     proc = subprocess.run([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
                            "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
-                           "--metrics-port", str(taken), "--model-store", str(store)],
+                           "--http-management-port", "0", "--metrics-port", str(taken), "--model-store", str(store)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1 and f"cannot bind the metrics API to 127.0.0.1:{taken}" in proc.stderr
     off = ServerProcess(tmp_path / "off", store, ["--disable-metrics-api"])

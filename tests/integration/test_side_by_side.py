@@ -22,7 +22,8 @@ def test_a_second_instance_never_touches_the_first_ones_files(store: Path, tmp_p
         second = subprocess.run(
             [sys.executable, "-m", "inference_service", "--start", "--run-dir", str(run_dir), "--model-store",
              str(store), "--models", "echo=echo.mar", "--workers-per-model", "1", "--grpc-inference-port", "0",
-             "--grpc-management-port", "0", "--http-port", "0", "--metrics-port", "0", "--wait-ready", "120"],
+             "--grpc-management-port", "0", "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0",
+             "--wait-ready", "120"],
             cwd=workdir, capture_output=True, text=True, timeout=180)
         assert second.returncode == 0, second.stdout + second.stderr
         assert (run_dir / "key_file.json").exists() and (run_dir / "logs" / "inference_service.log").exists()

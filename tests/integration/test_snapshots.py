@@ -24,7 +24,8 @@ def _start(workdir: Path, store: Path, *extra: str) -> ServerProcess:
     srv._log = open(srv.log_path, "ab")
     srv.proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground",
                                  "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
-                                 "--metrics-port", "0", "--model-store", str(store), "--enable-model-api", *extra],
+                                 "--http-management-port", "0", "--metrics-port", "0", "--model-store", str(store),
+                                 "--enable-model-api", *extra],
                                 cwd=workdir, stdout=srv._log, stderr=subprocess.STDOUT)
     ServerProcess._connect(srv)
     return srv

@@ -23,7 +23,8 @@ import pytest
 from conftest import ROOT, ServerProcess, _alive, auth_metadata, wait_for
 from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
 
-FREE_PORTS = ["--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0", "--metrics-port", "0"]
+FREE_PORTS = ["--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
+              "--http-management-port", "0", "--metrics-port", "0"]
 
 
 def _cli(workdir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
