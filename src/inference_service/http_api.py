@@ -11,6 +11,8 @@ Served by aiohttp in the server's asyncio loop, beside the gRPC servers, on
   gives one input per field (the field's bytes under its name), as TorchServe's
   ``InferenceRequestHandler`` builds them. Request headers reach the handler
   (``context.get_request_header``), the ``Authorization`` header excepted.
+  As TorchServe 0.12, the handler also gets the header ``url_path``: ``rest`` for
+  ``/predictions/{model_name}/{model_version}/{rest}``, ``""`` for the shorter forms.
 
 The request goes through the same worker path as gRPC: :meth:`InferenceCore.stream` (a batch
 of one) for a model with ``batchSize`` 1, :meth:`InferenceCore.predict` (dynamic batching;
@@ -183,7 +185,8 @@ class HttpInferenceApi:
         self.app = web.Application(client_max_size=max_request_size,
                                    middlewares=[self._errors_middleware, self._auth_middleware])
         self.app.router.add_get("/ping", self.ping, allow_head=False)
-        for path in ("/predictions/{model_name}", "/predictions/{model_name}/{model_version}"):
+        for path in ("/predictions/{model_name}", "/predictions/{model_name}/{model_version}",
+                     "/predictions/{model_name}/{model_version}/{url_path:.+}"):
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
@@ -263,7 +266,12 @@ class HttpInferenceApi:
                                  dumps=lambda d: json.dumps(d, indent=2))
 
     async def predictions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /predictions/{model_name}[/{model_version}]``: run the model on the request.
+        """``POST /predictions/{model_name}[/{model_version}[/{url_path}]]``: run the model on the request.
+
+        Whatever follows the version (``/predictions/llm/1.0/v1/chat/completions``) reaches the
+        handler as the request header ``url_path`` (``v1/chat/completions``; ``""`` for the shorter
+        forms, replacing a client's own ``url_path`` header), as TorchServe 0.12 passes it (its vLLM
+        handler routes on it).
 
         Steps: 1. resolve the model (404 when unknown); 2. read the body into the input map
         (413 above ``max_request_size``); 3. run it on the core, streamed for batch size 1,
@@ -274,6 +282,7 @@ class HttpInferenceApi:
         model = self.core.get(name, version)
         inputs = await self._inputs(request)
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
         if model.config.batch_size > 1:
             return web.Response(body=await self.core.predict(name, version, inputs, headers))
         return await self._stream(request, self.core.stream(name, version, inputs, headers))
