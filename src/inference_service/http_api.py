@@ -13,6 +13,8 @@ Served by aiohttp in the server's asyncio loop, beside the gRPC servers, on
   (``context.get_request_header``), the ``Authorization`` header excepted.
   As TorchServe 0.12, the handler also gets the header ``url_path``: ``rest`` for
   ``/predictions/{model_name}/{model_version}/{rest}``, ``""`` for the shorter forms.
+- ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: OpenAI's API, in
+  :mod:`inference_service.openai_api` (mounted here, answering OpenAI's error shape).
 
 The request goes through the same worker path as gRPC: :meth:`InferenceCore.stream` (a batch
 of one) for a model with ``batchSize`` 1, :meth:`InferenceCore.predict` (dynamic batching;
@@ -62,6 +64,7 @@ from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.http_open_inference import add_open_inference_routes
+from inference_service.openai_api import add_openai_routes, is_openai_path, unauthorized_response
 
 log = logging.getLogger("inference_service.http")
 
@@ -189,6 +192,7 @@ class HttpInferenceApi:
                      "/predictions/{model_name}/{model_version}/{url_path:.+}"):
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
+        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_api.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         self._runner: web.AppRunner | None = None
 
@@ -255,6 +259,8 @@ class HttpInferenceApi:
         if self.keys is not None and not self.keys.verify(INFERENCE, read_bearer(request.headers.items())):
             log.info("rejected HTTP %s %s: %s token", request.method, request.path,
                      "missing" if "Authorization" not in request.headers else "invalid")
+            if is_openai_path(request.path):
+                return unauthorized_response(request)  # OpenAI's error shape for OpenAI's clients
             return error_response(401, TOKEN_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
