@@ -1,6 +1,13 @@
-# Container image of inference-service (CPU). Build: docker build -t inference-service:0.1.0 .
-# Models are not baked in: mount a model store at /models (see deploy/kubernetes/).
-FROM python:3.11-slim
+# Container images of inference-service (CPU).
+#   server (the default):  docker build -t inference-service:0.1.0 .
+#     no models inside: deploy/kubernetes/deployment.yaml fills /models with its fetch-models
+#     initContainer (this image's `python -m inference_service.fetch_models`), or mount a store at /models.
+#   with-models:           docker build --target with-models --build-arg MODEL_STORE=model_store \
+#                              -t inference-service:0.1.0-models .
+#     the archives of MODEL_STORE (a directory in the build context) baked in at /models, for
+#     deploy/kubernetes/baked-models/deployment.yaml. Archives must be self-contained (an archive
+#     that names a directory of the build machine, as scripts/build_llm_archive's does, will not load).
+FROM python:3.11-slim AS server
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -18,6 +25,14 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constr
 RUN useradd --create-home --uid 10001 serve
 USER 10001
 WORKDIR /home/serve
-EXPOSE 7070 7071
+# gRPC inference, gRPC management (loopback unless configured), HTTP inference, metrics
+EXPOSE 7070 7071 8080 8082
 ENTRYPOINT ["inference-service", "--foreground"]
 CMD ["--model-store", "/models", "--models", "all"]
+
+FROM server AS with-models
+ARG MODEL_STORE=model_store
+COPY --chown=10001:10001 ${MODEL_STORE}/ /models/
+
+# the default target: the server without models
+FROM server
