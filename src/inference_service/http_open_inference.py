@@ -24,12 +24,13 @@ route needs ``Authorization: Bearer <inference key>``, as ``/predictions``):
   (the output's parameter ``binary_data``, else the request's ``binary_data_output``, which
   tritonclient sets by default).
 
-Errors under ``/v2`` answer the protocol's body ``{"error": "<message>"}`` (what tritonclient
+Errors of these routes answer the protocol's body ``{"error": "<message>"}`` (what tritonclient
 reads) with the HTTP API's status: 400 a bad request (wrong shape, unknown data type, bad
-JSON...), 401 missing or wrong key, 404 unknown model, version or path, 405 wrong method, 413
-above ``max_request_size``, 500 a handler error or an answer that is not a v2 response, 503 no
+JSON...), 401 missing or wrong key, 404 unknown model or version, 413 above
+``max_request_size``, 500 a handler error or an answer that is not a v2 response, 503 no
 worker / job queue full / shutting down, 504 ``responseTimeout``, 507 a response above
-``max_response_size``; a status the handler set is answered as is.
+``max_response_size``; a status the handler set is answered as is. A path or method no route
+serves (``GET /v2/models``, ``GET .../infer``) keeps the HTTP API's 404/405 and TorchServe's body.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def is_open_inference_path(path: str) -> bool:
 
 @web.middleware
 async def open_inference_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
-    """Under ``/v2``, turn the HTTP API's error body (TorchServe's ``{"code", "type", "message"}``)
-    into the protocol's ``{"error": message}``, keeping the status and headers."""
+    """For the ``/v2`` routes, turn the HTTP API's error body (TorchServe's ``{"code", "type",
+    "message"}``) into the protocol's ``{"error": message}``, keeping the status and headers.
+    A path or method no route serves keeps the HTTP API's answer (404/405, TorchServe's body)."""
     response = await handler(request)
-    if response.status < 400 or not is_open_inference_path(request.path) or not isinstance(response, web.Response):
+    if (response.status < 400 or request.match_info.http_exception is not None
+            or not is_open_inference_path(request.path) or not isinstance(response, web.Response)):
         return response
     try:
         body = json.loads(response.body) if isinstance(response.body, bytes) else None
