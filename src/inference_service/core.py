@@ -282,7 +282,8 @@ class InferenceCore:
                 entry = self.models.get(name)
                 if entry is not None and archive.version in entry.versions:
                     raise FailedPrecondition(
-                        f"model {name!r} version {archive.version!r} is already registered")
+                        f"model {name!r} version {archive.version!r} is already registered",
+                        reason="VERSION_REGISTERED")
                 model = ModelVersion(name, archive, config, handler, inference_service.__version__,
                                      self._on_health_change, req.loaded_at_startup, prepared.extra_paths,
                                      gpus=self.gpus, worker_options=self.worker_options)
@@ -329,7 +330,7 @@ class InferenceCore:
         if model.version == entry.default_version and len(entry.versions) > 1:
             raise FailedPrecondition(
                 f"version {model.version} is the default of model {name!r}; set another default "
-                "version first")
+                "version first", reason="DEFAULT_VERSION")
         await self._remove_version(name, model.version)
         log.info("unregistered model %s version %s", name, model.version)
         self.on_models_changed()

@@ -61,7 +61,13 @@ from inference_service.core import InferenceCore
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.http_api import NOT_FOUND_MESSAGE, TOKEN_MESSAGE, error_response, http_status, tls_context
 from inference_service.registry import RegisterRequest
-from inference_service.servicers.torchserve_json import describe_json
+from inference_service.servicers.torchserve_json import (
+    PROCESSING,
+    describe_json,
+    register_status,
+    scale_status,
+    unregister_status,
+)
 
 log = logging.getLogger("inference_service.http_management")
 
@@ -231,9 +237,8 @@ class HttpManagementApi:
     async def register(self, request: web.Request) -> web.Response:
         """``POST /models``: RegisterModel (see the module docstring for parameters and answers).
 
-        The core's FAILED_PRECONDITION answers 409 here: a version registered already (TorchServe's
-        ConflictStatusException); also, rarer, a server without a model store or a failed
-        ``requirements.txt`` install, which the core does not tell apart from it.
+        A version registered already answers 409 (TorchServe's ConflictStatusException); other
+        FAILED_PRECONDITION errors (no model store, a failed ``requirements.txt`` install) 400.
         """
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
@@ -246,13 +251,12 @@ class HttpManagementApi:
             setattr(req, key, integer(params, key))
         try:
             model = await self.core.register(req)
-        except FailedPrecondition as exc:  # the version is registered already: TorchServe's ConflictStatusException
-            return error_response(409, exc.message, error_type="ConflictStatusException")
-        workers = model.config.min_workers
-        registered = f'Model "{model.name}" Version: {model.version} registered with {workers} initial workers'
-        if not workers:
-            return status_response(registered + ". Use scale workers API to add workers for the model.")
-        return status_response(registered) if synchronous else status_response("Processing worker updates...", 202)
+        except FailedPrecondition as exc:
+            if exc.reason != "VERSION_REGISTERED":
+                raise
+            return error_response(409, exc.message, error_type="ConflictStatusException")  # as TorchServe
+        status = register_status(model, synchronous)
+        return status_response(status, 202 if status == PROCESSING else 200)
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /models?limit=&next_page_token=``: ListModels' JSON, names sorted."""
@@ -278,10 +282,8 @@ class HttpManagementApi:
         synchronous = boolean(query, "synchronous", False)
         model = await self.core.scale(name, version, min_worker, integer(query, "max_worker", min_worker),
                                       synchronous, integer(query, "timeout"), integer(query, "number_gpu"))
-        if not synchronous:
-            return status_response("Processing worker updates...", 202)
-        scaled = f"Workers scaled to {model.config.min_workers} for model: {name}"
-        return status_response(scaled + (f", version: {version}" if version else ""))
+        status = scale_status(model, version, synchronous)
+        return status_response(status, 202 if status == PROCESSING else 200)
 
     async def unregister(self, request: web.Request) -> web.Response:
         """``DELETE /models/{name}[/{version}]``: UnregisterModel (the default version when none is named)."""
@@ -290,9 +292,12 @@ class HttpManagementApi:
         name, version = _model(request)
         try:
             await self.core.unregister(name, version)
-        except FailedPrecondition as exc:  # the default version: TorchServe's InvalidModelVersionException
+        except FailedPrecondition as exc:
+            if exc.reason != "DEFAULT_VERSION":
+                raise
+            # the default version while others exist: TorchServe's InvalidModelVersionException
             return error_response(403, exc.message, error_type="InvalidModelVersionException")
-        return status_response(f'Model "{name}" unregistered')
+        return status_response(unregister_status(name))
 
     async def set_default(self, request: web.Request) -> web.Response:
         """``PUT /models/{name}/{version}/set-default``: SetDefault."""

@@ -12,7 +12,12 @@ from inference_service.errors import PermissionDenied
 from inference_service.metrics import Telemetry
 from inference_service.registry import RegisterRequest
 from inference_service.servicers.base import unary
-from inference_service.servicers.torchserve_json import describe_json
+from inference_service.servicers.torchserve_json import (
+    describe_json,
+    register_status,
+    scale_status,
+    unregister_status,
+)
 
 ManagementResponse = management_pb2.ManagementResponse
 
@@ -60,15 +65,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
             max_batch_delay=request.max_batch_delay, initial_workers=request.initial_workers,
             response_timeout=request.response_timeout, startup_timeout=request.startup_timeout,
             synchronous=request.synchronous))
-        workers = model.config.min_workers
-        if not workers:
-            msg = (f'Model "{model.name}" Version: {model.version} registered with 0 initial workers. '
-                   "Use scale workers API to add workers for the model.")
-        elif request.synchronous:
-            msg = f'Model "{model.name}" Version: {model.version} registered with {workers} initial workers'
-        else:
-            msg = "Processing worker updates..."
-        return ManagementResponse(msg=msg)
+        return ManagementResponse(msg=register_status(model, request.synchronous))
 
     @unary
     async def UnregisterModel(self, request: management_pb2.UnregisterModelRequest,
@@ -77,7 +74,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         (removing the default while other versions exist)."""
         self._check_model_api()
         await self.core.unregister(request.model_name, request.model_version)
-        return ManagementResponse(msg=f'Model "{request.model_name}" unregistered')
+        return ManagementResponse(msg=unregister_status(request.model_name))
 
     @unary
     async def ScaleWorker(self, request: management_pb2.ScaleWorkerRequest,
@@ -86,12 +83,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         model = await self.core.scale(request.model_name, request.model_version, request.min_worker,
                                       request.max_worker, request.synchronous, request.timeout,
                                       request.number_gpu)
-        if not request.synchronous:
-            return ManagementResponse(msg="Processing worker updates...")
-        status = f"Workers scaled to {model.config.min_workers} for model: {model.name}"
-        if request.model_version:
-            status += f", version: {request.model_version}"
-        return ManagementResponse(msg=status)
+        return ManagementResponse(msg=scale_status(model, request.model_version, request.synchronous))
 
     @unary
     async def SetDefault(self, request: management_pb2.SetDefaultRequest,

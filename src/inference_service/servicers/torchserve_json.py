@@ -1,4 +1,5 @@
-"""TorchServe's DescribeModel JSON, shaped from the registry's plain values.
+"""TorchServe's DescribeModel JSON and management status texts, shaped from the registry's
+plain values (shared by the gRPC and HTTP management APIs).
 
 The management servicer answers ``DescribeModel`` with :func:`describe_json` of
 :func:`describe_version` for each version the core returns
@@ -100,3 +101,31 @@ def describe_json(versions: list[tuple[ModelVersion, bool]]) -> str:
         versions: ``(version, is_default)`` pairs, as ``InferenceCore.versions`` returns them.
     """
     return json.dumps([describe_version(model, is_default) for model, is_default in versions], indent=2)
+
+
+PROCESSING = "Processing worker updates..."
+"""TorchServe's status text for a register or scale that is not synchronous."""
+
+
+def register_status(model: ModelVersion, synchronous: bool) -> str:
+    """TorchServe's RegisterModel status text (``ApiUtils.handleRegister``): registered with 0
+    initial workers (and a hint), with N initial workers (synchronous), or :data:`PROCESSING`."""
+    workers = model.config.min_workers
+    registered = f'Model "{model.name}" Version: {model.version} registered with {workers} initial workers'
+    if not workers:
+        return registered + ". Use scale workers API to add workers for the model."
+    return registered if synchronous else PROCESSING
+
+
+def scale_status(model: ModelVersion, version: str, synchronous: bool) -> str:
+    """TorchServe's ScaleWorker status text: ``Workers scaled to N for model: m[, version: v]``
+    (``version`` as the request named it), or :data:`PROCESSING` when not synchronous."""
+    if not synchronous:
+        return PROCESSING
+    status = f"Workers scaled to {model.config.min_workers} for model: {model.name}"
+    return status + (f", version: {version}" if version else "")
+
+
+def unregister_status(name: str) -> str:
+    """TorchServe's UnregisterModel status text: ``Model "name" unregistered``."""
+    return f'Model "{name}" unregistered'
