@@ -44,6 +44,7 @@ class _Repository:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Iterator[_Repository]:
+    """A repository serving ``/releases/echo.mar`` (an archive) and ``/releases/page.mar`` (HTML)."""
     root = tmp_path / "repository" / "releases"
     root.mkdir(parents=True)
     build_mar(root, "echo", "echo_handler.py")
