@@ -48,6 +48,8 @@ from inference_service.open_inference import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    convert,
+    element_total,
     infer,
     make_input,
     model_metadata,
@@ -262,8 +264,9 @@ class OpenInferenceRoutes:
         name, version = request.match_info["model_name"], _version(request)
         self.core.get(name, version)
         body = await request.read()
-        infer_request = request_from_http(body, request.headers.get(HEADER_LENGTH), name, version)
+        infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
+                                      size=len(body))
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
         response = await infer(self.core, infer_request, headers)
-        return response_to_http(infer_request, response)
+        return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))
 

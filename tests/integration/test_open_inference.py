@@ -183,6 +183,25 @@ def test_bytes_and_int64(oip, pb2):
     assert struct.unpack("<2q", response.raw_output_contents[0]) == (5, -(2**63))
 
 
+def test_large_tensor_round_trip(oip):
+    """100,000 elements (converted in a worker thread, off the event loop) both ways, gRPC and HTTP."""
+    n = 100_000
+    values = [float(i) / 8 for i in range(n)]
+    request = kserve_pb2.ModelInferRequest(model_name="oip_echo")
+    request.inputs.add(name="x", datatype="FP32", shape=[n])
+    request.raw_input_contents.append(struct.pack(f"<{n}f", *values))
+    response = stub(oip, kserve_pb2).ModelInfer(request, timeout=120)
+    assert list(struct.unpack(f"<{n}f", response.raw_output_contents[0])) == values
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [n],
+                                   "parameters": {"binary_data_size": 4 * n}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    status, headers, answer = http(oip, "POST", "/v2/models/oip_echo/infer",
+                                   head + struct.pack(f"<{n}i", *range(-n, 0)),
+                                   {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 200, answer[:300]
+    assert struct.unpack(f"<{n}i", answer[int(headers["Inference-Header-Content-Length"]):]) == tuple(range(-n, 0))
+
+
 def test_fp16_output_goes_raw(oip):
     request = kserve_pb2.ModelInferRequest(model_name="oip_echo")
     request.inputs.add(name="b", datatype="BOOL", shape=[1]).contents.bool_contents.append(True)

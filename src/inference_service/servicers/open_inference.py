@@ -37,6 +37,8 @@ from inference_service.open_inference import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    convert,
+    element_total,
     infer,
     make_input,
     model_metadata,
@@ -167,7 +169,8 @@ class OpenInferenceServicer:
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Run the request on the model: proto to :class:`InferRequest`, the core, answer to proto."""
         self.core.get(request.model_name, request.model_version)  # an unknown model is NOT_FOUND, whatever it holds
-        infer_req = infer_request(request)
+        infer_req = await convert(infer_request, request, size=request.ByteSize())
         response = await infer(self.core, infer_req, request_headers(context), context.time_remaining())
-        return infer_response(self.pb2, response, raw=bool(request.raw_input_contents))
+        return await convert(infer_response, self.pb2, response, bool(request.raw_input_contents),
+                             size=element_total(response.outputs))
 

@@ -4,9 +4,11 @@ answer, the HTTP body parser (binary tensor data extension) and the proto conver
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
+import threading
 
 import pytest
 
@@ -16,8 +18,10 @@ from inference_service.errors import HandlerError, InvalidArgument
 from inference_service.http_open_inference import request_from_http, response_to_http
 from inference_service.oip_tensors import DATATYPES, decode_raw, element_count, encode_raw, flatten
 from inference_service.open_inference import (
+    OFFLOAD_SIZE,
     InferRequest,
     RequestedOutput,
+    convert,
     make_input,
     parse_answer,
     select_outputs,
@@ -263,3 +267,13 @@ def test_proto_answer_typed_unless_raw_asked_or_needed(pb2):
     overflow = {"outputs": [{"name": "h", "datatype": "FP16", "shape": [1], "data": [1e10]}]}
     with pytest.raises(HandlerError, match="do not fit FP16"):
         infer_response(pb2, parse_answer(json.dumps(overflow).encode(), _request(), "1"), raw=True)
+
+
+def test_large_conversions_leave_the_event_loop():
+    async def main() -> tuple[str, str]:
+        small = await convert(lambda: threading.current_thread().name, size=OFFLOAD_SIZE - 1)
+        large = await convert(lambda: threading.current_thread().name, size=OFFLOAD_SIZE)
+        return small, large
+
+    small, large = asyncio.run(main())
+    assert small == threading.main_thread().name and large != small
