@@ -46,7 +46,7 @@ from inference_service.archive_extract import (
     sanitize_archive_name,
 )
 from inference_service.archive_fetch import UrlPolicy, fetch_archive
-from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from inference_service.errors import FailedPrecondition, InvalidArgument, NotFound, shorten
 from inference_service.model_url import (
     RELATIVE_PATH_MESSAGE,
     has_parent_segment,
@@ -125,6 +125,8 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
             archive, a ``..`` segment, or an absolute path outside the model store.
         FailedPrecondition: the server has no model store.
         NotFound: nothing exists at that path (or a link in the store points nowhere).
+        InvalidArgument: a name the file system cannot hold (over 255 bytes an element, 4096
+            the path).
     """
     if not url:
         raise InvalidArgument("url is required: the model archive's file name in the model store")
@@ -153,8 +155,12 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
         else:
             raise InvalidArgument(f"model url {url!r} is outside the model store {store}")
     path = store / path
-    if not path.exists():
-        raise NotFound(f"model archive {url!r} not found in the model store {store}")
+    try:
+        found = path.exists()
+    except OSError as exc:  # ENAMETOOLONG, ELOOP...: no archive can have that name
+        raise InvalidArgument(f"model url {shorten(url)!r} cannot name a file: {exc.strerror}") from None
+    if not found:
+        raise NotFound(f"model archive {shorten(url)!r} not found in the model store {store}")
     return path
 
 

@@ -249,12 +249,18 @@ def read_bearer(metadata: Any) -> str | None:
 def _denying_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as ``handler`` that aborts with UNAUTHENTICATED."""
 
+    # The status is set, not raised with context.abort: grpc.aio keeps an abort's exception, and
+    # with it the frame holding the request, until the cycle collector runs (see
+    # servicers.base._end_with), so large requests without a key would pile up in memory.
     async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_details(message)
 
     async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - abort raises
+        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_details(message)
+        return
+        yield  # pragma: no cover - makes this an async generator, as gRPC expects of a stream handler
 
     kwargs = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}

@@ -30,6 +30,7 @@ from inference_service.errors import (
     ResourceExhausted,
     Unavailable,
     WorkerLoadError,
+    shorten,
 )
 from inference_service.jobs import Job, Kind
 from inference_service.model import ModelVersion
@@ -98,11 +99,11 @@ class InferenceCore:
             raise InvalidArgument("model_name is required")
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"model {name!r} is not registered")
+            raise NotFound(f"model {shorten(name)!r} is not registered")
         ver = version or entry.default_version
         model = entry.versions.get(ver)
         if model is None:
-            raise NotFound(f"model {name!r} has no version {version!r}")
+            raise NotFound(f"model {name!r} has no version {shorten(version)!r}")
         return model
 
     # --------------------------------------------------------------- inference

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import grpc
 
+MAX_ECHOED = 300
+"""Characters of a client's value (a name, a URL) quoted in an error message at most."""
+
+
+def shorten(text: str, limit: int = MAX_ECHOED) -> str:
+    """``text``, cut to ``limit`` characters with "..." when longer: error messages quote what
+    the client sent, and a 20,000-character model name would push the status past the 8 KiB
+    header size clients accept."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
 
 class InferenceError(Exception):
     """Base of every error a client may see.

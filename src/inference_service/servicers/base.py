@@ -31,7 +31,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.errors import InferenceError, InvalidArgument, shorten
 from inference_service.metrics import Telemetry
 from inference_service.servicers.registration import Malformed
 
@@ -40,6 +40,7 @@ log = logging.getLogger("inference_service.rpc")
 T = TypeVar("T")
 INTERNAL_MESSAGE = "Internal server error"
 DOMAIN = "inference-service"
+MAX_MESSAGE = 1000  # characters of an error message sent
 _OK = grpc.StatusCode.OK
 
 
@@ -49,7 +50,7 @@ def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
     for field in ("model_name", "model_version"):
         value = getattr(request, field, "")
         if isinstance(value, str) and value:
-            metadata[field] = value
+            metadata[field] = shorten(value)
     details = []
     info = any_pb2.Any()
     info.Pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=metadata))
@@ -60,7 +61,10 @@ def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
         delay.FromMilliseconds(int(exc.retry_after_s * 1000))
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
-    return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=exc.message, details=details))
+    # the message goes out twice (grpc-message and the details): bounded, so that the status fits
+    # the 8 KiB of headers clients accept whatever the request quoted
+    message = shorten(exc.message, MAX_MESSAGE)
+    return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=message, details=details))
 
 
 def as_inference_error(exc: BaseException, method: str) -> InferenceError:
@@ -71,11 +75,23 @@ def as_inference_error(exc: BaseException, method: str) -> InferenceError:
     return InferenceError(INTERNAL_MESSAGE)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str, request: Any = None) -> None:
-    """End the RPC with the status of ``exc`` (see the module docstring). Always raises."""
-    exc = as_inference_error(exc, method)
-    status = rich_status(exc, request)
-    await context.abort(status.code, status.details, status.trailing_metadata)
+def _failure(exc: BaseException, method: str, request: Any) -> tuple[grpc.Status, grpc.StatusCode, str]:
+    """The status an RPC that raised ``exc`` ends with, and its code and reason."""
+    error = as_inference_error(exc, method)
+    return rich_status(error, request), error.code, error.reason
+
+
+def _end_with(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
+    """Make ``status`` (with its trailers) the RPC's status; the servicer method then returns.
+
+    Not ``context.abort``: grpc.aio keeps the ``AbortError`` it raises on the call's state, and
+    its traceback holds the servicer's frames with the request, in a reference cycle only the
+    cycle collector frees, which large requests (few Python objects each) seldom trigger: each
+    refused request of megabytes stayed in the server's memory for a long time.
+    """
+    context.set_code(status.code)
+    context.set_details(status.details)
+    context.set_trailing_metadata(status.trailing_metadata)
 
 
 def check_parsed(request: Any) -> None:
@@ -125,22 +141,22 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         peer = telemetry.peer(context) if telemetry is not None else ""
         code, reason = _OK, ""
         try:
-            check_parsed(request)
-            return await method(self, request, context)
-        except grpc.aio.AbortError:
-            code = _aborted_code(context)
-            raise
-        except asyncio.CancelledError:
-            code, reason = _client_gone(context)
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-            error = as_inference_error(exc, name)
-            code, reason = error.code, error.reason
-            await abort(context, error, name, request)
+            try:
+                check_parsed(request)
+                return await method(self, request, context)
+            except grpc.aio.AbortError:
+                code = _aborted_code(context)
+                raise
+            except asyncio.CancelledError:
+                code, reason = _client_gone(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+                status, code, reason = _failure(exc, name, request)
+            _end_with(context, status)
+            return None  # type: ignore[return-value] # gRPC sends no message with a non-OK status
         finally:
             if telemetry is not None:
                 telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0)
-        raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     return wrapper
 
@@ -155,21 +171,23 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
         peer = telemetry.peer(context) if telemetry is not None else ""
         code, reason, messages = _OK, "", 0
         try:
-            if parsed:
-                check_parsed(request)
-            async for item in method(self, request, context):
-                yield item
-                messages += 1  # gRPC asks for the next item once this one is written
-        except grpc.aio.AbortError:
-            code = _aborted_code(context)
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            code, reason = _client_gone(context)
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-            error = as_inference_error(exc, name)
-            code, reason = error.code, error.reason
-            await abort(context, error, name, request)
+            status = None
+            try:
+                if parsed:
+                    check_parsed(request)
+                async for item in method(self, request, context):
+                    yield item
+                    messages += 1  # gRPC asks for the next item once this one is written
+            except grpc.aio.AbortError:
+                code = _aborted_code(context)
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code, reason = _client_gone(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+                status, code, reason = _failure(exc, name, request)
+            if status is not None:
+                _end_with(context, status)
         finally:
             if telemetry is not None:
                 telemetry.rpc_done(name, request, peer, code, reason, start, messages)
