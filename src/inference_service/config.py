@@ -92,6 +92,9 @@ class Settings:
         metrics_mode: TorchServe's key: ``"log"`` (default) logs handler metrics in the worker
             (TorchServe's StatsD-like lines); ``"prometheus"`` forwards them to ``/metrics``
             instead. Frontend metrics are on ``/metrics`` in both (``"legacy"`` is ``"log"``).
+        service_envelope: TorchServe's request envelope around every model's handler
+            (``body``, ``json``, ``kserve``, ``kservev2``; ``None``: none), as its
+            ``service_envelope`` key, which applies to every model.
     """
 
     inference_address: str = "127.0.0.1"
@@ -148,6 +151,7 @@ class Settings:
     metrics_port: int = 8082
     enable_metrics_api: bool = True
     metrics_mode: str = "log"
+    service_envelope: str | None = None
 
     @property
     def instance_dir(self) -> Path:
@@ -338,6 +342,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "enable_access_log": ("access_log", _bool),
     "log_format": ("log_format", _choice("plain", "json")),
     "log_level": ("log_level", _level),
+    "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
 }
 
 

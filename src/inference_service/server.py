@@ -114,6 +114,7 @@ class Server:
             # metrics to /metrics instead of logging them
             worker_options=WorkerOptions(
                 log_level=settings.log_level,
+                service_envelope=settings.service_envelope,
                 metrics_sink=self.metrics.handler_metrics
                 if self.metrics is not None and settings.metrics_mode == "prometheus" else None),
         )

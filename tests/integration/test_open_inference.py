@@ -26,10 +26,10 @@ import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpc_status import rpc_status
-from open_inference_models import build_models
+from open_inference_models import build_models, doubler_weights
 from torchserve_wheel import extract_torchserve_protos
 
-from conftest import ServerProcess, auth_metadata, read_key
+from conftest import ServerProcess, auth_metadata, build_mar, read_key
 from inference_service._proto import grpc_predict_v2_pb2 as kserve_pb2
 from inference_service._proto import grpc_predict_v2_pb2_grpc as kserve_grpc
 from inference_service._proto import open_inference_grpc_pb2 as ts_pb2
@@ -225,6 +225,42 @@ def test_kservev2_envelope_handler(oip):
     assert status == 200, answer
     assert json.loads(answer) == {"model_name": "oip_kservev2", "model_version": "1.0", "id": "h", "outputs": [
         {"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [2.0, 4.0, 6.0, 8.0]}]}
+
+
+def test_service_envelope_wraps_an_unmodified_torchserve_handler(tmp_path):
+    """``service_envelope=kservev2`` in config.properties wraps every model's handler in the
+    envelope, as TorchServe does, so a handler written for it runs unchanged."""
+    store = tmp_path / "store"
+    store.mkdir()
+    weights = doubler_weights(store / "doubler.pt")
+    build_mar(store, "env_doubler", "kservev2_doubler_handler.py", serialized=str(weights),
+              model_file="doubler_model.py")
+    config = tmp_path / "config.properties"
+    config.write_text("service_envelope=kservev2\n")
+    srv = ServerProcess(tmp_path / "work", store, ["--ts-config", str(config), "--workers-per-model", "1",
+                                                   "--models", "env_doubler=env_doubler.mar"])
+    try:
+        srv.wait_workers("env_doubler", 1, timeout=120)
+        response = stub(srv, kserve_pb2).ModelInfer(
+            fp32_request(kserve_pb2, "env_doubler", [[1.0, 2.0], [3.0, 4.0]], id="e"), timeout=60)
+        (output,) = response.outputs
+        assert (response.id, output.name, list(output.shape)) == ("e", "INPUT0", [2, 2])
+        assert list(output.contents.fp32_contents) == [2.0, 4.0, 6.0, 8.0]
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [5, 6]}]})
+        status, _, answer = http(srv, "POST", "/v2/models/env_doubler/infer", body.encode())
+        assert status == 200, answer
+        assert json.loads(answer)["outputs"] == [{"name": "x", "datatype": "FP32", "shape": [1, 2],
+                                                  "data": [10.0, 12.0]}]
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_unknown_service_envelope_is_refused_at_start(tmp_path):
+    config = tmp_path / "config.properties"
+    config.write_text("service_envelope=soap\n")
+    proc = subprocess.run([sys.executable, "-m", "inference_service", "--foreground", "--ncs", "--ts-config",
+                           str(config)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode != 0 and "service_envelope" in proc.stderr + proc.stdout
 
 
 # --------------------------------------------------------------------------- errors

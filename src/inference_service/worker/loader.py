@@ -26,6 +26,9 @@ loop of its own, before the worker's serving loop starts.
 The module is looked up as ``<name>.py`` in the model directory, else as an
 importable (dotted) module, else as a built-in ``ts.torch_handler.<name>``
 (TorchServe's ``_load_default_handler``).
+
+With ``service_envelope`` configured, the resolved ``handle`` is wrapped in that request
+envelope (:mod:`inference_service.handler.envelopes`), as TorchServe's loader does.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
+from inference_service.handler import envelopes
 from inference_service.handler.context import Context
 
 #: The function a module without ``:function`` is served by, when it has one (TorchServe's default).
@@ -112,14 +116,17 @@ def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
         asyncio.run(drain())
 
 
-def load_service(handler: str, model_dir: str, context: Context) -> Service:
-    """Import and initialise the handler named by ``handler`` (precedence: see the module docstring).
+def load_service(handler: str, model_dir: str, context: Context, envelope: str | None = None) -> Service:
+    """Import and initialise the handler named by ``handler`` (precedence: see the module
+    docstring), wrapped in the request ``envelope`` if one is named (as TorchServe's model
+    loader wraps the entry point: ``envelope_class(entry_point).handle``).
 
     Args:
         handler: the manifest's (or RegisterModel's) handler entry point.
         model_dir: the extracted archive directory (put first on ``sys.path``).
         context: the worker's context, passed to ``initialize`` (or to a function entry
             point's load-time call with ``data=None``).
+        envelope: ``service_envelope`` (``body``, ``json``, ``kserve``, ``kservev2``) or ``None``.
 
     Returns:
         The ready :class:`Service`.
@@ -129,6 +136,17 @@ def load_service(handler: str, model_dir: str, context: Context) -> Service:
             ``handle`` function and not exactly one class; or its import, the
             load-time call or ``initialize`` raised (the message carries the cause).
     """
+    service = _load(handler, model_dir, context)
+    if not envelope:
+        return service
+    try:
+        wrapped = envelopes.wrap(service.handle, envelope)
+    except ValueError as exc:
+        raise HandlerLoadError(str(exc)) from exc
+    return replace(service, handle=wrapped, description=f"{service.description} in the {envelope} envelope")
+
+
+def _load(handler: str, model_dir: str, context: Context) -> Service:
     if not handler:
         raise HandlerLoadError("no handler given: set the manifest's handler or RegisterModel's handler")
     if model_dir not in sys.path:

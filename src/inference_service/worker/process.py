@@ -57,10 +57,13 @@ class WorkerOptions:
         log_level: the workers' logging level name (the server's ``--log-level``).
         metrics_sink: where handler metrics go (``metrics_mode=prometheus``); ``None`` (the
             default) makes workers log them instead, in TorchServe's format.
+        service_envelope: the request envelope wrapped around every handler
+            (``service_envelope``; ``None``: none).
     """
 
     log_level: str = "INFO"
     metrics_sink: MetricsSink | None = None
+    service_envelope: str | None = None
 
 
 class WorkerProcess:
@@ -83,6 +86,7 @@ class WorkerProcess:
         self.metrics_sink = options.metrics_sink
         spec.forward_metrics = options.metrics_sink is not None
         spec.log_level = options.log_level
+        spec.envelope = options.service_envelope
         self.concurrent = spec.mode != protocol.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
         spec.stream_window = 0 if spec.mode == protocol.MODE_ASYNC else protocol.STREAM_WINDOW

@@ -322,6 +322,8 @@ class WorkerSpec:
             (TorchServe's ``asyncCommunication``: ``async def handle`` per request).
         max_running: most requests the worker runs at once in ``continuous`` and
             ``async`` mode (the frontend never sends more).
+        envelope: TorchServe's request envelope to wrap the handler in (``service_envelope``:
+            ``body``, ``json``, ``kserve``, ``kservev2``), ``None`` for none.
     """
 
     model_name: str
@@ -342,6 +344,7 @@ class WorkerSpec:
     stream_window: int = 0
     mode: str = MODE_BATCH
     max_running: int = 1
+    envelope: str | None = None
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""

@@ -69,7 +69,7 @@ class Worker:
 
     def load(self) -> None:
         """Load the handler. Raises HandlerLoadError with the cause."""
-        self.service = load_service(self.spec.handler, self.spec.model_dir, self.context)
+        self.service = load_service(self.spec.handler, self.spec.model_dir, self.context, self.spec.envelope)
 
     @property
     def handler_object(self) -> Any:
