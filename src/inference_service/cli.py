@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from inference_service import tls
+from inference_service import __version__, tls
 from inference_service.accesslog import configure_logging
 from inference_service.config import ConfigError, Settings, apply_properties, read_properties
 from inference_service.launcher import DEFAULT_WAIT_READY_S, pid_file, running_pid, start_background, stop_instance
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="inference-service",
         description="gRPC model server, wire-compatible with TorchServe's gRPC APIs.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                   help="print the version and exit")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--start", action="store_true",
                       help="start the server (default) in the background; returns once the startup models are "
