@@ -29,6 +29,11 @@ those families, as TorchServe's API does. What is exported:
   name, labelled with the metric's dimensions plus ``Hostname`` (TorchServe's form):
   a ``Counter`` (exposed as ``<name>_total``, as ``prometheus_client`` names counters),
   a ``Gauge``, or for ``histogram`` metrics a ``Histogram`` with the default buckets.
+- TorchServe's system metrics, read at scrape time (:mod:`inference_service.system_metrics`):
+  gauges ``CPUUtilization``, ``MemoryUsed``, ``MemoryAvailable``, ``MemoryUtilization``,
+  ``DiskUsage``, ``DiskUtilization``, ``DiskAvailable`` (labels ``Level="Host"``,
+  ``Hostname``) and, only when ``nvidia-smi`` lists a GPU, ``GPUMemoryUtilization``,
+  ``GPUMemoryUsed``, ``GPUUtilization`` (also ``DeviceId``).
 
 This module knows neither the core nor jobs: it reads the :class:`StatsSource` and
 :class:`VersionStats` protocols, and is handed plain numbers when requests end.
@@ -63,6 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString
 
 from inference_service.handler_metrics_export import HandlerMetricsExporter, HandlerUpdate
+from inference_service.system_metrics import SystemMetricsCollector
 
 if TYPE_CHECKING:
     from inference_service.accesslog import AccessLog
@@ -211,6 +217,7 @@ class ServerMetrics:
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
         self.source: StatsSource | None = None
         self.registry.register(_Collector(self))
+        self.registry.register(SystemMetricsCollector(self.hostname))
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
