@@ -43,7 +43,7 @@ class ModelHealthServicer(HealthServicer):
         """The service's status; aborts with NOT_FOUND for an unknown service."""
         status = self._server_status.get(request.service)
         if status is None or status == SERVICE_UNKNOWN:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND)  # no details, as grpc's own servicer
         return health_pb2.HealthCheckResponse(status=status)
 
 
