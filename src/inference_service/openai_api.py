@@ -56,33 +56,28 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError
+from inference_service.openai_format import (
+    AnswerFormat,
+    ChatFormat,
+    CompletionFormat,
+    final_outcome,
+    sse_event,
+)
 from inference_service.openai_schemas import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    Completion,
-    CompletionChoice,
-    CompletionChunk,
     CompletionRequest,
-    Delta,
     ErrorBody,
     ErrorResponse,
-    FinishReason,
     ModelCard,
     ModelList,
-    ResponseMessage,
-    Usage,
     validation_error_param,
 )
 
@@ -150,102 +145,7 @@ class OpenAIError(Exception):
         """The error as a server-sent event, for a stream whose status line is gone already."""
         body = ErrorResponse(error=ErrorBody(message=self.message, type=error_type(self.status), param=self.param,
                                              code=self.code))
-        return _sse(body)
-
-
-def _sse(model: BaseModel, exclude: set[str] | None = None) -> bytes:
-    return b"data: " + model.model_dump_json(exclude=exclude).encode() + b"\n\n"
-
-
-def _outcome(payload: bytes) -> tuple[str, FinishReason, Usage | None]:
-    """``(remaining text, finish reason, usage)`` from a handler's final message.
-
-    The LLM handler's final message with ``include_usage`` is ``{"text", "finish_reason",
-    "usage": {"prompt_tokens", "completion_tokens"}}`` (:func:`inference_service.llm.generation.final_message`);
-    any other final message (another handler) is text, finish reason ``stop``, usage unknown.
-    """
-    obj: Any = None
-    if payload[:1] == b"{":
-        with contextlib.suppress(ValueError):
-            obj = json.loads(payload)
-    if not (isinstance(obj, dict) and isinstance(obj.get("text"), str) and "finish_reason" in obj):
-        return payload.decode("utf-8", "replace"), "stop", None
-    reason: FinishReason = "length" if obj["finish_reason"] == "length" else "stop"
-    counts = obj.get("usage")
-    usage = None
-    if isinstance(counts, dict) and isinstance(counts.get("prompt_tokens"), int) \
-            and isinstance(counts.get("completion_tokens"), int):
-        usage = Usage(prompt_tokens=counts["prompt_tokens"], completion_tokens=counts["completion_tokens"],
-                      total_tokens=counts["prompt_tokens"] + counts["completion_tokens"])
-    return obj["text"], reason, usage
-
-
-class _Format(Protocol):
-    """How one endpoint shapes its answers (chat or text completion)."""
-
-    def opening(self) -> list[BaseModel]: ...
-    def piece(self, text: str) -> BaseModel: ...
-    def closing(self, text: str, reason: FinishReason) -> list[BaseModel]: ...
-    def usage(self, usage: Usage) -> BaseModel: ...
-    def whole(self, text: str, reason: FinishReason, usage: Usage | None) -> BaseModel: ...
-
-
-class _ChatFormat:
-    """``chat.completion`` / ``chat.completion.chunk`` answers of one request."""
-
-    def __init__(self, model: str) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-
-    def _chunk(self, delta: Delta, reason: FinishReason | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=reason)])
-
-    def opening(self) -> list[BaseModel]:
-        return [self._chunk(Delta(role="assistant", content=""))]
-
-    def piece(self, text: str) -> BaseModel:
-        return self._chunk(Delta(content=text))
-
-    def closing(self, text: str, reason: FinishReason) -> list[BaseModel]:
-        return [*([self.piece(text)] if text else []), self._chunk(Delta(), reason)]
-
-    def usage(self, usage: Usage) -> BaseModel:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
-
-    def whole(self, text: str, reason: FinishReason, usage: Usage | None) -> BaseModel:
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, usage=usage,
-                              choices=[ChatChoice(message=ResponseMessage(content=text), finish_reason=reason)])
-
-
-class _CompletionFormat:
-    """``text_completion`` answers (whole and chunks) of one request."""
-
-    def __init__(self, model: str) -> None:
-        self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-
-    def _chunk(self, text: str, reason: FinishReason | None = None) -> CompletionChunk:
-        return CompletionChunk(id=self.id, created=self.created, model=self.model,
-                               choices=[CompletionChoice(text=text, finish_reason=reason)])
-
-    def opening(self) -> list[BaseModel]:
-        return []
-
-    def piece(self, text: str) -> BaseModel:
-        return self._chunk(text)
-
-    def closing(self, text: str, reason: FinishReason) -> list[BaseModel]:
-        return [self._chunk(text, reason)]
-
-    def usage(self, usage: Usage) -> BaseModel:
-        return CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
-
-    def whole(self, text: str, reason: FinishReason, usage: Usage | None) -> BaseModel:
-        return Completion(id=self.id, created=self.created, model=self.model, usage=usage,
-                          choices=[CompletionChoice(text=text, finish_reason=reason)])
+        return sse_event(body)
 
 
 def _generation_body(request: ChatCompletionRequest | CompletionRequest, token_limit: int | None) -> dict[str, Any]:
@@ -357,13 +257,13 @@ class OpenAIApi:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
                     for m in chat.messages]
         body = {"messages": messages, **_generation_body(chat, chat.token_limit)}
-        return await self._run(request, chat, body, _ChatFormat(chat.model))
+        return await self._run(request, chat, body, ChatFormat(chat.model))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (the answers and errors are in the module docstring)."""
         completion = await self._parse(request, CompletionRequest)
         body = {"prompt": completion.prompt, **_generation_body(completion, completion.token_limit)}
-        return await self._run(request, completion, body, _CompletionFormat(completion.model))
+        return await self._run(request, completion, body, CompletionFormat(completion.model))
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body.
@@ -380,7 +280,7 @@ class OpenAIApi:
             raise OpenAIError(400, message, param=param) from None
 
     async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
-                   body: dict[str, Any], fmt: _Format) -> web.StreamResponse:
+                   body: dict[str, Any], fmt: AnswerFormat) -> web.StreamResponse:
         """Run the handler's request on the core and answer in ``fmt``'s shape.
 
         1. Resolve ``model`` (404), start the core's stream and wait for its first message:
@@ -403,13 +303,13 @@ class OpenAIApi:
             while not final:
                 payload, final = await anext(stream)
                 parts.append(payload)
-            text, reason, usage = _outcome(parts[-1])
+            text, reason, usage = final_outcome(parts[-1])
             text = b"".join(parts[:-1]).decode("utf-8", "replace") + text
             return web.Response(text=fmt.whole(text, reason, usage).model_dump_json(),
                                 content_type="application/json")
 
     async def _stream(self, request: web.Request, stream: AsyncGenerator[tuple[bytes, bool], None],
-                      first: tuple[bytes, bool], fmt: _Format, include_usage: bool) -> web.StreamResponse:
+                      first: tuple[bytes, bool], fmt: AnswerFormat, include_usage: bool) -> web.StreamResponse:
         """Send the server-sent events of a streamed answer (step 2 of :meth:`_run`)."""
         exclude = None if include_usage else {"usage"}
         response = web.StreamResponse(headers=_SSE_HEADERS)
@@ -419,16 +319,16 @@ class OpenAIApi:
             await response.prepare(request)
             while True:
                 if final:
-                    text, reason, usage = _outcome(payload)
+                    text, reason, usage = final_outcome(payload)
                     events += fmt.closing(text, reason)
                     if include_usage and usage is not None:
                         events.append(fmt.usage(usage))
-                    await response.write(b"".join(_sse(event, exclude) for event in events) + _DONE)
+                    await response.write(b"".join(sse_event(event, exclude) for event in events) + _DONE)
                     break
                 if payload:
                     events.append(fmt.piece(payload.decode("utf-8", "replace")))
                 if events:
-                    await response.write(b"".join(_sse(event, exclude) for event in events))
+                    await response.write(b"".join(sse_event(event, exclude) for event in events))
                     events = []
                 payload, final = await anext(stream)
             await response.write_eof()

@@ -18,15 +18,8 @@ from inference_service.errors import (
 )
 from inference_service.http_api import http_status
 from inference_service.llm.requests import REQUEST_FIELDS, parse_request
-from inference_service.openai_api import (
-    OpenAIApi,
-    _ChatFormat,
-    _CompletionFormat,
-    _generation_body,
-    _outcome,
-    _sse,
-    is_openai_path,
-)
+from inference_service.openai_api import OpenAIApi, _generation_body, is_openai_path
+from inference_service.openai_format import ChatFormat, CompletionFormat, final_outcome, sse_event
 from inference_service.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -87,12 +80,12 @@ def test_validation_problems_name_the_field(body, expected):
 def test_final_message_forms():
     final = json.dumps({"text": "end", "finish_reason": "length",
                         "usage": {"prompt_tokens": 3, "completion_tokens": 4}}).encode()
-    assert _outcome(final) == ("end", "length", Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7))
-    assert _outcome(b'{"text": "", "finish_reason": "stop"}') == ("", "stop", None)
-    assert _outcome(b'{"text": "", "finish_reason": "cancelled", "usage": {}}') == ("", "stop", None)
-    assert _outcome(b"plain \xff text") == ("plain \ufffd text", "stop", None)
-    assert _outcome(b'{"other": 1}') == ('{"other": 1}', "stop", None)
-    assert _outcome(b"{broken") == ("{broken", "stop", None)
+    assert final_outcome(final) == ("end", "length", Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7))
+    assert final_outcome(b'{"text": "", "finish_reason": "stop"}') == ("", "stop", None)
+    assert final_outcome(b'{"text": "", "finish_reason": "cancelled", "usage": {}}') == ("", "stop", None)
+    assert final_outcome(b"plain \xff text") == ("plain \ufffd text", "stop", None)
+    assert final_outcome(b'{"other": 1}') == ('{"other": 1}', "stop", None)
+    assert final_outcome(b"{broken") == ("{broken", "stop", None)
 
 
 def test_inference_errors_map_to_openai_statuses():
@@ -121,17 +114,17 @@ def test_inference_errors_map_to_openai_statuses():
 
 
 def test_chunk_shapes():
-    chat = _ChatFormat("m")
-    opening = json.loads(_sse(chat.opening()[0], {"usage"})[6:])
+    chat = ChatFormat("m")
+    opening = json.loads(sse_event(chat.opening()[0], {"usage"})[6:])
     assert opening["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                    "finish_reason": None, "logprobs": None}]
     assert "usage" not in opening and opening["object"] == "chat.completion.chunk"
-    closing = [json.loads(_sse(c)[6:]) for c in chat.closing("", "stop")]
+    closing = [json.loads(sse_event(c)[6:]) for c in chat.closing("", "stop")]
     assert len(closing) == 1 and closing[0]["choices"][0]["delta"] == {} and closing[0]["usage"] is None
-    usage = json.loads(_sse(chat.usage(Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3)))[6:])
+    usage = json.loads(sse_event(chat.usage(Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3)))[6:])
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 3
-    text = _CompletionFormat("m")
-    last = [json.loads(_sse(c, {"usage"})[6:]) for c in text.closing("tail", "length")]
+    text = CompletionFormat("m")
+    last = [json.loads(sse_event(c, {"usage"})[6:]) for c in text.closing("tail", "length")]
     assert last == [{"id": text.id, "object": "text_completion", "created": text.created, "model": "m",
                      "choices": [{"index": 0, "text": "tail", "finish_reason": "length", "logprobs": None}]}]
 
