@@ -33,6 +33,7 @@ from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError
 from inference_service.health import Health
+from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.http_api import HttpInferenceApi, server_ssl_context
 from inference_service.http_management import HttpManagementApi, management_ssl_context
 from inference_service.metrics import ServerMetrics, Telemetry
@@ -420,6 +421,7 @@ class Server:
 
 async def serve(settings: Settings) -> int:
     """Run a server until SIGTERM or SIGINT, then shut down gracefully. Returns the exit status."""
+    return_large_buffers_to_the_os()
     server = Server(settings)
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()

@@ -130,6 +130,15 @@ def fsrv(store: Path, tmp_path_factory: pytest.TempPathFactory):
                 assert srv.inference.Predictions(req, timeout=30).prediction == inputs.get("data", b"")
                 assert [r.prediction for r in srv.inference.StreamPredictions(req, timeout=30)] == \
                     [inputs.get("data", b"")]
+            # and the largest messages gRPC lets through (refused by max_request_size): the
+            # properties draw requests up to there, and the allocator keeps that peak too
+            third = 2 * MAX_REQUEST_SIZE // 3
+            req = inference_pb2.PredictionsRequest(
+                model_name="echo", input={"a": b"x" * third, "b": b"y" * third, "c": b"z" * third})
+            assert _status(srv.inference.Predictions, req) == grpc.StatusCode.RESOURCE_EXHAUSTED
+            full = {"data": b"x", **{f"k{i}": b"v" * 99 for i in range(MAX_ENTRIES - 2)}}
+            req = inference_pb2.PredictionsRequest(model_name="echo", input=full)
+            assert srv.inference.Predictions(req, timeout=30).prediction == b"x"
         _alive(srv)
         srv.rss_baseline = _rss(srv)  # type: ignore[attr-defined]
         yield srv
