@@ -78,10 +78,17 @@ def _text_of_parts(parts: list[Any]) -> str:
     return "".join(texts)
 
 
+class _Response(BaseModel):
+    """Base of the response shapes: validators are built on first use (``defer_build``), not
+    at import, so a server that never answers ``/v1`` does not hold them (about 10 MiB)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 class _Request(BaseModel):
     """Common settings: strict types, unknown fields ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", defer_build=True)
 
 
 class StreamOptions(_Request):
@@ -276,7 +283,7 @@ def validation_error_param(error: ValidationError) -> tuple[str | None, str]:
 
 
 # ---------------------------------------------------------------------------------- responses
-class Usage(BaseModel):
+class Usage(_Response):
     """Token counts of one request (tokens of the model's tokenizer)."""
 
     prompt_tokens: int
@@ -284,14 +291,14 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class ResponseMessage(BaseModel):
+class ResponseMessage(_Response):
     """The assistant's message of a non-streamed chat completion."""
 
     role: Literal["assistant"] = "assistant"
     content: str
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_Response):
     """The one choice of a :class:`ChatCompletion`."""
 
     index: int = 0
@@ -300,7 +307,7 @@ class ChatChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(_Response):
     """A non-streamed chat completion (``object: chat.completion``)."""
 
     id: str
@@ -311,7 +318,7 @@ class ChatCompletion(BaseModel):
     usage: Usage | None = None
 
 
-class Delta(BaseModel):
+class Delta(_Response):
     """What a chunk adds to the message: ``role`` in the first chunk, then ``content``; the
     finishing chunk's delta is empty (fields that are ``None`` are left out)."""
 
@@ -319,7 +326,7 @@ class Delta(BaseModel):
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_Response):
     """The one choice of a :class:`ChatCompletionChunk`; ``finish_reason`` only on the last."""
 
     index: int = 0
@@ -328,7 +335,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Response):
     """One server-sent event of a streamed chat completion (``object: chat.completion.chunk``).
 
     With ``include_usage`` every chunk carries ``usage: null`` except an extra last one whose
@@ -344,7 +351,7 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_Response):
     """The one choice of a :class:`Completion` or :class:`CompletionChunk` (``text`` is the
     whole text, or a chunk's new text)."""
 
@@ -354,7 +361,7 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
 
 
-class Completion(BaseModel):
+class Completion(_Response):
     """A non-streamed completion (``object: text_completion``)."""
 
     id: str
@@ -370,7 +377,7 @@ class CompletionChunk(Completion):
     OpenAI's (``object: text_completion``), each chunk with the new text."""
 
 
-class ModelCard(BaseModel):
+class ModelCard(_Response):
     """One entry of ``GET /v1/models``: ``id`` is what requests put in ``model``."""
 
     id: str
@@ -379,14 +386,14 @@ class ModelCard(BaseModel):
     owned_by: str = "inference-service"
 
 
-class ModelList(BaseModel):
+class ModelList(_Response):
     """``GET /v1/models``."""
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(_Response):
     """OpenAI's error object: ``type`` classifies (``invalid_request_error``, ``server_error``, ...),
     ``param`` names the request field at fault, ``code`` is a stable machine-readable reason."""
 
@@ -396,7 +403,7 @@ class ErrorBody(BaseModel):
     code: str | None = None
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(_Response):
     """The body of every failed /v1 request, and the data of a stream's error event."""
 
     error: ErrorBody
