@@ -64,7 +64,7 @@ from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.http_open_inference import add_open_inference_routes
-from inference_service.openai_api import add_openai_routes, is_openai_path, unauthorized_response
+from inference_service.openai_mount import add_openai_routes, is_openai_path, unauthorized_response
 
 log = logging.getLogger("inference_service.http")
 
@@ -192,7 +192,7 @@ class HttpInferenceApi:
                      "/predictions/{model_name}/{model_version}/{url_path:.+}"):
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
-        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_api.py)
+        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         self._runner: web.AppRunner | None = None
 

@@ -1,7 +1,9 @@
 """OpenAI's HTTP API for LLM models, on the HTTP inference port, over the same core as gRPC.
 
-Routes (an aiohttp sub-application mounted at ``/v1`` by :func:`add_openai_routes`, which
-:class:`~inference_service.http_api.HttpInferenceApi` calls; token authorization is the HTTP
+Routes (an aiohttp sub-application mounted at ``/v1`` by
+:func:`inference_service.openai_mount.add_openai_routes`, which
+:class:`~inference_service.http_api.HttpInferenceApi` calls and which imports this module on the
+first ``/v1`` request; token authorization is the HTTP
 API's: ``Authorization: Bearer <inference key>``, which is how OpenAI clients send ``api_key``):
 
 - ``GET /v1/models``: every registered model as ``name`` (its default version) and
@@ -44,7 +46,8 @@ anything else (``server_error``). ``code`` is the server's stable reason in lowe
 
 Quick start::
 
-    api = add_openai_routes(app, core, http_status=http_status)   # before the app starts
+    api = OpenAIApi(core, http_status)   # what openai_mount builds on the first /v1 request
+    app.add_subapp("/v1", api.app)       # or mount it directly
     # then, with the official client:
     client = openai.OpenAI(base_url="http://127.0.0.1:8080/v1", api_key=inference_key)
     client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}])
@@ -83,16 +86,9 @@ from inference_service.openai_schemas import (
 
 log = logging.getLogger("inference_service.openai")
 
-#: Where the API is mounted.
-PREFIX = "/v1"
 _DONE = b"data: [DONE]\n\n"
 _R = TypeVar("_R", bound=BaseModel)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-
-
-def is_openai_path(path: str) -> bool:
-    """Whether a request path belongs to this API (``/v1`` or below)."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
 
 
 def error_type(status: int) -> str:
@@ -340,16 +336,3 @@ class OpenAIApi:
         except ConnectionResetError:  # the client went away while we wrote; the caller closes the stream
             log.info("client of HTTP %s went away mid-stream", request.path)
         return response
-
-
-def add_openai_routes(app: web.Application, core: InferenceCore, *,
-                      http_status: Callable[[InferenceError], int]) -> OpenAIApi:
-    """Mount the OpenAI-compatible API at ``/v1`` on ``app`` (before it starts); returns it.
-
-    ``app``'s middlewares (token authorization) run first; ``/v1`` failures are then answered
-    in OpenAI's shape by the sub-application's own middleware. ``http_status`` as in
-    :class:`OpenAIApi`.
-    """
-    api = OpenAIApi(core, http_status)
-    app.add_subapp(PREFIX, api.app)
-    return api

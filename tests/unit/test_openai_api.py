@@ -18,8 +18,9 @@ from inference_service.errors import (
 )
 from inference_service.http_api import http_status
 from inference_service.llm.requests import REQUEST_FIELDS, parse_request
-from inference_service.openai_api import OpenAIApi, _generation_body, is_openai_path
+from inference_service.openai_api import OpenAIApi, _generation_body
 from inference_service.openai_format import ChatFormat, CompletionFormat, final_outcome, sse_event
+from inference_service.openai_mount import is_openai_path
 from inference_service.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
