@@ -410,13 +410,16 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def warn_exposed_binds(binds: dict[str, str], token_auth: bool, tls: bool) -> list[str]:
-    """Log a loud WARNING for each API bound beyond loopback without token authorization.
+def warn_exposed_binds(binds: dict[str, str], token_auth: bool, tls: bool,
+                       tls_hint: str = "set enable_grpc_ssl") -> list[str]:
+    """Log a loud WARNING for each API bound beyond loopback without token authorization, and
+    a warning for one bound there without TLS (the gRPC ports and both HTTP APIs use it).
 
     Args:
-        binds: API name -> bind address.
+        binds: API name (``inference``, ``HTTP management``...) -> bind address.
         token_auth: whether token authorization is on.
-        tls: whether the gRPC ports use TLS.
+        tls: whether these ports use TLS.
+        tls_hint: how to turn TLS on, for the warning.
 
     Returns:
         The warnings logged (for tests).
@@ -429,11 +432,11 @@ def warn_exposed_binds(binds: dict[str, str], token_auth: bool, tls: bool) -> li
             warnings.append(
                 f"SECURITY WARNING: the {name} API listens on {address} (not loopback) with token "
                 f"authorization DISABLED: anyone who can reach this port can call it"
-                + (" and register models (arbitrary code)" if name == "management" else ""))
+                + (" and register models (arbitrary code)" if "management" in name else ""))
         elif not tls:
             warnings.append(
                 f"the {name} API listens on {address} without TLS: keys and data cross the network "
-                f"in clear text (set enable_grpc_ssl)")
+                f"in clear text ({tls_hint})")
     for message in warnings:
         log.warning("%s", message)
     return warnings

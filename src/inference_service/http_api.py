@@ -59,7 +59,7 @@ import grpc
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from inference_service.auth import INFERENCE, KeyStore, is_loopback, read_bearer
+from inference_service.auth import INFERENCE, KeyStore, read_bearer, warn_exposed_binds
 from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import InferenceError, InvalidArgument
@@ -166,6 +166,29 @@ def tls_context(certificate_file: Path, private_key_file: Path, client_ca_file: 
     return context
 
 
+async def serve_app(app: web.Application, api: str, address: str, port: int, *,
+                    ssl_context: ssl.SSLContext | None, shutdown_timeout_s: float,
+                    handler_cancellation: bool = False) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``address:port`` (0: a free port); returns its runner and the bound port.
+
+    Requests are not access-logged one by one; open responses get ``shutdown_timeout_s`` at
+    ``runner.cleanup()``.
+
+    Raises:
+        OSError: the address cannot be bound ("cannot bind the <api> to <address>:<port>: ...").
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        sock = socket.create_server((address, port), family=family, reuse_port=False)
+    except OSError as exc:
+        raise OSError(f"cannot bind the {api} to {address}:{port}: {exc.strerror or exc}") from exc
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=handler_cancellation,
+                           shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    await web.SockSite(runner, sock, ssl_context=ssl_context, shutdown_timeout=shutdown_timeout_s).start()
+    return runner, int(sock.getsockname()[1])
+
+
 class HttpInferenceApi:
     """TorchServe's HTTP/1.1 inference API (``/ping``, ``/predictions``) on an aiohttp server.
 
@@ -202,27 +225,14 @@ class HttpInferenceApi:
         Raises:
             OSError: the address cannot be bound (the message names it).
         """
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        try:
-            sock = socket.create_server((address, port), family=family, reuse_port=False)
-        except OSError as exc:
-            raise OSError(f"cannot bind the HTTP inference API to {address}:{port}: {exc.strerror or exc}") from exc
         # handler_cancellation: a client that disconnects cancels its handler, and so its request
-        # in the worker; access_log None: requests are not logged one by one.
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=self.shutdown_timeout_s)
-        await self._runner.setup()
-        site = web.SockSite(self._runner, sock, ssl_context=self.ssl_context,
-                            shutdown_timeout=self.shutdown_timeout_s)
-        await site.start()
-        if not is_loopback(address):
-            if self.keys is None:
-                log.warning("SECURITY WARNING: the HTTP inference API listens on %s (not loopback) with token "
-                            "authorization DISABLED: anyone who can reach this port can call it", address)
-            elif self.ssl_context is None:
-                log.warning("the HTTP inference API listens on %s without TLS: keys and data cross the network "
-                            "in clear text (use an https:// inference_address)", address)
-        return int(sock.getsockname()[1])
+        # in the worker
+        self._runner, bound = await serve_app(self.app, "HTTP inference API", address, port,
+                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s,
+                                              handler_cancellation=True)
+        warn_exposed_binds({"HTTP inference": address}, self.keys is not None, self.ssl_context is not None,
+                           tls_hint="use an https:// inference_address")
+        return bound
 
     async def stop(self) -> None:
         """Stop listening and close connections (open responses get ``shutdown_timeout_s``)."""

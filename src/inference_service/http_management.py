@@ -55,11 +55,25 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_service.auth import API, INFERENCE, MANAGEMENT, TokenAuthorization, is_loopback, read_bearer
+from inference_service.auth import (
+    API,
+    INFERENCE,
+    MANAGEMENT,
+    TokenAuthorization,
+    read_bearer,
+    warn_exposed_binds,
+)
 from inference_service.config import Settings
 from inference_service.core import InferenceCore
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
-from inference_service.http_api import NOT_FOUND_MESSAGE, TOKEN_MESSAGE, error_response, http_status, tls_context
+from inference_service.http_api import (
+    NOT_FOUND_MESSAGE,
+    TOKEN_MESSAGE,
+    error_response,
+    http_status,
+    serve_app,
+    tls_context,
+)
 from inference_service.registry import RegisterRequest
 from inference_service.servicers.torchserve_json import (
     PROCESSING,
@@ -183,28 +197,11 @@ class HttpManagementApi:
         Raises:
             OSError: the address cannot be bound (the message names it).
         """
-        runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
-                               shutdown_timeout=self.shutdown_timeout_s)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, address, port, ssl_context=self.ssl_context, reuse_port=False).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise OSError(f"cannot bind the HTTP management API to {address}:{port}: {exc.strerror or exc}") from exc
-        self._runner = runner
-        if (warning := self._exposure(address)) is not None:
-            log.warning("%s", warning)
-        return int(runner.addresses[0][1])
-
-    def _exposure(self, address: str) -> str | None:
-        """The warning for a bind beyond loopback without token authorization or without TLS."""
-        if is_loopback(address) or (self.auth is not None and self.ssl_context is not None):
-            return None
-        if self.auth is None:
-            return (f"SECURITY WARNING: the HTTP management API listens on {address} (not loopback) with token "
-                    "authorization DISABLED: anyone who can reach this port can register models (arbitrary code)")
-        return (f"the HTTP management API listens on {address} without TLS: keys cross the network in clear "
-                "text (use an https:// management_address)")
+        self._runner, bound = await serve_app(self.app, "HTTP management API", address, port,
+                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s)
+        warn_exposed_binds({"HTTP management": address}, self.auth is not None, self.ssl_context is not None,
+                           tls_hint="use an https:// management_address")
+        return bound
 
     async def stop(self) -> None:
         """Stop listening and close connections (open responses get ``shutdown_timeout_s``)."""
