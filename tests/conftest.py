@@ -336,6 +336,23 @@ class ServerProcess:
         return code
 
 
+def doubler_weights(path: Path) -> Path:
+    """Save the Doubler's state dict (``handlers/doubler_model.py``, weight 2 * identity: y = 2x)
+    to ``path``; returns ``path``."""
+    import torch
+
+    sys.path.insert(0, str(HANDLERS))
+    try:
+        from doubler_model import Doubler
+    finally:
+        sys.path.remove(str(HANDLERS))
+    model = Doubler()
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.eye(2) * 2)
+    torch.save(model.state_dict(), path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store with the test handlers archived by torch-model-archiver and as directories."""
@@ -350,17 +367,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_mar(path, "echo_v2", "echo_handler.py", version="2.0")
     build_dir(path, "echo_dir", "echo_handler.py", model_name="echo_dir",
               config_yaml="batchSize: 4\nmaxBatchDelay: 5000\nminWorkers: 1\nmaxWorkers: 1\ncustom:\n  answer: 42\n")
-    import torch  # the BaseHandler test model: y = 2x
-    sys.path.insert(0, str(HANDLERS))
-    try:
-        from doubler_model import Doubler
-    finally:
-        sys.path.remove(str(HANDLERS))
-    model = Doubler()
-    with torch.no_grad():
-        model.linear.weight.copy_(torch.eye(2) * 2)
-    weights = path / "doubler.pt"
-    torch.save(model.state_dict(), weights)
+    weights = doubler_weights(path / "doubler.pt")  # the BaseHandler test model: y = 2x
     build_mar(path, "doubler", "base_subclass_handler.py", serialized=str(weights), model_file="doubler_model.py")
     weights.unlink()
     return path

@@ -10,28 +10,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from conftest import HANDLERS, build_mar
+from conftest import build_mar, doubler_weights
 
 _DOUBLER_HANDLERS = {"oip_doubler": "oip_doubler_handler.py", "oip_kservev2": "oip_kservev2_handler.py"}
-
-
-def doubler_weights(path: Path) -> Path:
-    """Save the Doubler's state dict (weight 2 * identity) to ``path``."""
-    import torch
-
-    sys.path.insert(0, str(HANDLERS))
-    try:
-        from doubler_model import Doubler
-    finally:
-        sys.path.remove(str(HANDLERS))
-    model = Doubler()
-    with torch.no_grad():
-        model.linear.weight.copy_(torch.eye(2) * 2)
-    torch.save(model.state_dict(), path)
-    return path
 
 
 def build_models(store: Path, names: tuple[str, ...]) -> list[str]:

@@ -26,10 +26,10 @@ import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpc_status import rpc_status
-from open_inference_models import build_models, doubler_weights
+from open_inference_models import build_models
 from torchserve_wheel import extract_torchserve_protos
 
-from conftest import ServerProcess, auth_metadata, build_mar, read_key
+from conftest import ServerProcess, auth_metadata, build_mar, doubler_weights, read_key
 from inference_service._proto import grpc_predict_v2_pb2 as kserve_pb2
 from inference_service._proto import grpc_predict_v2_pb2_grpc as kserve_grpc
 from inference_service._proto import open_inference_grpc_pb2 as ts_pb2
