@@ -18,8 +18,7 @@ CONSOLE_SCRIPT = Path(sys.executable).parent / "inference-service"
     [str(CONSOLE_SCRIPT)],
 ], ids=["python -m", "console script"])
 def test_version_prints_and_starts_nothing(command, tmp_path):
-    if not Path(command[0]).exists():
-        pytest.skip(f"{command[0]} is not installed")
+    assert Path(command[0]).exists(), f"{command[0]} is not installed (scripts/install installs it)"
     # --foreground and a model store that does not exist: anything but --version would start or fail
     proc = subprocess.run([*command, "--version", "--foreground", "--model-store", str(tmp_path / "nowhere")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)

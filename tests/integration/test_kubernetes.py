@@ -310,9 +310,9 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """The cluster network and a pod (skipped without usable network namespaces)."""
-    if not _namespaces_usable():
-        pytest.skip("needs network and mount namespaces of its own (unshare -rnm, nsenter, ip, veth)")
+    """The cluster network and a pod (network and mount namespaces of the test's own)."""
+    assert _namespaces_usable(), ("needs network and mount namespaces of its own (unshare -rnm, nsenter, ip, "
+                                  "veth); scripts/install --dev installs iproute2 and util-linux")
     init = _pod_spec(_docs()["Deployment"])["initContainers"][0]
     names = {urlparse(a.split("=", 1)[-1] if "=" in a.split("://")[0] else a).hostname
              for a in init["args"] if "://" in a}

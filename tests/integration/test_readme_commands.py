@@ -199,9 +199,9 @@ def test_readme_blocks_are_split_into_commands():
 
 
 def test_readme_commands_run_as_written(tmp_path):
-    if shutil.which("unshare") is None or shutil.which("ip") is None or not _netns_usable():
-        pytest.skip("needs a network namespace of its own (unshare -rn and ip): the README's default ports "
-                    "must be free")
+    # the README's default ports must be free: its commands run in a network namespace of their own
+    assert shutil.which("unshare") and shutil.which("ip") and _netns_usable(), (
+        "needs a network namespace of its own (unshare -rn and ip; scripts/install --dev installs them)")
     blocks = readme_blocks(README.read_text())
     skipped = [(b.line, b.needs) for b in blocks if b.needs]
     assert len(skipped) <= MAX_SKIPPED, f"too many README blocks marked '# needs:': {skipped}"

@@ -75,8 +75,6 @@ def test_cpu_percent_is_measured_between_calls():
 
 
 def test_real_proc_readings_are_sane():
-    if not Path("/proc/stat").exists():
-        pytest.skip("no /proc")
     times = read_cpu_times()
     memory = read_memory()
     assert times is not None and 0 <= times.busy <= times.total
@@ -156,9 +154,8 @@ def test_query_nvidia_smi(tmp_path, monkeypatch):
         query_nvidia_smi(timeout=0.2)
 
 
-def test_server_metrics_expose_system_metrics_and_reserve_their_names(caplog):
-    if shutil.which("nvidia-smi") is not None:
-        pytest.skip("a GPU tool is installed: GPU families may appear")
+def test_server_metrics_expose_system_metrics_and_reserve_their_names(caplog, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here: no GPU families
     m = ServerMetrics(hostname="h")
     text = m.render().decode()
     for name in HOST_NAMES:
