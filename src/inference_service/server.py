@@ -133,7 +133,6 @@ class Server:
         self.ports: dict[str, int] = {}
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
-        self._startup_failed = False  # a startup model could not be registered (readiness stays off)
 
     @property
     def status_file(self) -> Path:
@@ -292,7 +291,7 @@ class Server:
     async def _finish_startup(self, tasks: list[asyncio.Task[None]]) -> None:
         """Once every startup model has been tried, readiness and Ping may turn healthy."""
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.core.finish_startup(self._startup_failed)
+        self.core.finish_startup(self.startup_models.any_failed)
 
     def _save_snapshot(self) -> None:
         try:
@@ -368,11 +367,9 @@ class Server:
             version = await self.core.register(req)
         except InferenceError as exc:
             log.error("startup model %s failed to register: %s", req.model_name or req.url, exc.message)
-            self._startup_failed = True
             self.startup_models.failed(key, exc.message)
         except Exception as exc:
             log.exception("startup model %s failed to register", req.model_name or req.url)
-            self._startup_failed = True
             self.startup_models.failed(key, f"{type(exc).__name__}: {exc}")
         else:
             self.startup_models.registered(key, version)

@@ -138,6 +138,11 @@ class StartupModels:
         self._versions[key] = None
         self._failed[key] = error
 
+    @property
+    def any_failed(self) -> bool:
+        """Whether a startup model could not be registered (readiness then stays NOT_SERVING)."""
+        return bool(self._failed)
+
     def as_json(self) -> dict[str, dict[str, Any]]:
         """``{key: {"state": ..., ["model_name", "version"], ["error"]}}``, in registration order."""
         out: dict[str, dict[str, Any]] = {}
