@@ -64,7 +64,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference_service.llm.kv_cache import check_cache, pad_left, select_rows
+from inference_service.llm.kv_cache import cache_keyword, check_cache, output_cache, pad_left, select_rows
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState, eos_token_ids
 from inference_service.llm.sampling import sample_next_token
@@ -128,6 +128,7 @@ class GenerationEngine:
         self._takes_logits_to_keep = "logits_to_keep" in accepted
         self._takes_position_ids = "position_ids" in accepted
         self._takes_cache_position = "cache_position" in accepted
+        self._cache_keyword = cache_keyword(model.forward)
         pad = getattr(tokenizer, "pad_token_id", None)
         if not isinstance(pad, int):
             pad = min(self.eos) if self.eos else 0
@@ -316,7 +317,7 @@ class GenerationEngine:
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": mask,
-            "past_key_values": cache,
+            self._cache_keyword: cache,
             "use_cache": True,
         }
         if self._takes_position_ids:
@@ -328,7 +329,7 @@ class GenerationEngine:
         if self._takes_logits_to_keep:
             kwargs["logits_to_keep"] = 1  # no lm_head over the whole prompt
         out = self.model(**kwargs)
-        if out.past_key_values is not cache:
+        if output_cache(out) is not cache:
             raise TypeError("the model did not fill the DynamicCache it was given; its cache layout is unsupported")
         return out.logits[:, -1, :]
 

