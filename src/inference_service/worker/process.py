@@ -38,6 +38,7 @@ from inference_service.errors import (
 from inference_service.jobs import Job, Kind
 from inference_service.worker import protocol
 from inference_service.worker.ipc import FrameChannel, relay_output
+from inference_service.worker.spawn import ChildProcess, spawn
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class WorkerProcess:
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: ChildProcess | None = None
         self._channels: list[FrameChannel] = []
         self._connected: asyncio.Event | None = None  # torchrun group: every rank connected
         self._ready_count = 0
@@ -174,10 +175,9 @@ class WorkerProcess:
     async def _spawn_single(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno()),
-                pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
+            self.proc = await spawn(
+                [sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
+                self.env, pass_fds=(child.fileno(),))
         finally:
             child.close()
         self.pid = self.proc.pid
@@ -193,10 +193,9 @@ class WorkerProcess:
         connected = self._connected = asyncio.Event()
         listener = await asyncio.get_running_loop().create_unix_server(lambda: FrameChannel(self), path=path)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
-                "--connect", path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.env, start_new_session=True)
+            self.proc = await spawn(
+                [sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
+                 "--connect", path], self.env, start_new_session=True)
             self.pid = self.proc.pid
             self.start_time = time.time()
             self._watch_output()
