@@ -21,6 +21,7 @@ import faulthandler
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from inference_service import __version__, tls
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (INFO)")
     p.add_argument("--log-format", choices=("plain", "json"), default=None,
                    help="plain lines (default) or one JSON object per line (log_format)")
+    p.add_argument("--event-loop", choices=("uvloop", "asyncio"), default=None,
+                   help="the frontend's event loop: uvloop (default) or the standard library's asyncio "
+                        "(event_loop)")
     p.add_argument("--no-access-log", action="store_true",
                    help="do not write the access log (one inference_service.access line per RPC)")
     p.add_argument("--metrics-address", help="Prometheus /metrics bind address (127.0.0.1)")
@@ -99,6 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-metrics-api", action="store_true",
                    help="no /metrics endpoint and no metrics recorded (enable_metrics_api=false)")
     return p
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop constructor of the ``event_loop`` setting: uvloop's, or asyncio's own.
+
+    Raises:
+        ConfigError: uvloop was chosen but cannot be imported.
+    """
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError as exc:
+        raise ConfigError(f"event_loop=uvloop, but uvloop cannot be imported ({exc}); install it or "
+                          "choose --event-loop asyncio") from exc
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -130,6 +150,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_backoff_s": args.max_backoff,
         "log_level": args.log_level.upper() if args.log_level else None,
         "log_format": args.log_format,
+        "event_loop": args.event_loop,
         "metrics_address": args.metrics_address,
         "metrics_port": args.metrics_port,
         "metrics_mode": args.metrics_mode,
@@ -197,8 +218,10 @@ def _foreground(settings: Settings) -> int:
                   other, settings.instance_dir)
         return 1
     pid_path.write_text(str(os.getpid()))
+    log.info("event loop: %s", settings.event_loop)
     try:
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            return runner.run(serve(settings))
     finally:
         if pid_path.exists() and pid_path.read_text().strip() == str(os.getpid()):
             pid_path.unlink()
