@@ -7,7 +7,10 @@ benchmarks/handlers/stream_handler.py) in the servicer itself: no workers, no qu
 authorization. Uses this project's generated stubs. Writes ``{"inference_port": P, "pid": PID}``
 to ``--port-file`` once serving; stops on SIGTERM/SIGINT.
 
-Usage: .venv/bin/python benchmarks/bare_server.py --port-file PATH
+``--uvloop`` runs it on uvloop (the project server's default event loop) instead of asyncio's
+own loop: compare.py's ``bare_uvloop`` server.
+
+Usage: .venv/bin/python benchmarks/bare_server.py --port-file PATH [--uvloop]
 """
 
 from __future__ import annotations
@@ -68,7 +71,14 @@ def main() -> int:
     """Parse arguments and serve."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port-file", type=Path, required=True)
-    asyncio.run(serve(parser.parse_args().port_file))
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop instead of asyncio's loop")
+    args = parser.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(serve(args.port_file))
+    else:
+        asyncio.run(serve(args.port_file))
     return 0
 
 

@@ -71,20 +71,23 @@ def summarize(raw: Path, top: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def drive(scenario: str, seconds: float, out: Path, top: int) -> None:
-    """Start the server, load it for ``seconds`` under py-spy, print the summaries."""
+async def drive(scenario: str, seconds: float, out: Path, top: int, which: str = "project",
+                native: bool = False) -> None:
+    """Start the server (``which``: project or bare), load it for ``seconds`` under py-spy (with
+    C frames when ``native``), print the summaries."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     work = Path(tempfile.mkdtemp(prefix="profile-"))
     store = work / "store"
     compare.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
-    server = compare.start_project(store, work)
+    server = compare.start_project(store, work) if which == "project" else compare.start_bare(work)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel, \
-                grpc.aio.insecure_channel(f"127.0.0.1:{server.management_port}") as mchannel:
+                grpc.aio.insecure_channel(f"127.0.0.1:{server.management_port or 1}") as mchannel:
             stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
             await compare.wait_serving(server, stub)
-            await compare.register(server, management_pb2_grpc.ManagementAPIsServiceStub(mchannel), "stream",
-                                   url="stream.mar")
+            if server.management_port:
+                await compare.register(server, management_pb2_grpc.ManagementAPIsServiceStub(mchannel), "stream",
+                                       url="stream.mar")
             await compare.warm(server, stub, 2.0)
             procs = compare.tree(server.proc.pid)
             out.mkdir(parents=True, exist_ok=True)
@@ -93,15 +96,17 @@ async def drive(scenario: str, seconds: float, out: Path, top: int) -> None:
                 raw = out / f"{scenario}-{proc.pid}.txt"
                 spies.append((proc, raw, subprocess.Popen(
                     [spy, "record", "-p", str(proc.pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw",
-                     "-o", str(raw), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+                     "-o", str(raw), *(["--native"] if native else ["--nonblocking"])],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 if scenario == "unary":
                     result = await compare.unary(server, stub, "echo", 32, 1000)
                     print(f"# unary c=32: {result['req_per_s']} req/s", flush=True)
                 else:
+                    streams = 1 if scenario == "stream1" else 4
                     for _ttft, count in await asyncio.gather(*(compare.one_stream(server, stub, 1000)
-                                                               for _ in range(4))):
+                                                               for _ in range(streams))):
                         assert count == 1000
             for proc, raw, spy_proc in spies:
                 _, err = spy_proc.communicate(timeout=60)
@@ -118,13 +123,17 @@ async def drive(scenario: str, seconds: float, out: Path, top: int) -> None:
 def main() -> int:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=("unary", "stream"), default="unary",
-                        help="unary: Predictions of echo at concurrency 32; stream: 4 concurrent 1000-message streams")
+    parser.add_argument("--scenario", choices=("unary", "stream", "stream1"), default="unary",
+                        help="unary: Predictions of echo at concurrency 32; stream: 4 concurrent 1000-message "
+                             "streams; stream1: one 1000-message stream after the other")
+    parser.add_argument("--server", choices=("project", "bare"), default="project",
+                        help="the server sampled: this project or benchmarks/bare_server.py")
+    parser.add_argument("--native", action="store_true", help="C frames too (py-spy --native; costs more)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--top", type=int, default=40, help="functions listed per process")
     parser.add_argument("--out", type=Path, default=BENCH / ".profile")
     args = parser.parse_args()
-    asyncio.run(drive(args.scenario, args.seconds, args.out, args.top))
+    asyncio.run(drive(args.scenario, args.seconds, args.out, args.top, args.server, args.native))
     return 0
 
 
