@@ -607,7 +607,8 @@ def main() -> int:
     print(f"# {'smoke' if args.smoke else 'full'} run on {os.cpu_count()} CPUs; absolute numbers are this machine's"
           + (f"; median of {runs} runs" if runs > 1 else ""))
     print(text)
-    print("# targets (issue 17; issue 9's met ones)" + (f", on the medians of {runs} runs" if runs > 1 else ", one run"))
+    print("# targets (issue 17; issue 9's met ones)"
+          + (f", on the medians of {runs} runs" if runs > 1 else ", one run"))
     print(check_targets(summary))
     for result in results:
         print(json.dumps(result))
