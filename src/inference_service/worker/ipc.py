@@ -42,6 +42,22 @@ class FrameChannel(asyncio.Protocol):
         self.answers = owner.spec.world_size == 1  # only rank 0 answers clients
         self._buf = bytearray()
         self._paused = False
+        self.lost = False  # the connection is gone (uvloop's transport may not say is_closing() then)
+
+    @property
+    def open(self) -> bool:
+        """Whether frames can still be written and reading paused or resumed."""
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` if the connection is open; a frame to a worker that is gone is dropped
+        (its requests fail through :meth:`connection_lost`)."""
+        if self.open:
+            assert self.transport is not None
+            try:
+                self.transport.write(data)
+            except RuntimeError:  # uvloop: the handle was closed before connection_lost ran
+                self.lost = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -72,17 +88,20 @@ class FrameChannel(asyncio.Protocol):
 
     def pause(self) -> None:
         """Stop reading until :meth:`resume` (a mailbox is full: back-pressure the worker)."""
-        if not self._paused and self.transport is not None and not self.transport.is_closing():
+        if not self._paused and self.open:
+            assert self.transport is not None
             self._paused = True
             self.transport.pause_reading()
 
     def resume(self) -> None:
         """Read again."""
-        if self._paused and self.transport is not None and not self.transport.is_closing():
+        if self._paused and self.open:
+            assert self.transport is not None
             self._paused = False
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.owner._tasks.append(asyncio.ensure_future(self.owner._on_channel_closed()))
 
 

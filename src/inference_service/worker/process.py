@@ -167,8 +167,7 @@ class WorkerProcess:
 
     def _attach(self, channel: FrameChannel) -> None:
         self._channels.append(channel)
-        assert channel.transport is not None
-        channel.transport.write(self.spec.to_frame())
+        channel.write(self.spec.to_frame())
         if self._connected is not None and len(self._channels) >= self.spec.world_size:
             self._connected.set()
 
@@ -376,9 +375,7 @@ class WorkerProcess:
     def _send(self, data: bytes) -> None:
         """Write a frame to every rank (all ranks see every request)."""
         for channel in self._channels:
-            transport = channel.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(data)
+            channel.write(data)
 
     def credit(self, request_id: str, count: int) -> None:
         """Let the worker send ``count`` more intermediate responses of ``request_id`` (flow control)."""

@@ -73,10 +73,33 @@ class ChildProcess:
             self._exited.set_result(self._popen.returncode if self._popen.returncode is not None else -1)
 
 
-async def _reader(pipe: object) -> asyncio.StreamReader:
+def _pipe_reader(fd: int) -> asyncio.StreamReader:
+    """A stream of what arrives on the pipe ``fd`` (this function owns and closes ``fd``).
+
+    Read with ``add_reader`` and ``os.read`` rather than ``loop.connect_read_pipe``: the
+    loop's pipe transport closes the descriptor it was given, and a file object holding the
+    same number would close it a second time later, by then perhaps another descriptor of
+    the loop's own (uvloop aborts the process on that).
+    """
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            reader.feed_data(data)
+            return
+        loop.remove_reader(fd)
+        os.close(fd)
+        reader.feed_eof()
+
+    loop.add_reader(fd, readable)
     return reader
 
 
@@ -88,14 +111,16 @@ async def spawn(argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int
     Raises:
         OSError: the program cannot be started.
     """
-    popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, pass_fds=tuple(pass_fds), env=env,
-                             start_new_session=start_new_session)
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
-        stdout = await _reader(popen.stdout)
-        stderr = await _reader(popen.stderr)
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
+                                 pass_fds=tuple(pass_fds), env=env, start_new_session=start_new_session)
     except BaseException:
-        popen.kill()
-        popen.wait()
+        os.close(out_read)
+        os.close(err_read)
         raise
-    return ChildProcess(popen, stdout, stderr)
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    return ChildProcess(popen, _pipe_reader(out_read), _pipe_reader(err_read))
