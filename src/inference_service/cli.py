@@ -207,9 +207,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def _foreground(settings: Settings) -> int:
     """``--foreground``: serve in this process until SIGTERM/SIGINT, with the instance's pid file
-    written meanwhile. Returns the exit status (1: another instance runs in the same instance dir)."""
+    written meanwhile. Returns the exit status (1: another instance runs in the same instance dir;
+    2: the event loop chosen cannot be had)."""
     from inference_service.server import serve
 
+    try:
+        new_loop = loop_factory(settings.event_loop)
+    except ConfigError as exc:
+        print(f"inference-service: {exc}", file=sys.stderr)
+        return 2
     settings.instance_dir.mkdir(parents=True, exist_ok=True)
     pid_path = pid_file(settings)
     other = running_pid(settings)
@@ -220,7 +226,7 @@ def _foreground(settings: Settings) -> int:
     pid_path.write_text(str(os.getpid()))
     log.info("event loop: %s", settings.event_loop)
     try:
-        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        with asyncio.Runner(loop_factory=new_loop) as runner:
             return runner.run(serve(settings))
     finally:
         if pid_path.exists() and pid_path.read_text().strip() == str(os.getpid()):
