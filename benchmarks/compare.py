@@ -214,6 +214,17 @@ def start_bare(workdir: Path, uvloop: bool = False) -> Server:
     return Server("bare_uvloop" if uvloop else "bare", proc, workdir, int(info["inference_port"]), started_at=started)
 
 
+def start_server(name: str, store: Path, workdir: Path) -> Server:
+    """Start the server ``name`` (project, torchserve, bare or bare_uvloop) in ``workdir``."""
+    if name == "project":
+        return start_project(store, workdir)
+    if name == "torchserve":
+        return start_torchserve(store, workdir)
+    if name in ("bare", "bare_uvloop"):
+        return start_bare(workdir, uvloop=name == "bare_uvloop")
+    raise SystemExit(f"unknown server {name!r}: project, torchserve, bare or bare_uvloop")
+
+
 def tree(pid: int) -> list[psutil.Process]:
     """The process and all its live descendants."""
     root = psutil.Process(pid)
@@ -378,6 +389,14 @@ async def register(server: Server, mgmt: Any, name: str, **kwargs: Any) -> float
     t0 = time.perf_counter()
     await mgmt.RegisterModel(request, metadata=server.management_metadata, timeout=180)
     return (time.perf_counter() - t0) * 1000
+
+
+async def register_stream(server: Server) -> None:
+    """Register stream.mar as model ``stream`` (1 worker), on servers with a management API."""
+    if server.management_port is None:
+        return
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.management_port}") as channel:
+        await register(server, management_pb2_grpc.ManagementAPIsServiceStub(channel), "stream", url="stream.mar")
 
 
 async def bench_server(server: Server, work: Work, scenarios: str = "abcde") -> list[dict[str, Any]]:
@@ -580,9 +599,7 @@ def main() -> int:
             for name in servers[run % len(servers):] + servers[:run % len(servers)]:
                 workdir = root / f"{name}-{run}"
                 workdir.mkdir()
-                server = {"project": lambda w: start_project(store, w),
-                          "torchserve": lambda w: start_torchserve(store, w), "bare": start_bare,
-                          "bare_uvloop": lambda w: start_bare(w, uvloop=True)}[name](workdir)
+                server = start_server(name, store, workdir)
                 try:
                     results += [{**r, "run": run} for r in asyncio.run(bench_server(server, work, args.scenarios))]
                 finally:

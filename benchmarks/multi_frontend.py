@@ -87,8 +87,7 @@ def main() -> int:
                     for i in range(n):
                         workdir = root / f"{kind}-{n}-{i}-{run}"
                         workdir.mkdir()
-                        servers.append(compare.start_project(store, workdir) if kind == "project"
-                                       else compare.start_bare(workdir))
+                        servers.append(compare.start_server(kind, store, workdir))
                     for concurrency in (1, 32):
                         result = asyncio.run(load(servers, concurrency, args.requests))
                         rows.setdefault((kind, n, concurrency), []).append(result)

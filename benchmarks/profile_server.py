@@ -33,7 +33,7 @@ sys.path.insert(0, str(BENCH))
 
 import compare  # noqa: E402 - the benchmark's own helpers
 
-from inference_service._proto import inference_pb2_grpc, management_pb2_grpc  # noqa: E402
+from inference_service._proto import inference_pb2_grpc  # noqa: E402
 
 OWN = ("inference_service/",)
 ENTRY = ("inference_service/__main__.py", "inference_service/cli.py", "inference_service/server.py",
@@ -79,15 +79,12 @@ async def drive(scenario: str, seconds: float, out: Path, top: int, which: str =
     work = Path(tempfile.mkdtemp(prefix="profile-"))
     store = work / "store"
     compare.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
-    server = compare.start_project(store, work) if which == "project" else compare.start_bare(work)
+    server = compare.start_server(which, store, work)
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel, \
-                grpc.aio.insecure_channel(f"127.0.0.1:{server.management_port or 1}") as mchannel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel:
             stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
             await compare.wait_serving(server, stub)
-            if server.management_port:
-                await compare.register(server, management_pb2_grpc.ManagementAPIsServiceStub(mchannel), "stream",
-                                       url="stream.mar")
+            await compare.register_stream(server)
             await compare.warm(server, stub, 2.0)
             procs = compare.tree(server.proc.pid)
             out.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(BENCH))
 
 import compare  # noqa: E402 - the benchmark's own helpers
 
-from inference_service._proto import inference_pb2_grpc, management_pb2_grpc  # noqa: E402
+from inference_service._proto import inference_pb2_grpc  # noqa: E402
 
 GROUPS = {
     "writes": ("write", "writev", "sendmsg", "sendto", "sendmmsg"),
@@ -83,10 +83,7 @@ async def measure(server: compare.Server, streams: int, workdir: Path) -> dict[s
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel:
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         await compare.wait_serving(server, stub)
-        if server.management_port is not None:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.management_port}") as mchannel:
-                await compare.register(server, management_pb2_grpc.ManagementAPIsServiceStub(mchannel), "stream",
-                                       url="stream.mar")
+        await compare.register_stream(server)
         await compare.warm(server, stub, 20.0 if server.name == "torchserve" else 2.0)
         for _ in range(3):
             await compare.one_stream(server, stub, 1000)
@@ -125,9 +122,7 @@ def main() -> int:
     for name in args.servers.split(","):
         workdir = root / name
         workdir.mkdir()
-        server = {"project": lambda w: compare.start_project(store, w),
-                  "torchserve": lambda w: compare.start_torchserve(store, w), "bare": compare.start_bare,
-                  "bare_uvloop": lambda w: compare.start_bare(w, uvloop=True)}[name](workdir)
+        server = compare.start_server(name, store, workdir)
         try:
             rows[name] = asyncio.run(measure(server, args.streams, workdir))
         finally:
