@@ -1,7 +1,7 @@
 # Container images of inference-service (CPU).
 #   server (the default):  docker build -t inference-service:0.1.0 .
 #     no models inside: deploy/kubernetes/deployment.yaml fills /models with its fetch-models
-#     initContainer (this image's `python -m inference_service.fetch_models`), or mount a store at /models.
+#     initContainer (this image's `python -m inference_service.launch.fetch_models`), or mount a store at /models.
 #   with-models:           docker build --target with-models --build-arg MODEL_STORE=model_store \
 #                              -t inference-service:0.1.0-models .
 #     the archives of MODEL_STORE (a directory in the build context) baked in at /models, for

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fail when the modules of ``src/inference_service`` import each other in a circle.
+"""Fail when the modules of ``src/inference_service`` import each other in a circle, or when
+one room (a folder by role, see docs/architecture.md) imports a room it must not.
 
 Every ``import`` / ``from ... import`` statement of a module counts, wherever it is: at
 the top, inside a function, and under ``if TYPE_CHECKING:`` (a circle of type-only
@@ -8,8 +9,12 @@ imports is still two modules that each need the other to be read). Generated stu
 name`` is an edge to ``pkg.name`` when that is a module of ours, else to ``pkg``.
 The implicit import of a package's ``__init__`` by its submodules does not count.
 
+The rooms' one-way arrows are :data:`ALLOWED`: a room may import itself and the rooms listed
+for it, nothing else (so nothing under ``worker/``, which runs in the worker process, imports
+the server's ``dispatch/``, ``serving/`` or ``frontends/``).
+
 Usage: ``.venv/bin/python scripts/check_imports.py [--graph]`` (``--graph`` also prints
-every module's imports). Exit status 1 and one line per circle when there are circles.
+every module's imports). Exit status 1 and one line per circle or forbidden arrow.
 """
 
 from __future__ import annotations
@@ -23,6 +28,61 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "inference_service"
 SRC = ROOT / "src"
 SKIP = ("_proto",)
+
+# room -> the rooms it may import. A room is a folder of the package (``frontends/<door>`` each
+# its own room) or a top-level module; ``pkg`` is the package's ``__init__`` (its version).
+BASE = {"errors", "heap", "pkg"}
+ALLOWED: dict[str, set[str]] = {
+    "pkg": set(), "errors": set(), "heap": set(),
+    "archive": BASE,
+    "config": BASE | {"archive"},
+    "security": BASE | {"config"},
+    "handler": BASE,
+    "compat": BASE | {"handler"},
+    "llm": BASE | {"handler"},
+    "worker": BASE | {"handler"},
+    "dispatch": BASE | {"worker"},
+    "serving": BASE | {"archive", "config", "dispatch", "worker"},
+    "observability": BASE | {"config", "serving"},
+    "frontends": BASE | {"serving", "dispatch"},
+    "frontends.oip": BASE | {"frontends", "serving"},
+    "frontends.openai": BASE | {"frontends", "serving"},
+    "frontends.grpc": BASE | {"frontends", "frontends.oip", "serving", "observability", "security", "config"},
+    "frontends.http": BASE | {"frontends", "frontends.oip", "frontends.openai", "serving", "observability",
+                              "security", "config"},
+    "launch": BASE | {"archive", "config", "observability", "security"},
+    "server": BASE | {"archive", "config", "security", "dispatch", "serving", "observability",
+                      "frontends", "frontends.grpc", "frontends.http", "frontends.oip", "frontends.openai"},
+    "cli": BASE | {"archive", "config", "security", "observability", "launch", "server"},
+    "__main__": {"cli"},
+}
+
+
+def room(module: str) -> str:
+    """``inference_service.frontends.grpc.base`` -> ``frontends.grpc``; ``inference_service.cli`` -> ``cli``."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "pkg"
+    if parts[0] == "frontends" and len(parts) > 2:
+        return f"frontends.{parts[1]}"
+    return parts[0]
+
+
+def forbidden(graph: dict[str, set[str]]) -> list[str]:
+    """One line per import that crosses rooms against :data:`ALLOWED` (or from an unlisted room)."""
+    out = []
+    for name in sorted(graph):
+        source = room(name)
+        for target in sorted(graph[name]):
+            dest = room(target)
+            if dest == source:
+                continue
+            if source not in ALLOWED:
+                out.append(f"room {source!r} ({name}) is not in ALLOWED: add it with its arrows")
+                break
+            if dest not in ALLOWED[source]:
+                out.append(f"forbidden arrow {source} -> {dest}: {name} imports {target}")
+    return out
 
 
 def module_name(path: Path) -> str:
@@ -141,9 +201,12 @@ def main() -> int:
     found = cycles(graph)
     for component in found:
         print(f"import circle: {' -> '.join(path_in(component, graph))}  (modules: {', '.join(component)})")
-    if found:
+    arrows = forbidden(graph)
+    for line in arrows:
+        print(line)
+    if found or arrows:
         return 1
-    print(f"no import circle among {len(graph)} modules")
+    print(f"no import circle among {len(graph)} modules; every arrow between rooms is allowed")
     return 0
 
 

@@ -10,7 +10,7 @@ mode (TorchServe's text, "--model-store directory not found").
 ``--foreground`` runs the server in this process (:func:`inference_service.server.serve`);
 ``--start`` (the default) runs it in the background and waits for its startup models,
 and ``--stop`` stops the instance of this working directory (or ``--run-dir``): both in
-:mod:`inference_service.launcher`.
+:mod:`inference_service.launch.launcher`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from inference_service import __version__, tls
-from inference_service.accesslog import configure_logging
+from inference_service import __version__
 from inference_service.config import ConfigError, Settings, apply_properties, read_properties
-from inference_service.launcher import DEFAULT_WAIT_READY_S, pid_file, running_pid, start_background, stop_instance
-from inference_service.preflight import model_store_problem
+from inference_service.launch.launcher import (
+    DEFAULT_WAIT_READY_S,
+    pid_file,
+    running_pid,
+    start_background,
+    stop_instance,
+)
+from inference_service.launch.preflight import model_store_problem
+from inference_service.observability.accesslog import configure_logging
+from inference_service.security import tls
 
 log = logging.getLogger("inference_service")
 
@@ -126,7 +133,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
     Raises:
         ConfigError: the config file is unreadable or has a malformed value, or
-            the TLS settings do not fit together (:func:`inference_service.tls.validate`).
+            the TLS settings do not fit together (:func:`inference_service.security.tls.validate`).
     """
     settings = Settings()
     if args.ts_config is not None:

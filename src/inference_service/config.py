@@ -18,7 +18,7 @@ from typing import Any
 
 import javaproperties
 
-from inference_service.archive import UrlPolicy
+from inference_service.archive.model_archive import UrlPolicy
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Settings:
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
         token_expiration_min: key lifetime in minutes (fractions allowed; ``None``: keys never
-            expire); keys are rotated at half their lifetime (see :mod:`inference_service.auth`).
+            expire); keys are rotated at half their lifetime (see :mod:`inference_service.security.auth`).
         allowed_urls: full-match, case-insensitive regexes an ``http(s)://`` register URL must
             match (empty: no remote URL; local paths are always confined to the model store).
         max_download_size / download_timeout_s: caps of one remote archive download (bytes, s).
@@ -174,7 +174,7 @@ class Settings:
     def url_policy(self) -> UrlPolicy:
         """Which ``http(s)://`` register URLs are fetched, and how: ``allowed_urls``,
         ``max_download_size`` (bytes) and ``download_timeout_s`` as one
-        :class:`~inference_service.archive.UrlPolicy`."""
+        :class:`~inference_service.archive.model_archive.UrlPolicy`."""
         return UrlPolicy(tuple(self.allowed_urls), self.max_download_size, self.download_timeout_s)
 
     @property

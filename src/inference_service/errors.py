@@ -1,6 +1,6 @@
 """One error hierarchy for the server, each class carrying its gRPC status code.
 
-Core code raises these; :mod:`inference_service.servicers.base` maps them to
+Core code raises these; :mod:`inference_service.frontends.grpc.base` maps them to
 statuses in one place. Anything else that escapes becomes INTERNAL
 "Internal server error" with the traceback in the log only.
 """

@@ -1,6 +1,6 @@
 """The gRPC server: two ``grpc.aio`` servers (inference, management) over one core, plus
-TorchServe's HTTP/1.1 inference API (:mod:`inference_service.http_api`) and management API
-(:mod:`inference_service.http_management`) in the same loop.
+TorchServe's HTTP/1.1 inference API (:mod:`inference_service.frontends.http.inference`) and management API
+(:mod:`inference_service.frontends.http.management`) in the same loop.
 
 Start-up order: health NOT_SERVING -> bind and start -> liveness SERVING ->
 startup models load in the background -> readiness SERVING when they are ready.
@@ -24,28 +24,28 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 import inference_service
-from inference_service import tls
 from inference_service._proto import grpc_predict_v2_pb2, inference_pb2, management_pb2, open_inference_grpc_pb2
-from inference_service.accesslog import AccessLog
-from inference_service.archive import MANIFEST
-from inference_service.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
+from inference_service.archive.model_archive import MANIFEST
 from inference_service.config import Settings
-from inference_service.core import InferenceCore
+from inference_service.dispatch.gpu import detect_gpus
+from inference_service.dispatch.process import WorkerOptions
 from inference_service.errors import InferenceError
-from inference_service.health import Health
+from inference_service.frontends.grpc.health import Health
+from inference_service.frontends.grpc.inference import InferenceServicer
+from inference_service.frontends.grpc.management import ManagementServicer
+from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
+from inference_service.frontends.grpc.registration import add_service
+from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
+from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.heap import return_large_buffers_to_the_os
-from inference_service.http_api import HttpInferenceApi, server_ssl_context
-from inference_service.http_management import HttpManagementApi, management_ssl_context
-from inference_service.metrics import ServerMetrics, Telemetry
-from inference_service.registry import RegisterRequest
-from inference_service.servicers.inference import InferenceServicer
-from inference_service.servicers.management import ManagementServicer
-from inference_service.servicers.open_inference import OpenInferenceServicer
-from inference_service.servicers.registration import add_service
-from inference_service.snapshot import SnapshotError, SnapshotModel, SnapshotStore
-from inference_service.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
-from inference_service.worker.gpu import detect_gpus
-from inference_service.worker.process import WorkerOptions
+from inference_service.observability.accesslog import AccessLog
+from inference_service.observability.metrics import ServerMetrics, Telemetry
+from inference_service.observability.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
+from inference_service.security import tls
+from inference_service.security.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
+from inference_service.serving.core import InferenceCore
+from inference_service.serving.registration import RegisterRequest
+from inference_service.serving.snapshot import SnapshotError, SnapshotModel, SnapshotStore
 
 log = logging.getLogger("inference_service")
 
@@ -137,7 +137,7 @@ class Server:
     @property
     def status_file(self) -> Path:
         """``<instance dir>/status.json``: pid, ports, state and the startup models' states, for
-        ``--start``, scripts and tests (fields: :mod:`inference_service.status`)."""
+        ``--start``, scripts and tests (fields: :mod:`inference_service.observability.status`)."""
         return self.instance_dir / STATUS_FILE_NAME
 
     def _changed(self) -> None:

@@ -1,4 +1,4 @@
-"""``python -m inference_service.fetch_models`` (the Kubernetes initContainer's command): archives
+"""``python -m inference_service.launch.fetch_models`` (the Kubernetes initContainer's command): archives
 from URLs that ``allowed_urls`` allows land in the model store under their names; anything else
 fails the command and leaves the store as it was."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_mar
-from inference_service.fetch_models import FetchError, archive_name
+from inference_service.launch.fetch_models import FetchError, archive_name
 
 
 class _Repository:
@@ -67,7 +67,7 @@ def _config(tmp_path: Path, repository: _Repository, store: Path | None = None) 
 
 
 def _fetch(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "inference_service.fetch_models", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "inference_service.launch.fetch_models", *map(str, args)],
                           capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import ServerProcess, read_key
 from inference_service.errors import InferenceError, NotFound, ResourceExhausted, Unavailable, error_for_code
-from inference_service.http_api import http_status
+from inference_service.frontends.http.inference import http_status
 
 CONFIG = """\
 max_request_size=16384

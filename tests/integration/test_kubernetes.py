@@ -47,7 +47,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, _alive, _descendants, build_mar, wait_for
-from inference_service.archive_fetch import UrlPolicy
+from inference_service.archive.fetch import UrlPolicy
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 CLUSTER_CLIENT = Path(__file__).resolve().parent / "cluster_client.py"

@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ROOT, ServerProcess, auth_metadata, build_dir, read_key
 from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
-from inference_service.archive import sanitize_archive_name
+from inference_service.archive.model_archive import sanitize_archive_name
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 SERVING = health_pb2.HealthCheckResponse.SERVING

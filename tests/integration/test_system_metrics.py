@@ -12,7 +12,7 @@ from pathlib import Path
 from test_metrics import scrape
 
 from conftest import ServerProcess, wait_for
-from inference_service.system_metrics import GIB, GPU_GAUGES, HOST_GAUGES
+from inference_service.observability.system_metrics import GIB, GPU_GAUGES, HOST_GAUGES
 
 HOST_NAMES = [name for name, _, _ in HOST_GAUGES]
 GPU_NAMES = [name for name, _, _ in GPU_GAUGES]

@@ -11,9 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from inference_service import tls
-from inference_service.archive import UrlPolicy, is_remote_url
-from inference_service.auth import (
+from inference_service.archive.model_archive import UrlPolicy, is_remote_url
+from inference_service.config import ConfigError, Settings, apply_properties
+from inference_service.errors import InvalidArgument, PermissionDenied
+from inference_service.security import tls
+from inference_service.security.auth import (
     API,
     INFERENCE,
     MANAGEMENT,
@@ -25,8 +27,6 @@ from inference_service.auth import (
     warn_exposed_binds,
     write_key_file,
 )
-from inference_service.config import ConfigError, Settings, apply_properties
-from inference_service.errors import InvalidArgument, PermissionDenied
 
 
 class FakeClock:
@@ -286,7 +286,7 @@ def test_tls_settings_must_fit_together(tmp_path: Path):
 
 
 def test_fixed_keys_are_used_and_never_rotate():
-    from inference_service.auth import KeyStore
+    from inference_service.security.auth import KeyStore
 
     now = [0.0]
     store = KeyStore(0.01, clock=lambda: now[0], fixed={"inference": "i" * 20})

@@ -16,18 +16,18 @@ from typing import Any
 import grpc
 import pytest
 
-from inference_service.archive import open_archive
+from inference_service.archive.model_archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
-from inference_service.core import InferenceCore
+from inference_service.dispatch.jobs import Job, Kind
+from inference_service.dispatch.supervisor import WorkerState
 from inference_service.errors import InvalidArgument, NotFound, ResourceExhausted, grpc_code_for_http
+from inference_service.frontends.grpc.health import NOT_SERVING, READINESS, Health
 from inference_service.handler.encoding import encode_response
-from inference_service.health import NOT_SERVING, READINESS, Health
-from inference_service.jobs import Job, Kind
-from inference_service.metrics import ServerMetrics, Telemetry
-from inference_service.model_config import ModelConfig
-from inference_service.registry import ModelEntry, newest_version, version_key
+from inference_service.observability.metrics import ServerMetrics, Telemetry
+from inference_service.serving.core import InferenceCore
+from inference_service.serving.model_config import ModelConfig
+from inference_service.serving.registration import ModelEntry, newest_version, version_key
 from inference_service.worker import protocol
-from inference_service.worker.supervisor import WorkerState
 
 
 def test_batch_frame_roundtrip():

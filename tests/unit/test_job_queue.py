@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inference_service.jobs import Job, JobQueue, Kind
+from inference_service.dispatch.jobs import Job, JobQueue, Kind
 
 
 def _run(coro):

@@ -1,6 +1,6 @@
 """How model-config keys choose a worker's mode and how many requests it runs at once."""
 
-from inference_service.model_config import ModelConfig
+from inference_service.serving.model_config import ModelConfig
 
 
 def _config(yaml: dict) -> ModelConfig:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from inference_service.archive import UrlPolicy, resolve_in_store
+from inference_service.archive.model_archive import UrlPolicy, resolve_in_store
+from inference_service.archive.model_url import refuse_control_characters
 from inference_service.errors import InvalidArgument
-from inference_service.model_url import refuse_control_characters
 
 CONTROL = ["\r\n", "\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85"]
 

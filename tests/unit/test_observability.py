@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from inference_service.accesslog import JsonFormatter
 from inference_service.cli import build_parser, settings_from_args
 from inference_service.config import ConfigError
 from inference_service.handler.metrics import Dimension, Metrics, MetricTypes
-from inference_service.metrics import ServerMetrics
+from inference_service.observability.accesslog import JsonFormatter
+from inference_service.observability.metrics import ServerMetrics
 from inference_service.worker import protocol
 
 
@@ -74,7 +74,7 @@ def test_exposition_of_frontend_and_handler_metrics(caplog):
     assert m.model("echo", "") is stats and m.model("echo", "1.0") is not stats
     m.error("Predictions", grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND")
     dims = {"ModelName": "m", "Level": "Model"}
-    with caplog.at_level(logging.WARNING, logger="inference_service.metrics"):
+    with caplog.at_level(logging.WARNING, logger="inference_service.observability.metrics"):
         m.handler_metrics("m", "1.0", [
             ("Hits", "counter", "Count", dims, 2.0), ("Hits", "counter", "Count", dims, 3.0),
             ("Hits", "counter", "Count", dims, -1.0),                      # counters never decrease: dropped
@@ -111,7 +111,7 @@ def test_exposition_of_frontend_and_handler_metrics(caplog):
 
 def test_handler_metrics_that_cannot_be_exported_are_dropped(caplog):
     m = ServerMetrics(hostname="h")
-    with caplog.at_level(logging.WARNING, logger="inference_service.metrics"):
+    with caplog.at_level(logging.WARNING, logger="inference_service.observability.metrics"):
         m.handler_metrics("m", "1.0", [
             ("Lat", "histogram", "ms", {"le": "x"}, 1.0),            # ``le`` is the histogram's own label
             ("Dup", "gauge", "u", {"a-b": "1", "a_b": "2"}, 1.0),    # the same label once sanitised

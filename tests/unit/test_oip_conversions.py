@@ -15,9 +15,9 @@ import pytest
 from inference_service._proto import grpc_predict_v2_pb2 as kserve_pb2
 from inference_service._proto import open_inference_grpc_pb2 as ts_pb2
 from inference_service.errors import HandlerError, InvalidArgument
-from inference_service.http_open_inference import request_from_http, response_to_http
-from inference_service.oip_tensors import DATATYPES, decode_raw, element_count, encode_raw, flatten
-from inference_service.open_inference import (
+from inference_service.frontends.grpc.open_inference import infer_request, infer_response
+from inference_service.frontends.oip.http import request_from_http, response_to_http
+from inference_service.frontends.oip.protocol import (
     OFFLOAD_SIZE,
     InferRequest,
     RequestedOutput,
@@ -26,7 +26,7 @@ from inference_service.open_inference import (
     parse_answer,
     select_outputs,
 )
-from inference_service.servicers.open_inference import infer_request, infer_response
+from inference_service.frontends.oip.tensors import DATATYPES, decode_raw, element_count, encode_raw, flatten
 
 SAMPLES = {
     "BOOL": [True, False, True],

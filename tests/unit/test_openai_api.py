@@ -16,17 +16,17 @@ from inference_service.errors import (
     Unavailable,
     error_for_code,
 )
-from inference_service.http_api import http_status
-from inference_service.llm.requests import REQUEST_FIELDS, parse_request
-from inference_service.openai_api import OpenAIApi, _generation_body
-from inference_service.openai_format import ChatFormat, CompletionFormat, final_outcome, sse_event
-from inference_service.openai_mount import is_openai_path
-from inference_service.openai_schemas import (
+from inference_service.frontends.http.inference import http_status
+from inference_service.frontends.openai.api import OpenAIApi, _generation_body
+from inference_service.frontends.openai.format import ChatFormat, CompletionFormat, final_outcome, sse_event
+from inference_service.frontends.openai.mount import is_openai_path
+from inference_service.frontends.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     Usage,
     validation_error_param,
 )
+from inference_service.llm.requests import REQUEST_FIELDS, parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

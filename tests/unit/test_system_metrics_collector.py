@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from inference_service.metrics import ServerMetrics
-from inference_service.system_metrics import (
+from inference_service.observability.metrics import ServerMetrics
+from inference_service.observability.system_metrics import (
     GIB,
     GPU_GAUGES,
     HOST_GAUGES,
@@ -111,7 +111,7 @@ def test_unreadable_sources_leave_samples_out_and_warn_once(tmp_path, caplog):
 
     collector = SystemMetricsCollector("h", disk_path=tmp_path / "gone", meminfo=lambda: None,
                                        cpu=CpuUtilization(lambda: None), gpus=no_gpu_tool)
-    with caplog.at_level(logging.DEBUG, logger="inference_service.system_metrics"):
+    with caplog.at_level(logging.DEBUG, logger="inference_service.observability.system_metrics"):
         for _ in range(3):
             got = samples(collector)
             assert set(got) == HOST_NAMES and not any(got.values())
@@ -166,7 +166,7 @@ def test_server_metrics_expose_system_metrics_and_reserve_their_names(caplog, tm
     only = m.render({"DiskUsage"}).decode()  # (a family without a sample yet is left out of a filtered scrape)
     assert only.count("# TYPE ") == 1 and "# TYPE DiskUsage gauge" in only
     # a handler metric may not take a system metric's name (GPU ones included)
-    with caplog.at_level(logging.WARNING, logger="inference_service.metrics"):
+    with caplog.at_level(logging.WARNING, logger="inference_service.observability.metrics"):
         m.handler_metrics("m", "1.0", [("CPUUtilization", "gauge", "Percent", {}, 1.0),
                                        ("GPUUtilization", "gauge", "Percent", {}, 1.0)])
     assert len(caplog.records) == 2

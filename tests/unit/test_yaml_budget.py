@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inference_service.archive.yaml_budget import MAX_YAML_NODES, load_yaml_budgeted, read_yaml_budgeted
 from inference_service.errors import InvalidArgument
-from inference_service.yaml_budget import MAX_YAML_NODES, load_yaml_budgeted, read_yaml_budgeted
 
 SOURCE = "model config file 'model-config.yaml'"
 

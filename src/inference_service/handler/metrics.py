@@ -8,7 +8,7 @@ Handlers call ``add_time``, ``add_counter``, ``add_size``, ``add_percent`` and
 - queued for the frontend (``metrics_mode=prometheus``): the worker sends the
   queued updates as a ``METRIC`` frame with its next response frames, and the
   server exports them on its ``/metrics`` endpoint
-  (:mod:`inference_service.metrics`).
+  (:mod:`inference_service.observability.metrics`).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def _criterion(finished: bool) -> Callable[[Any], bool]:
 
 
 @dataclass
-class _Job:
+class _ActiveRequest:
     """A request in the engine: its parsed form, id and start time."""
 
     key: str
@@ -140,7 +140,7 @@ class LLMHandler(BaseHandler):
         self.defaults = GenerationParams()
         self.context_length: int | None = None
         self.model_path: str | None = None
-        self._jobs: dict[str, _Job] = {}  # continuous mode: request id -> job
+        self._jobs: dict[str, _ActiveRequest] = {}  # continuous mode: request id -> job
         self._batches = 0  # static mode: batch counter, makes engine keys unique
 
     def initialize(self, context: Context) -> None:
@@ -193,7 +193,7 @@ class LLMHandler(BaseHandler):
             context.set_response_status(400, str(exc), idx)
             return str(exc)
 
-    def _finish(self, job: _Job, result: GenerationResult) -> str | dict[str, Any]:
+    def _finish(self, job: _ActiveRequest, result: GenerationResult) -> str | dict[str, Any]:
         """Log the request's token counts and speed; return its final message."""
         elapsed = time.perf_counter() - job.started
         log.info(
@@ -230,7 +230,7 @@ class LLMHandler(BaseHandler):
         engine = self._engine()
         self._batches += 1
         results: list[Any] = [None] * len(data)
-        live: dict[int, _Job] = {}
+        live: dict[int, _ActiveRequest] = {}
         unsent: dict[int, list[str]] = {}
         try:
             for idx, row in enumerate(data):
@@ -239,7 +239,8 @@ class LLMHandler(BaseHandler):
                     results[idx] = prepared
                     continue
                 request, prompt_ids = prepared
-                job = _Job(f"batch{self._batches}:{idx}", request, context.request_ids.get(idx), time.perf_counter())
+                job = _ActiveRequest(f"batch{self._batches}:{idx}", request, context.request_ids.get(idx),
+                                     time.perf_counter())
                 engine.add(job.key, prompt_ids, request.params)
                 live[idx] = job
             while live:
@@ -252,7 +253,7 @@ class LLMHandler(BaseHandler):
                     break
                 outputs = engine.step([job.key for job in live.values()])
                 pieces: dict[int, str] = {}
-                finished: list[tuple[int, _Job, GenerationResult]] = []
+                finished: list[tuple[int, _ActiveRequest, GenerationResult]] = []
                 for idx, job in live.items():
                     out = outputs.get(job.key)
                     if out is None:
@@ -359,7 +360,7 @@ class LLMHandler(BaseHandler):
                     continue
                 request, prompt_ids = prepared
                 engine.add(key, prompt_ids, request.params)
-                self._jobs[key] = _Job(key, request, request_id, time.perf_counter())
+                self._jobs[key] = _ActiveRequest(key, request, request_id, time.perf_counter())
             keys[idx] = key
         try:
             outputs = engine.step(list(keys.values())) if keys else {}

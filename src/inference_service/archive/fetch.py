@@ -1,0 +1,153 @@
+"""Remote model archives: which ``http(s)`` URLs may be fetched, and the download itself.
+
+As TorchServe's ``allowed_urls``: a remote RegisterModel ``url`` is fetched only
+when one of the operator's patterns matches it (:class:`UrlPolicy`, checked
+before anything is fetched and again for every redirect), with a size cap and a
+deadline, into a randomly named file. Extraction is then the same as for a
+local archive (:mod:`inference_service.archive.extract`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
+
+from inference_service.archive.extract import DEFAULT_MAX_ARCHIVE_BYTES
+from inference_service.archive.model_url import RELATIVE_PATH_MESSAGE, has_parent_segment, refuse_control_characters
+from inference_service.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, Unavailable
+
+log = logging.getLogger(__name__)
+
+REMOTE_SCHEMES = ("http", "https")
+MAX_REDIRECTS = 5
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Which remote register URLs are fetched, and how (TorchServe's ``allowed_urls``).
+
+    Attributes:
+        allowed_urls: regexes; a URL is allowed when one matches it whole, its
+            scheme and host in lower case (case-insensitive by RFC 3986), the
+            rest as written (TorchServe ignores case throughout, so its
+            ``.*/models/.*`` also lets ``/MODELS/`` through). Empty (the
+            default): no remote URL.
+        max_download_bytes: cap of one download (10 GiB).
+        timeout_s: deadline of one whole download, also the socket timeout (300 s).
+    """
+
+    allowed_urls: tuple[str, ...] = ()
+    max_download_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES
+    timeout_s: float = 300.0
+
+    def check(self, url: str) -> None:
+        """Refuse ``url`` unless it is an ``http(s)`` URL ``allowed_urls`` allows.
+
+        Checked before anything is fetched, and for every redirect target.
+
+        Raises:
+            InvalidArgument: control characters (CR, LF, TAB, NUL...: urllib.parse
+                would drop some, so the URL matched would not be the one fetched),
+                not http(s), credentials in the URL, no host, or a
+                ``..`` path segment (also percent-encoded: CVE-2024-35198), the latter
+                with TorchServe's "Relative path is not allowed in url: <url>".
+            PermissionDenied: no ``allowed_urls`` pattern matches (TorchServe's
+                "Given URL <url> does not match any allowed URL(s)", then why).
+        """
+        refuse_control_characters(url)
+        parsed = urlparse(url)
+        if parsed.scheme.lower() not in REMOTE_SCHEMES:
+            raise InvalidArgument(f"model URL scheme {parsed.scheme!r} is not supported ({url}): "
+                                  "use http(s):// or a file in the model store")
+        if parsed.username is not None or parsed.password is not None:
+            raise InvalidArgument("model URLs with credentials (user:password@) are not supported")
+        if not parsed.hostname:
+            raise InvalidArgument(f"model URL {url!r} has no host")
+        path = parsed.path
+        for _ in range(3):  # %252e%252e decodes to %2e%2e, then to ..
+            path = unquote(path)
+        if has_parent_segment(path):
+            raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url) + " (a '..' path segment)")
+        normalized = urlunsplit(urlsplit(url)._replace(scheme=parsed.scheme.lower(), netloc=parsed.netloc.lower()))
+        if not any(re.fullmatch(p, normalized) for p in self.allowed_urls):
+            raise PermissionDenied(  # TorchServe's ArchiveUtils.validateURL text, then why
+                f"Given URL {url} does not match any allowed URL(s): it matches no allowed_urls pattern "
+                "(by default only archives in the model store can be registered)")
+
+
+class _PolicyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the policy allows (at most MAX_REDIRECTS)."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def __init__(self, policy: UrlPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        self.policy.check(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch_archive(url: str, dest_dir: Path, policy: UrlPolicy) -> Path:
+    """Download an allowed ``http(s)`` archive into a new file under ``dest_dir``.
+
+    The file's name is random (nothing of the URL reaches the file system).
+    Proxies from the environment are not used.
+
+    Raises:
+        InvalidArgument / PermissionDenied: see :meth:`UrlPolicy.check` (also
+            for redirects); the download exceeds ``max_download_bytes``.
+        NotFound: the server answered 404.
+        Unavailable: the server cannot be reached or answered another error.
+        DeadlineExceeded: the download took longer than ``timeout_s``.
+    """
+    policy.check(url)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / f"{uuid.uuid4().hex}.download"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _PolicyRedirects(policy))
+    request = urllib.request.Request(url, headers={"User-Agent": "inference-service"})
+    deadline = time.monotonic() + policy.timeout_s
+    cap = policy.max_download_bytes
+    too_big = f"model URL {url!r} is larger than max_download_size ({cap} bytes)"
+    try:
+        with opener.open(request, timeout=policy.timeout_s) as response:
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > cap:
+                raise InvalidArgument(too_big)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                total = 0
+                while chunk := response.read1(1 << 16):
+                    total += len(chunk)
+                    if total > cap:
+                        raise InvalidArgument(too_big)
+                    if time.monotonic() > deadline:
+                        raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s")
+                    out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        target.unlink(missing_ok=True)
+        if exc.code == 404:
+            raise NotFound(f"model URL {url!r}: the server answered 404") from exc
+        raise Unavailable(f"cannot download {url!r}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        target.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s") from exc
+        raise Unavailable(f"cannot download {url!r}: {reason}") from exc
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    log.info("downloaded %s (%d bytes)", url, total)
+    return target

@@ -1,0 +1,207 @@
+"""The one place where errors become gRPC statuses.
+
+Every failing RPC ends with the error's status code and message, plus a
+``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer (read it with
+``grpc_status.rpc_status.from_call``): an ``ErrorInfo`` (domain
+``inference-service``, a stable ``reason``, metadata ``model_name`` /
+``model_version`` when the request named them) and, where retrying can
+succeed, a ``RetryInfo``. Anything that is not an
+:class:`~inference_service.errors.InferenceError` becomes INTERNAL
+"Internal server error" with the traceback in the log only.
+
+The same decorators observe every RPC of both APIs: when it ends, its status
+is counted (``inference_service_errors_total`` for errors) and its access-log
+line written, through the servicer's ``telemetry`` attribute (a
+:class:`~inference_service.observability.metrics.Telemetry`, or ``None``: nothing is recorded).
+An RPC the client cancelled ends CANCELLED (DEADLINE_EXCEEDED when its deadline
+passed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from inference_service.errors import InferenceError, InvalidArgument, shorten
+from inference_service.frontends.grpc.registration import Malformed
+from inference_service.observability.metrics import Telemetry
+
+log = logging.getLogger("inference_service.rpc")
+
+T = TypeVar("T")
+INTERNAL_MESSAGE = "Internal server error"
+DOMAIN = "inference-service"
+MAX_MESSAGE = 1000  # characters of an error message sent
+_OK = grpc.StatusCode.OK
+
+
+def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
+    """The gRPC status of ``exc`` with ``ErrorInfo`` (and ``RetryInfo``) details."""
+    metadata = {}
+    for field in ("model_name", "model_version"):
+        value = getattr(request, field, "")
+        if isinstance(value, str) and value:
+            metadata[field] = shorten(value)
+    details = []
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=metadata))
+    details.append(info)
+    if exc.retry_after_s is not None:
+        retry = any_pb2.Any()
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(int(exc.retry_after_s * 1000))
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
+    # the message goes out twice (grpc-message and the details): bounded, so that the status fits
+    # the 8 KiB of headers clients accept whatever the request quoted
+    message = shorten(exc.message, MAX_MESSAGE)
+    return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=message, details=details))
+
+
+def as_inference_error(exc: BaseException, method: str) -> InferenceError:
+    """``exc`` itself, or INTERNAL "Internal server error" for anything else (traceback logged)."""
+    if isinstance(exc, InferenceError):
+        return exc
+    log.error("%s failed", method, exc_info=exc)
+    return InferenceError(INTERNAL_MESSAGE)
+
+
+def _failure(exc: BaseException, method: str, request: Any) -> tuple[grpc.Status, grpc.StatusCode, str]:
+    """The status an RPC that raised ``exc`` ends with, and its code and reason."""
+    error = as_inference_error(exc, method)
+    return rich_status(error, request), error.code, error.reason
+
+
+def _end_with(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
+    """Make ``status`` (with its trailers) the RPC's status; the servicer method then returns.
+
+    Not ``context.abort``: grpc.aio keeps the ``AbortError`` it raises on the call's state, and
+    its traceback holds the servicer's frames with the request, in a reference cycle only the
+    cycle collector frees, which large requests (few Python objects each) seldom trigger: each
+    refused request of megabytes stayed in the server's memory for a long time.
+    """
+    context.set_code(status.code)
+    context.set_details(status.details)
+    context.set_trailing_metadata(status.trailing_metadata)
+
+
+def check_parsed(request: Any) -> None:
+    """Raise INVALID_ARGUMENT for a request that did not parse (see :mod:`.registration`)."""
+    if isinstance(request, Malformed):
+        raise InvalidArgument(f"request message does not parse: {request.error}", reason="MALFORMED_REQUEST")
+
+
+def _telemetry(servicer: Any) -> Telemetry | None:
+    return getattr(servicer, "telemetry", None)
+
+
+def _client_gone(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+    """The status of an RPC whose handler was cancelled: its deadline passed, or the client cancelled.
+
+    ``time_remaining()`` only reads the deadline kept with the call, so it is safe here; ``peer()``
+    is not (it crashes the process once a cancelled call is gone), hence the peer is read at start.
+    """
+    try:
+        remaining = context.time_remaining()
+    except Exception:  # noqa: BLE001 - no deadline information: a plain cancel
+        remaining = None
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
+    return grpc.StatusCode.CANCELLED, "CANCELLED"
+
+
+def _aborted_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The code of an RPC the servicer aborted itself (``context.abort``)."""
+    try:
+        code = context.code()
+    except Exception:  # noqa: BLE001 - older grpc: unknown
+        code = None
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+
+
+def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Decorate a unary servicer method: map raised errors to statuses; count and access-log the RPC."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        telemetry = _telemetry(self)
+        start = time.perf_counter()
+        peer = telemetry.peer(context) if telemetry is not None else ""
+        code, reason = _OK, ""
+        try:
+            try:
+                check_parsed(request)
+                return await method(self, request, context)
+            except grpc.aio.AbortError:
+                code = _aborted_code(context)
+                raise
+            except asyncio.CancelledError:
+                code, reason = _client_gone(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+                status, code, reason = _failure(exc, name, request)
+            _end_with(context, status)
+            return None  # type: ignore[return-value] # gRPC sends no message with a non-OK status
+        finally:
+            if telemetry is not None:
+                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0)
+
+    return wrapper
+
+
+def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Callable[..., AsyncIterator[T]]:
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
+        telemetry = _telemetry(self)
+        start = time.perf_counter()
+        peer = telemetry.peer(context) if telemetry is not None else ""
+        code, reason, messages = _OK, "", 0
+        try:
+            status = None
+            try:
+                if parsed:
+                    check_parsed(request)
+                async for item in method(self, request, context):
+                    yield item
+                    messages += 1  # gRPC asks for the next item once this one is written
+            except grpc.aio.AbortError:
+                code = _aborted_code(context)
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code, reason = _client_gone(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
+                status, code, reason = _failure(exc, name, request)
+            if status is not None:
+                _end_with(context, status)
+        finally:
+            if telemetry is not None:
+                telemetry.rpc_done(name, request, peer, code, reason, start, messages)
+
+    return wrapper
+
+
+def streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """Decorate a server-streaming servicer method (an async generator): map raised errors to
+    statuses; count and access-log the RPC (with the number of messages sent)."""
+    return _stream_wrapper(method, parsed=True)
+
+
+def bidi_streaming(method: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    """Decorate a bidirectional-streaming servicer method (its request is an iterator), as
+    :func:`streaming`. Its access line names no model: requests may name different ones."""
+    return _stream_wrapper(method, parsed=False)

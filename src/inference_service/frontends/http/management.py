@@ -1,0 +1,374 @@
+"""TorchServe's HTTP/1.1 management API (its REST API on port 8081), over the same
+:class:`~inference_service.serving.core.InferenceCore` as the gRPC management servicer.
+
+Served by aiohttp in the server's asyncio loop, on ``management_address`` (default
+``http://127.0.0.1:8081`` as TorchServe; ``--http-management-address`` / ``--http-management-port``,
+port 0 picks a free one; ``--no-http-management`` or ``--no-http`` turns it off). Each route reads
+TorchServe's query parameters, makes the one core call the gRPC servicer makes for the same RPC,
+and answers with TorchServe 0.12's status code and JSON body (its ``ManagementRequestHandler``,
+``ApiUtils`` and ``TokenAuthorizationHandler``):
+
+- ``POST /models?url=&model_name=&handler=&runtime=&batch_size=&max_batch_delay=&initial_workers=
+  &synchronous=&response_timeout=&startup_timeout=`` (or the same keys in an ``application/json``
+  body): :meth:`InferenceCore.register`. 200 ``{"status": "Model \\"m\\" Version: 1.0 registered
+  with 1 initial workers"}`` (``synchronous``, TorchServe's default here: true) or ``... registered
+  with 0 initial workers. Use scale workers API to add workers for the model.``; 202 ``Processing
+  worker updates...`` when not synchronous; 409 for a version already registered. Numbers at or
+  below 0 are unset, as TorchServe reads them.
+- ``GET /models?limit=&next_page_token=``: :meth:`InferenceCore.list_models` (ListModels' JSON;
+  a limit outside 1..100 is 100, as TorchServe's).
+- ``GET /models/{name}[/{version}|/all][?customized=true]``: :meth:`InferenceCore.versions`
+  (DescribeModel's JSON array, :mod:`..torchserve_json`).
+- ``PUT /models/{name}[/{version}]?min_worker=&max_worker=&number_gpu=&synchronous=&timeout=``:
+  :meth:`InferenceCore.scale`; ``min_worker`` defaults to 1 and ``max_worker`` to ``min_worker``
+  as TorchServe's. 200 ``Workers scaled to 3 for model: m[, version: 2.0]`` (synchronous), 202
+  ``Processing worker updates...``.
+- ``DELETE /models/{name}[/{version}]``: :meth:`InferenceCore.unregister`. 200 ``Model "m"
+  unregistered``; 403 for the default version while other versions exist.
+- ``PUT /models/{name}/{version}/set-default``: :meth:`InferenceCore.set_default`. 200
+  ``Default version successfully updated for model "m" to "2.0"``.
+- ``GET /token?type=management|inference`` (any method, as TorchServe): a new key of that type,
+  written to ``key_file.json`` (:meth:`TokenAuthorization.renew`); the old one stops working at
+  once. Needs the ``API`` key; only served with token authorization on.
+
+``POST /models`` and ``DELETE`` need ``--enable-model-api``; without it they answer 405, as
+TorchServe 0.12's REST API does (its gRPC API answers PERMISSION_DENIED "Model API disabled").
+With token authorization on, every request carries ``Authorization: Bearer <management key>``
+(``/token``: the ``API`` key); otherwise 401 with TorchServe's message, as the HTTP inference API
+answers (TorchServe: 400).
+
+Errors are TorchServe's ``{"code", "type", "message"}`` with the status of
+:func:`inference_service.frontends.http.inference.http_status` (400 BadRequestException, 404
+ModelNotFoundException, 500 a worker that failed to load in a synchronous call, 503 while
+shutting down, ...), a parameter that is not an integer (or ``true``/``false``) 400, an unknown
+path 404 and a method a path does not serve 405, with TorchServe's texts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from inference_service.config import Settings
+from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
+from inference_service.frontends.http.inference import (
+    NOT_FOUND_MESSAGE,
+    TOKEN_MESSAGE,
+    error_response,
+    http_status,
+    serve_app,
+    tls_context,
+)
+from inference_service.frontends.torchserve_json import (
+    PROCESSING,
+    describe_json,
+    register_status,
+    scale_status,
+    unregister_status,
+)
+from inference_service.security.auth import (
+    API,
+    INFERENCE,
+    MANAGEMENT,
+    TokenAuthorization,
+    read_bearer,
+    warn_exposed_binds,
+)
+from inference_service.serving.core import InferenceCore
+from inference_service.serving.registration import RegisterRequest
+
+log = logging.getLogger("inference_service.http_management")
+
+#: TorchServe's text for a method a path does not serve (its MethodNotAllowedException).
+METHOD_NOT_ALLOWED_MESSAGE = "Requested method is not allowed, please refer to API document."
+#: Added to that text when ``POST /models`` or ``DELETE`` is refused because the model API is off.
+MODEL_API_DISABLED = "Model API disabled: start the server with --enable-model-api"
+_MODEL_API_METHODS = frozenset({"POST", "DELETE"})
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INT32 = range(-(2**31), 2**31)
+# TorchServe's error "type" (its exception class names) for statuses the HTTP inference API does not answer.
+_ERROR_TYPE = {403: "ForbiddenException", 409: "ConflictStatusException"}
+_REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
+
+
+def integer(params: Mapping[str, str], key: str, default: int = 0) -> int:
+    """The integer query parameter ``key`` (``default`` when absent).
+
+    Raises:
+        InvalidArgument: not a 32-bit integer (TorchServe silently takes the default instead).
+    """
+    value = params.get(key)
+    if value is None:
+        return default
+    if _INTEGER.fullmatch(value.strip()) is None or int(value) not in _INT32:
+        raise InvalidArgument(f"parameter {key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def boolean(params: Mapping[str, str], key: str, default: bool) -> bool:
+    """The boolean query parameter ``key``: ``true`` or ``false`` in any case (``default`` when absent).
+
+    Raises:
+        InvalidArgument: anything else (TorchServe's ``Boolean.parseBoolean`` reads it as false).
+    """
+    value = params.get(key)
+    if value is None:
+        return default
+    if value.strip().lower() not in ("true", "false"):
+        raise InvalidArgument(f"parameter {key} must be true or false, got {value!r}")
+    return value.strip().lower() == "true"
+
+
+def json_response(body: str, status: int = 200) -> web.Response:
+    """``body`` (JSON text) with ``status``, ending with a newline as TorchServe's answers do."""
+    return web.Response(text=body + "\n", status=status, content_type="application/json")
+
+
+def status_response(text: str, status: int = 200) -> web.Response:
+    """TorchServe's ``{"status": "..."}`` body (its ``StatusResponse``), indented as it prints it."""
+    return json_response(json.dumps({"status": text}, indent=2), status)
+
+
+def management_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The management API's TLS context: ``None`` (plaintext) unless ``management_address`` is
+    ``https://`` (then ``certificate_file`` / ``private_key_file``, and ``client_ca_file`` for
+    mutual TLS, as the HTTP inference API).
+
+    Raises:
+        OSError: HTTPS without a certificate or key, or a file that is not a readable PEM file.
+    """
+    if not settings.http_management_tls:
+        return None
+    if settings.certificate_file is None or settings.private_key_file is None:
+        raise OSError("an https:// management_address needs certificate_file and private_key_file")
+    return tls_context(settings.certificate_file, settings.private_key_file, settings.client_ca_file)
+
+
+class HttpManagementApi:
+    """TorchServe's HTTP/1.1 management API (``/models``, ``/token``) on an aiohttp server.
+
+    Quick start::
+
+        api = HttpManagementApi(core, auth=token_authorization, model_api_enabled=True)
+        port = await api.start("127.0.0.1", 0)   # the bound port
+        ...
+        await api.stop()
+
+    Args:
+        core: the serving core shared with the gRPC servicers.
+        auth: the server's token authorization (``None``: off; no ``/token`` route then).
+        model_api_enabled: whether ``POST /models`` and ``DELETE`` are served (``--enable-model-api``).
+        max_request_size: largest request body in bytes (a JSON register body).
+        ssl_context: serve HTTPS with this context (``None``: plaintext).
+        shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
+    """
+
+    def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
+                 max_request_size: int = 6_553_500, ssl_context: ssl.SSLContext | None = None,
+                 shutdown_timeout_s: float = 1.0) -> None:
+        self.core = core
+        self.auth = auth
+        self.model_api_enabled = model_api_enabled
+        self.ssl_context = ssl_context
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.app = web.Application(client_max_size=max_request_size,
+                                   middlewares=[_answer_errors, self._auth_middleware])
+        router = self.app.router
+        router.add_get("/models", self.list_models, allow_head=False)
+        router.add_post("/models", self.register)
+        for path in ("/models/{model_name}", "/models/{model_name}/{model_version}"):
+            router.add_get(path, self.describe, allow_head=False)
+            router.add_put(path, self.scale)
+            router.add_delete(path, self.unregister)
+        router.add_put("/models/{model_name}/{model_version}/set-default", self.set_default)
+        if auth is not None:
+            router.add_route("*", "/token", self.token)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, address: str, port: int) -> int:
+        """Bind ``address:port`` (0: a free port) and serve; returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound (the message names it).
+        """
+        self._runner, bound = await serve_app(self.app, "HTTP management API", address, port,
+                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s)
+        warn_exposed_binds({"HTTP management": address}, self.auth is not None, self.ssl_context is not None,
+                           tls_hint="use an https:// management_address")
+        return bound
+
+    async def stop(self) -> None:
+        """Stop listening and close connections (open responses get ``shutdown_timeout_s``)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # ------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _auth_middleware(self, request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Refuse requests without ``Authorization: Bearer <key>`` (401) when authorization is on: the
+        management key, or the ``API`` key for ``/token`` (TorchServe's TokenAuthorizationHandler)."""
+        if self.auth is not None:
+            scope = API if request.path == "/token" else MANAGEMENT
+            if not self.auth.keys.verify(scope, read_bearer(request.headers.items())):
+                log.info("rejected HTTP %s %s: %s token", request.method, request.path,
+                         "missing" if "Authorization" not in request.headers else "invalid")
+                return error_response(401, TOKEN_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    def _model_api_refusal(self, request: web.Request) -> web.Response | None:
+        """TorchServe's 405 for ``POST /models`` and ``DELETE`` while the model API is disabled."""
+        if self.model_api_enabled:
+            return None
+        served = {route.method for route in request.match_info.route.resource or ()} - _MODEL_API_METHODS
+        return _method_not_allowed(served, MODEL_API_DISABLED)
+
+    # --------------------------------------------------------------- routes
+    async def register(self, request: web.Request) -> web.Response:
+        """``POST /models``: RegisterModel (see the module docstring for parameters and answers).
+
+        A version registered already answers 409 (TorchServe's ConflictStatusException); other
+        FAILED_PRECONDITION errors (no model store, a failed ``requirements.txt`` install) 400.
+        """
+        if (refusal := self._model_api_refusal(request)) is not None:
+            return refusal
+        params, synchronous_default = await _register_params(request)
+        synchronous = boolean(params, "synchronous", synchronous_default)
+        req = RegisterRequest(url=params.get("url", ""), model_name=params.get("model_name", ""),
+                              handler=params.get("handler", ""), runtime=params.get("runtime", ""),
+                              synchronous=synchronous)
+        for key in _REGISTER_FIELDS:
+            setattr(req, key, integer(params, key))
+        try:
+            model = await self.core.register(req)
+        except FailedPrecondition as exc:
+            if exc.reason != "VERSION_REGISTERED":
+                raise
+            return error_response(409, exc.message, error_type="ConflictStatusException")  # as TorchServe
+        status = register_status(model, synchronous)
+        return status_response(status, 202 if status == PROCESSING else 200)
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        """``GET /models?limit=&next_page_token=``: ListModels' JSON, names sorted."""
+        page = self.core.list_models(integer(request.query, "limit"), integer(request.query, "next_page_token"))
+        return json_response(json.dumps(page, indent=2))
+
+    async def describe(self, request: web.Request) -> web.Response:
+        """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array.
+
+        ``customized=true`` is read and answered with the same description: the handler's
+        customized metadata is not asked for (as DescribeModel on gRPC here).
+        """
+        boolean(request.query, "customized", False)
+        name, version = _model(request)
+        return json_response(describe_json(self.core.versions(name, version)))
+
+    async def scale(self, request: web.Request) -> web.Response:
+        """``PUT /models/{name}[/{version}]``: ScaleWorker (``model_version`` may also be a parameter)."""
+        name, version = _model(request)
+        query = request.query
+        version = version or query.get("model_version", "")
+        min_worker = integer(query, "min_worker", 1)
+        synchronous = boolean(query, "synchronous", False)
+        model = await self.core.scale(name, version, min_worker, integer(query, "max_worker", min_worker),
+                                      synchronous, integer(query, "timeout"), integer(query, "number_gpu"))
+        status = scale_status(model, version, synchronous)
+        return status_response(status, 202 if status == PROCESSING else 200)
+
+    async def unregister(self, request: web.Request) -> web.Response:
+        """``DELETE /models/{name}[/{version}]``: UnregisterModel (the default version when none is named)."""
+        if (refusal := self._model_api_refusal(request)) is not None:
+            return refusal
+        name, version = _model(request)
+        try:
+            await self.core.unregister(name, version)
+        except FailedPrecondition as exc:
+            if exc.reason != "DEFAULT_VERSION":
+                raise
+            # the default version while others exist: TorchServe's InvalidModelVersionException
+            return error_response(403, exc.message, error_type="InvalidModelVersionException")
+        return status_response(unregister_status(name))
+
+    async def set_default(self, request: web.Request) -> web.Response:
+        """``PUT /models/{name}/{version}/set-default``: SetDefault."""
+        name, version = _model(request)
+        self.core.set_default(name, version)
+        return status_response(f'Default version successfully updated for model "{name}" to "{version}"')
+
+    async def token(self, request: web.Request) -> web.Response:
+        """``/token?type=management|inference``: a new key of that type in ``key_file.json``.
+
+        400 for another or no ``type``, or a key the operator fixed (TorchServe answers 400
+        "Token Authentication failed..." for a bad type); 500 when the key file cannot be written.
+        """
+        scope = request.query.get("type", "")
+        if scope not in (MANAGEMENT, INFERENCE):
+            raise InvalidArgument(f"parameter type must be {MANAGEMENT} or {INFERENCE}, got {scope!r}")
+        assert self.auth is not None  # the route exists only with token authorization
+        try:
+            self.auth.renew(scope)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        except OSError as exc:
+            raise InferenceError(f"the {scope} key was renewed but {self.auth.key_file} could not be written: "
+                                 f"{exc.strerror or exc}") from exc
+        return status_response(f"{scope} key renewed: read it from {self.auth.key_file.name}")
+
+
+@web.middleware
+async def _answer_errors(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Answer every failure with TorchServe's JSON error body and status (the outer middleware)."""
+    try:
+        return await handler(request)
+    except InferenceError as exc:
+        status = http_status(exc)
+        retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s is not None else None
+        return error_response(status, exc.message, retry, _ERROR_TYPE.get(status))
+    except web.HTTPException as exc:  # from routing: an unknown path or method, a body above the limit
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            return _method_not_allowed(exc.allowed_methods)
+        not_found = exc.status == 404
+        return error_response(exc.status, NOT_FOUND_MESSAGE if not_found else exc.reason,
+                              error_type="ResourceNotFoundException" if not_found else None)
+    except Exception:
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        return error_response(500, "Internal server error")
+
+
+def _model(request: web.Request) -> tuple[str, str]:
+    """``(model name, version)`` of the path (version ``""``: the default)."""
+    return request.match_info["model_name"], request.match_info.get("model_version", "")
+
+
+def _method_not_allowed(allowed: set[str] | frozenset[str], hint: str = "") -> web.Response:
+    """TorchServe's 405 body (its text, then ``hint``), with the ``Allow`` header HTTP asks for."""
+    message = f"{METHOD_NOT_ALLOWED_MESSAGE} {hint}" if hint else METHOD_NOT_ALLOWED_MESSAGE
+    return error_response(405, message, headers={"Allow": ", ".join(sorted(allowed))})
+
+
+async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
+    """RegisterModel's parameters and the default of ``synchronous``: from an ``application/json``
+    body (default false, TorchServe's Gson defaults), else from the query (default true, as
+    TorchServe's ``RegisterModelRequest``).
+
+    Raises:
+        InvalidArgument: a JSON body that is not an object.
+    """
+    if request.content_type != "application/json":
+        return dict(request.query), True
+    try:
+        body: Any = json.loads(await request.text())
+    except ValueError as exc:
+        raise InvalidArgument(f"the request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return {key: (str(value).lower() if isinstance(value, bool) else str(value))
+            for key, value in body.items() if value is not None}, False

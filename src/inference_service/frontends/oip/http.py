@@ -1,0 +1,272 @@
+"""The Open Inference Protocol (KServe v2) over HTTP/1.1, on the HTTP inference API's port.
+
+:func:`add_open_inference_routes` adds, to the aiohttp application of
+:class:`~inference_service.frontends.http.inference.HttpInferenceApi` (so with its token authorization: every
+route needs ``Authorization: Bearer <inference key>``, as ``/predictions``):
+
+- ``GET /v2``: server metadata ``{"name", "version", "extensions"}``.
+- ``GET /v2/health/live``: 200 ``{"live": true}``.
+- ``GET /v2/health/ready``: 200 ``{"ready": true}``, or 400 ``{"ready": false}`` while not ready
+  (the protocol: 200 is true, a 4xx false; TorchServe always answers 200 true).
+- ``GET /v2/models/{name}[/versions/{version}]/ready``: 200 ``{"name", "ready": true}`` or 400
+  ``{"name", "ready": false}``; 404 for an unknown model or version.
+- ``GET /v2/models/{name}[/versions/{version}]``: model metadata ``{"name", "versions",
+  "platform", "inputs", "outputs"}`` (TorchServe answers 501 for ``/versions/`` paths).
+- ``POST /v2/models/{name}[/versions/{version}]/infer``: inference. The body is the v2 JSON
+  request; with Triton's binary tensor data extension (header ``Inference-Header-Content-Length``:
+  the JSON's length, the inputs' raw bytes after it, each input's size in its parameter
+  ``binary_data_size``) the raw bytes are decoded as gRPC's ``raw_input_contents`` are. The
+  handler gets what gRPC ``ModelInfer`` hands it (:mod:`inference_service.frontends.oip.protocol`:
+  TorchServe's JSON body; elements flattened; binary BYTES as base64 strings, JSON BYTES as the
+  strings sent). The answer is JSON ``{"model_name", "model_version", "id", "outputs"}``; an
+  output is sent as binary data (parameter ``binary_data_size``, the bytes after the JSON,
+  ``Inference-Header-Content-Length`` giving the JSON's length) when the request asked for it
+  (the output's parameter ``binary_data``, else the request's ``binary_data_output``, which
+  tritonclient sets by default).
+
+Errors of these routes answer the protocol's body ``{"error": "<message>"}`` (what tritonclient
+reads) with the HTTP API's status: 400 a bad request (wrong shape, unknown data type, bad
+JSON...), 401 missing or wrong key, 404 unknown model or version, 413 above
+``max_request_size``, 500 a handler error or an answer that is not a v2 response, 503 no
+worker / job queue full / shutting down, 504 ``responseTimeout``, 507 a response above
+``max_response_size``; a status the handler set is answered as is. A path or method no route
+serves (``GET /v2/models``, ``GET .../infer``) keeps the HTTP API's 404/405 and TorchServe's body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from inference_service.errors import HandlerError, InvalidArgument
+from inference_service.frontends.oip.protocol import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    convert,
+    element_total,
+    infer,
+    make_input,
+    model_metadata,
+    model_ready,
+    server_metadata,
+    server_ready,
+)
+from inference_service.frontends.oip.tensors import DATATYPES, datatype, decode_raw, element_count, encode_raw, flatten
+from inference_service.serving.core import InferenceCore
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_open_inference_routes(app: web.Application, core: InferenceCore) -> None:
+    """Add the ``/v2`` routes (see the module docstring) and the middleware that gives their
+    errors the protocol's ``{"error": ...}`` body. Call before the application starts."""
+    routes = OpenInferenceRoutes(core)
+    for prefix in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        app.router.add_get(prefix, routes.model_metadata, allow_head=False)
+        app.router.add_get(prefix + "/ready", routes.model_ready, allow_head=False)
+        app.router.add_post(prefix + "/infer", routes.infer)
+    app.router.add_get("/v2", routes.server_metadata, allow_head=False)
+    app.router.add_get("/v2/health/live", routes.live, allow_head=False)
+    app.router.add_get("/v2/health/ready", routes.ready, allow_head=False)
+    # outermost, so it also sees the answers of the authorization and error middlewares
+    app.middlewares.insert(0, open_inference_errors)
+
+
+def is_open_inference_path(path: str) -> bool:
+    """True for ``/v2`` and the paths under it."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+@web.middleware
+async def open_inference_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """For the ``/v2`` routes, turn the HTTP API's error body (TorchServe's ``{"code", "type",
+    "message"}``) into the protocol's ``{"error": message}``, keeping the status and headers.
+    A path or method no route serves keeps the HTTP API's answer (404/405, TorchServe's body)."""
+    response = await handler(request)
+    if (response.status < 400 or request.match_info.http_exception is not None
+            or not is_open_inference_path(request.path) or not isinstance(response, web.Response)):
+        return response
+    try:
+        body = json.loads(response.body) if isinstance(response.body, bytes) else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "error" in body or "message" not in body:
+        return response
+    headers = {k: v for k, v in response.headers.items() if k in ("WWW-Authenticate", "Retry-After", "Allow")}
+    return web.json_response({"error": str(body["message"])}, status=response.status, headers=headers)
+
+
+def request_from_http(body: bytes, header_length: str | None, name: str, version: str) -> InferRequest:
+    """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`.
+
+    Raises:
+        InvalidArgument: the JSON does not parse or is not an object, ``inputs`` is not a list,
+            a bad ``Inference-Header-Content-Length``, binary data sizes that do not add up to
+            the bytes after the JSON, or an input that :func:`make_input` refuses.
+    """
+    binary = b""
+    if header_length is not None:
+        try:
+            length = int(header_length)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= len(body):
+            raise InvalidArgument(f"{HEADER_LENGTH} {header_length!r} is not a length within the body "
+                                  f"({len(body)} bytes)")
+        body, binary = body[:length], body[length:]
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise InvalidArgument("the request body is not a JSON object")
+    raw_inputs = obj.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidArgument('the request has no "inputs" list')
+    inputs = []
+    offset = 0
+    for index, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"input {index} is not an object")
+        parameters = _parameters(item.get("parameters"), f"input {index}")
+        size = parameters.get("binary_data_size")
+        if size is not None:
+            what = f"input {item.get('name') or index!r}"
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise InvalidArgument(f"{what}: binary_data_size {size!r} exceeds the {len(binary) - offset} "
+                                      "bytes of binary data left")
+            dtype = datatype(str(item.get("datatype")), InvalidArgument, what)
+            shape = item.get("shape")
+            count = element_count(shape if isinstance(shape, list) else [], InvalidArgument, what)
+            data = decode_raw(dtype, binary[offset:offset + size], count, what, InvalidArgument)
+            offset += size
+            typed = True
+        elif "data" in item:
+            data, typed = flatten(item["data"]), False
+        else:
+            raise InvalidArgument(f"input {item.get('name') or index!r} has neither data nor binary_data_size")
+        inputs.append(make_input(item.get("name"), item.get("datatype"), item.get("shape"), data, typed=typed,
+                                 parameters=parameters, index=index))
+    if offset != len(binary):
+        raise InvalidArgument(f"{len(binary) - offset} bytes of binary data belong to no input")
+    outputs = []
+    raw_outputs = obj.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise InvalidArgument('"outputs" is not a list')
+    for index, item in enumerate(raw_outputs):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgument(f"requested output {index} has no name")
+        outputs.append(RequestedOutput(item["name"], _parameters(item.get("parameters"), f"output {index}")))
+    request_id = obj.get("id")
+    return InferRequest(name, version, request_id if isinstance(request_id, str) else "" if request_id is None
+                        else json.dumps(request_id), inputs, outputs, _parameters(obj.get("parameters"), "request"))
+
+
+def _parameters(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"the parameters of {what} are not an object")
+    return value
+
+
+def _wants_binary(request: InferRequest, output: str) -> bool:
+    """Binary data for ``output``: its requested parameter ``binary_data``, else the request's
+    ``binary_data_output`` (Triton's binary tensor data extension)."""
+    for requested in request.outputs:
+        if requested.name == output and "binary_data" in requested.parameters:
+            return requested.parameters["binary_data"] is True
+    return request.parameters.get("binary_data_output") is True
+
+
+def response_to_http(request: InferRequest, response: InferResponse) -> web.Response:
+    """The v2 HTTP answer: JSON, or JSON followed by the outputs asked for as binary data.
+
+    Raises:
+        HandlerError: an output value that does not fit its data type in binary form.
+    """
+    outputs = []
+    blobs: list[bytes] = []
+    for tensor in response.outputs:
+        out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        parameters = dict(tensor.parameters)
+        if _wants_binary(request, tensor.name):
+            blob = encode_raw(DATATYPES[tensor.datatype], tensor.data, f"the handler's output {tensor.name!r}",
+                              HandlerError)
+            parameters["binary_data_size"] = len(blob)
+            blobs.append(blob)
+        else:
+            out["data"] = tensor.data
+        if parameters:
+            out["parameters"] = parameters
+        outputs.append(out)
+    body: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        body["id"] = response.id
+    if response.parameters:
+        body["parameters"] = response.parameters
+    body["outputs"] = outputs
+    head = json.dumps(body).encode("utf-8")
+    if not blobs:
+        return web.Response(body=head, content_type="application/json")
+    return web.Response(body=head + b"".join(blobs), content_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(len(head))})
+
+
+def _version(request: web.Request) -> str:
+    return request.match_info.get("model_version", "")
+
+
+class OpenInferenceRoutes:
+    """The route handlers of :func:`add_open_inference_routes` over one core.
+
+    Args:
+        core: the serving core shared with the gRPC servicers.
+    """
+
+    def __init__(self, core: InferenceCore) -> None:
+        self.core = core
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        """``GET /v2``: the server's name, version and protocol extensions."""
+        return web.json_response(server_metadata())
+
+    async def live(self, request: web.Request) -> web.Response:
+        """``GET /v2/health/live``: 200 ``{"live": true}`` while the server answers."""
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """``GET /v2/health/ready``: 200 when ready, 400 otherwise (see :func:`server_ready`)."""
+        ready = server_ready(self.core)
+        return web.json_response({"ready": ready}, status=200 if ready else 400)
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        """``GET /v2/models/{name}[/versions/{v}]/ready``: 200 when ready, 400 otherwise, 404 when unknown."""
+        name = request.match_info["model_name"]
+        ready = model_ready(self.core, name, _version(request))
+        return web.json_response({"name": name, "ready": ready}, status=200 if ready else 400)
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        """``GET /v2/models/{name}[/versions/{v}]``: the model's metadata, 404 when unknown."""
+        return web.json_response(model_metadata(self.core, request.match_info["model_name"], _version(request)))
+
+    async def infer(self, request: web.Request) -> web.Response:
+        """``POST /v2/models/{name}[/versions/{v}]/infer``.
+
+        Steps: 1. resolve the model (404 when unknown); 2. read and check the body (400, 413);
+        3. run it (:func:`~inference_service.frontends.oip.protocol.infer`); 4. answer JSON or binary.
+        """
+        name, version = request.match_info["model_name"], _version(request)
+        self.core.get(name, version)
+        body = await request.read()
+        infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
+                                      size=len(body))
+        headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        response = await infer(self.core, infer_request, headers)
+        return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))
+

@@ -1,0 +1,343 @@
+"""Open Inference Protocol (KServe v2) requests and responses, between the wire and a handler.
+
+Both transports (gRPC ``ModelInfer`` in :mod:`inference_service.frontends.grpc.open_inference`,
+HTTP ``POST /v2/models/{name}/infer`` in :mod:`inference_service.frontends.oip.http`) turn
+what they receive into an :class:`InferRequest` and hand the handler what TorchServe 0.12
+hands it (``OpenInferenceProtocolImpl.modelInfer``): one input ``body`` holding the request as
+JSON::
+
+    {"id": "42", "model_name": "m",
+     "inputs": [{"name": "INPUT0", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
+
+Elements are flattened in row-major order. ``BYTES`` elements that arrived as bytes (gRPC, raw
+or typed; HTTP binary tensor data) are base64 strings, as TorchServe's gRPC path sends them;
+``BYTES`` sent as JSON strings (HTTP) stay those strings. Request and input ``parameters`` and
+the requested ``outputs`` are included when the client sent any (TorchServe drops them), without
+the transport's own (``binary_data``, ``binary_data_size``, ``binary_data_output``).
+
+The handler answers a v2 response as JSON (what TorchServe's ``kservev2`` envelope writes)::
+
+    {"id": "42", "model_name": "m", "model_version": "1.0",
+     "outputs": [{"name": "OUTPUT0", "shape": [2, 2], "datatype": "FP32", "data": [2.0, 4.0, 6.0, 8.0]}]}
+
+:func:`parse_answer` checks it into an :class:`InferResponse` (``data`` may be nested; its
+element count must fill ``shape``; a missing ``id``, ``model_name`` or ``model_version`` is the
+request's). A handler answer that is not such a response fails the request with INTERNAL
+(reason ``HANDLER_ERROR``), naming what is wrong.
+
+The health and metadata answers are here too, so both transports give the same ones:
+:func:`server_ready`, :func:`model_ready`, :func:`server_metadata`, :func:`model_metadata`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import inference_service
+from inference_service.errors import HandlerError, InvalidArgument
+from inference_service.frontends.oip.tensors import check_count, check_values, datatype, element_count, flatten
+from inference_service.serving.core import InferenceCore
+
+#: Parameters that belong to HTTP's binary tensor data extension, not to the model.
+TRANSPORT_PARAMETERS = frozenset({"binary_data", "binary_data_size", "binary_data_output"})
+#: Conversions of more than this many bytes (or tensor elements) run in a worker thread.
+OFFLOAD_SIZE = 64 * 1024
+T = TypeVar("T")
+
+
+@dataclass
+class Tensor:
+    """One tensor of a request or response.
+
+    Args:
+        name: tensor name.
+        datatype: protocol data type name (``FP32``...).
+        shape: dimensions.
+        data: the elements, flattened row-major: bools, ints, floats, or for BYTES ``bytes``
+            (arrived as bytes) / ``str`` (arrived as JSON text).
+        parameters: the tensor's parameters (plain JSON values).
+    """
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for (``outputs`` of the request)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    """One v2 inference request, checked.
+
+    Args:
+        model_name / model_version: the model to run ("" version: the default one).
+        id: the client's request id ("" when it sent none).
+        inputs: the input tensors.
+        outputs: the outputs asked for (empty: all).
+        parameters: request parameters.
+    """
+
+    model_name: str
+    model_version: str
+    id: str
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def handler_body(self) -> bytes:
+        """The JSON body the handler gets as input ``body`` (see the module docstring)."""
+        body: dict[str, Any] = {"id": self.id, "model_name": self.model_name,
+                                "inputs": [_input_json(t) for t in self.inputs]}
+        parameters = model_parameters(self.parameters)
+        if parameters:
+            body["parameters"] = parameters
+        if self.outputs:
+            body["outputs"] = [_output_request_json(o) for o in self.outputs]
+        return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass
+class InferResponse:
+    """A handler's v2 answer, checked: ``outputs`` hold flattened elements."""
+
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[Tensor]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` without the transport's own (:data:`TRANSPORT_PARAMETERS`)."""
+    return {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
+
+
+async def convert(fn: Callable[..., T], *args: Any, size: int) -> T:
+    """``fn(*args)``, in a worker thread when ``size`` (bytes or elements converted) is at least
+    :data:`OFFLOAD_SIZE`, so that a large tensor does not hold the event loop (a 1 MB FP32 tensor
+    takes about 0.1 s to turn into JSON, its answer as long back) while other requests wait."""
+    if size < OFFLOAD_SIZE:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def element_total(tensors: list[Tensor]) -> int:
+    """The number of elements of ``tensors`` (the size of a conversion, for :func:`convert`)."""
+    return sum(len(t.data) for t in tensors)
+
+
+def _input_json(tensor: Tensor) -> dict[str, Any]:
+    data = tensor.data
+    if tensor.datatype == "BYTES":
+        data = [base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v for v in data]
+    out: dict[str, Any] = {"name": tensor.name, "shape": tensor.shape, "datatype": tensor.datatype, "data": data}
+    parameters = model_parameters(tensor.parameters)
+    if parameters:
+        out["parameters"] = parameters
+    return out
+
+
+def _output_request_json(output: RequestedOutput) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": output.name}
+    parameters = model_parameters(output.parameters)
+    if parameters:
+        out["parameters"] = parameters
+    return out
+
+
+def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any], *, typed: bool,
+               parameters: dict[str, Any] | None = None, index: int = 0) -> Tensor:
+    """An input :class:`Tensor`, checked: INVALID_ARGUMENT unless the data fill the shape.
+
+    Args:
+        name / dtype_name / shape: as the client sent them.
+        data: flattened elements.
+        typed: the elements come typed from the wire (proto fields, raw bytes decoded here) and
+            need no per-element type check; otherwise (JSON) each is checked against the
+            data type and its range.
+        parameters: the input's parameters.
+        index: the input's position (named in messages when it has no name).
+
+    Raises:
+        InvalidArgument: no name, unknown data type, bad shape, wrong element count, an
+            element of the wrong type or out of range.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"input {index} has no name")
+    what = f"input {name!r}"
+    if not isinstance(dtype_name, str):
+        raise InvalidArgument(f"{what} has no datatype")
+    dtype = datatype(dtype_name, InvalidArgument, what)
+    if not isinstance(shape, list):
+        raise InvalidArgument(f"{what} has no shape")
+    count = element_count(shape, InvalidArgument, what)
+    check_count(len(data), count, InvalidArgument, what, shape)
+    if not typed:
+        data = check_values(dtype, data, InvalidArgument, what)
+    elif dtype.kind == "int":  # typed int32/uint32 fields carry the narrower types too
+        bad = next((v for v in data if not dtype.low <= v <= dtype.high), None)
+        if bad is not None:
+            raise InvalidArgument(f"{what}: element {bad} is out of range for {dtype.name}")
+    return Tensor(name, dtype.name, list(shape), data, parameters or {})
+
+
+def parse_answer(payload: bytes, request: InferRequest, served_version: str) -> InferResponse:
+    """The handler's answer to ``request`` as an :class:`InferResponse` (see the module docstring).
+
+    Args:
+        payload: what the handler returned (JSON text).
+        request: the request it answers (its id and model name fill in missing fields).
+        served_version: the model version that ran it.
+
+    Raises:
+        HandlerError: the answer is not a v2 inference response: not a JSON object with an
+            ``outputs`` list, an output without name, datatype, shape or data, an unknown data
+            type, elements that do not fill the shape or do not fit the data type.
+    """
+    try:
+        answer = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HandlerError(f"the handler's answer is not a v2 inference response: not JSON ({exc})") from exc
+    if not isinstance(answer, dict) or not isinstance(answer.get("outputs"), list):
+        raise HandlerError('the handler\'s answer is not a v2 inference response: no "outputs" list '
+                           f"(got {str(answer)[:200]!r})")
+    outputs = [_output(o, i) for i, o in enumerate(answer["outputs"])]
+    parameters = answer.get("parameters")
+    return InferResponse(
+        model_name=_text(answer.get("model_name")) or request.model_name,
+        model_version=_text(answer.get("model_version")) or served_version,
+        id=_text(answer.get("id")) or request.id,
+        outputs=outputs,
+        parameters=parameters if isinstance(parameters, dict) else {},
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value) if isinstance(value, int | float) else ""
+
+
+def _output(obj: Any, index: int) -> Tensor:
+    if not isinstance(obj, dict):
+        raise HandlerError(f"the handler's output {index} is not an object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise HandlerError(f"the handler's output {index} has no name")
+    what = f"the handler's output {name!r}"
+    dtype_name = obj.get("datatype")
+    if not isinstance(dtype_name, str):
+        raise HandlerError(f"{what} has no datatype")
+    dtype = datatype(dtype_name, HandlerError, what)
+    shape = obj.get("shape")
+    if not isinstance(shape, list):
+        raise HandlerError(f"{what} has no shape")
+    if "data" not in obj:
+        raise HandlerError(f"{what} has no data")
+    values = flatten(obj["data"])
+    if dtype.kind == "bytes":  # numbers, objects ... become their JSON text
+        values = [v if isinstance(v, str) else json.dumps(v) for v in values]
+    check_count(len(values), element_count(shape, HandlerError, what), HandlerError, what, shape)
+    values = check_values(dtype, values, HandlerError, what)
+    parameters = obj.get("parameters")
+    return Tensor(name, dtype.name, list(shape), values, parameters if isinstance(parameters, dict) else {})
+
+
+def select_outputs(response: InferResponse, requested: list[RequestedOutput]) -> list[Tensor]:
+    """The outputs of ``response`` the client asked for, in its order (all when it asked for none).
+
+    Raises:
+        InvalidArgument: a requested output the model did not produce (as Triton answers).
+    """
+    if not requested:
+        return response.outputs
+    by_name = {t.name: t for t in response.outputs}
+    missing = [o.name for o in requested if o.name not in by_name]
+    if missing:
+        raise InvalidArgument(f"requested outputs {missing} are not produced by model {response.model_name!r} "
+                              f"(its outputs: {sorted(by_name)})")
+    return [by_name[o.name] for o in requested]
+
+
+
+# ------------------------------------------------------------------ operations on the core
+SERVER_NAME = "inference-service"
+#: Protocol extensions served: Triton's binary tensor data (HTTP ``Inference-Header-Content-Length``).
+EXTENSIONS = ("binary_tensor_data",)
+
+
+def server_metadata() -> dict[str, Any]:
+    """``{"name": "inference-service", "version": <this server's>, "extensions": [...]}``.
+
+    TorchServe answers ``{"name": "Torchserve", "version", "extenstion": ["kserve", "kubeflow"]}``
+    over HTTP (sic) and UNIMPLEMENTED over gRPC.
+    """
+    return {"name": SERVER_NAME, "version": inference_service.__version__, "extensions": list(EXTENSIONS)}
+
+
+def server_ready(core: InferenceCore) -> bool:
+    """Ready: not shutting down, every startup model registered with its minimum workers ready
+    (the readiness of ``grpc.health.v1``; TorchServe always answers true)."""
+    return core.accepting and core.startup_ready()
+
+
+def model_ready(core: InferenceCore, name: str, version: str) -> bool:
+    """The version (default: the default version) has at least one worker and its minimum ready,
+    and the server is not shutting down (the rule of health's ``model/<name>``).
+
+    Raises:
+        InvalidArgument: no name. NotFound: unknown model or version (as TorchServe).
+    """
+    if not name:
+        raise InvalidArgument("name is required")
+    model = core.get(name, version)
+    return core.accepting and model.ready_workers > 0 and model.healthy
+
+
+def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, Any]:
+    """``{"name", "versions": [every registered version], "platform": "", "inputs": [], "outputs": []}``,
+    as TorchServe answers (a handler declares no tensors).
+
+    Raises:
+        InvalidArgument: no name. NotFound: unknown model or version.
+    """
+    if not name:
+        raise InvalidArgument("name is required")
+    core.get(name, version)
+    versions = [model.version for model, _default in core.versions(name, "all")]
+    return {"name": name, "versions": versions, "platform": "", "inputs": [], "outputs": []}
+
+
+async def infer(core: InferenceCore, request: InferRequest, headers: dict[str, str],
+                time_remaining: float | None = None) -> InferResponse:
+    """Run ``request`` on its model and return the checked answer.
+
+    1. Look the version up (NOT_FOUND when unknown; INVALID_ARGUMENT without a model name).
+    2. Hand the handler the JSON body as input ``body`` through :meth:`InferenceCore.predict`
+       (dynamic batching as for ``Predictions``; the body counts against ``max_request_size``).
+    3. Check its answer (:func:`parse_answer`) and keep the outputs asked for (:func:`select_outputs`).
+
+    Large bodies and answers are converted off the event loop (:func:`convert`).
+
+    Raises:
+        InferenceError: the core's errors (NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
+            handler's ...), HandlerError for an answer that is not a v2 response,
+            InvalidArgument for a requested output the model did not produce.
+    """
+    model = core.get(request.model_name, request.model_version)
+    body = await convert(request.handler_body, size=element_total(request.inputs))
+    payload = await core.predict(request.model_name, request.model_version, {"body": body}, headers, time_remaining)
+    response = await convert(parse_answer, payload, request, model.version, size=len(payload))
+    response.outputs = select_outputs(response, request.outputs)
+    return response

@@ -1,0 +1,338 @@
+"""OpenAI's HTTP API for LLM models, on the HTTP inference port, over the same core as gRPC.
+
+Routes (an aiohttp sub-application mounted at ``/v1`` by
+:func:`inference_service.frontends.openai.mount.add_openai_routes`, which
+:class:`~inference_service.frontends.http.inference.HttpInferenceApi` calls and which imports this module on the
+first ``/v1`` request; token authorization is the HTTP
+API's: ``Authorization: Bearer <inference key>``, which is how OpenAI clients send ``api_key``):
+
+- ``GET /v1/models``: every registered model as ``name`` (its default version) and
+  ``name/version`` (each version); ``GET /v1/models/{id}``: one of them.
+- ``POST /v1/chat/completions``: ``messages`` go to the model's chat template.
+- ``POST /v1/completions``: ``prompt`` is raw text for the model to continue.
+
+``model`` is a registered model name (its default version) or ``name/version``. The request
+(:mod:`inference_service.frontends.openai.schemas` lists the fields) becomes the bundled LLM handler's
+request body (:mod:`inference_service.llm.requests`): ``messages`` or ``prompt``,
+``max_new_tokens`` from ``max_completion_tokens`` / ``max_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop``, ``ignore_eos``, and always ``include_usage`` so that the handler's final
+message carries the finish reason and token counts. It runs through
+:meth:`InferenceCore.stream` (the path of gRPC ``StreamPredictions``), so concurrent requests
+share the LLM worker's continuous batch.
+
+Answers: ``stream: false`` (default) one JSON object (``chat.completion`` /
+``text_completion``) with ``usage``; ``stream: true`` a ``text/event-stream`` of
+``data: <chunk JSON>\\n\\n`` events (``chat.completion.chunk`` whose first ``delta`` has the role,
+then one chunk per message of the handler, then a chunk with ``finish_reason``, with
+``stream_options.include_usage`` a chunk with ``usage`` and no choices) and ``data: [DONE]``.
+The headers and first events leave when the handler's first message (its first text) exists,
+so a request that fails before that gets a real status; a failure after it ends the stream
+with an error event ``data: {"error": {...}}`` (OpenAI's clients raise ``APIError``). A client
+that disconnects cancels its generation in the worker (the core's stream is closed).
+
+Errors: OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400
+``invalid_request_error`` (a body that is not JSON, a field of the wrong type or out of range,
+an unsupported feature such as ``n`` > 1, or the handler's own 400 such as a prompt too long
+for the model; ``param`` names the field where known), 401 a missing or wrong key (code
+``invalid_api_key``; answered by the HTTP API's auth middleware through
+:func:`unauthorized_response`), 404 unknown model (code ``model_not_found``, ``param``
+``model``) or path, 405 wrong method, 413 a body above ``max_request_size``, 429 the model's
+job queue is full (``rate_limit_error``, ``Retry-After``; OpenAI clients retry), 503 no
+worker or shutting down (``Retry-After``), 504 the model's ``responseTimeout`` passed, 500
+anything else (``server_error``). ``code`` is the server's stable reason in lower case
+(``job_queue_full``, ``no_worker``, ``handler_status``, ...). The HTTP status of an
+:class:`~inference_service.errors.InferenceError` is the HTTP API's (handed in as
+``http_status``), except the job queue's 429.
+
+Quick start::
+
+    api = OpenAIApi(core, http_status)   # what openai_mount builds on the first /v1 request
+    app.add_subapp("/v1", api.app)       # or mount it directly
+    # then, with the official client:
+    client = openai.OpenAI(base_url="http://127.0.0.1:8080/v1", api_key=inference_key)
+    client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from inference_service.errors import InferenceError
+from inference_service.frontends.openai.format import (
+    AnswerFormat,
+    ChatFormat,
+    CompletionFormat,
+    final_outcome,
+    sse_event,
+)
+from inference_service.frontends.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorBody,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    validation_error_param,
+)
+from inference_service.serving.core import InferenceCore
+
+log = logging.getLogger("inference_service.openai")
+
+_DONE = b"data: [DONE]\n\n"
+_R = TypeVar("_R", bound=BaseModel)
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status: ``rate_limit_error`` (429), ``server_error``
+    (5xx), ``invalid_request_error`` (other 4xx, 401 included, as OpenAI answers a wrong key)."""
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
+                          headers: dict[str, str] | None = None) -> web.Response:
+    """OpenAI's error answer: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+    body = ErrorResponse(error=ErrorBody(message=message, type=error_type(status), param=param, code=code))
+    return web.Response(text=body.model_dump_json(), status=status, headers=headers, content_type="application/json")
+
+
+def unauthorized_response(request: web.Request) -> web.Response:
+    """401 for a /v1 request without the inference key, as OpenAI answers a missing or wrong
+    ``api_key`` (code ``invalid_api_key``, ``WWW-Authenticate: Bearer``)."""
+    message = ("Incorrect API key provided." if "Authorization" in request.headers
+               else "You didn't provide an API key. Send it as 'Authorization: Bearer <inference key>' "
+                    "(the inference key of key_file.json).")
+    return openai_error_response(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+class OpenAIError(Exception):
+    """A /v1 failure with its OpenAI error fields; the API's middleware answers it.
+
+    Args:
+        status: HTTP status. message: for the client. param: the request field at fault.
+        code: machine-readable reason. headers: extra response headers (``Retry-After``).
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def response(self) -> web.Response:
+        """The error answer (:func:`openai_error_response`)."""
+        return openai_error_response(self.status, self.message, param=self.param, code=self.code,
+                                     headers=self.headers)
+
+    def event(self) -> bytes:
+        """The error as a server-sent event, for a stream whose status line is gone already."""
+        body = ErrorResponse(error=ErrorBody(message=self.message, type=error_type(self.status), param=self.param,
+                                             code=self.code))
+        return sse_event(body)
+
+
+def _generation_body(request: ChatCompletionRequest | CompletionRequest, token_limit: int | None) -> dict[str, Any]:
+    """The LLM handler's request fields for an OpenAI request's options (``include_usage``
+    always on: the final message then carries the finish reason and token counts)."""
+    body: dict[str, Any] = {"include_usage": True}
+    if token_limit is not None:
+        body["max_new_tokens"] = token_limit
+    for name in ("temperature", "top_p", "seed", "stop", "ignore_eos"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+class OpenAIApi:
+    """The /v1 routes on an aiohttp sub-application (``self.app``), see the module docstring.
+
+    Args:
+        core: the serving core shared with gRPC and the TorchServe HTTP API.
+        http_status: the HTTP API's status of an :class:`InferenceError`
+            (:func:`inference_service.frontends.http.inference.http_status`); the job queue's
+            ``JOB_QUEUE_FULL`` becomes 429 here instead.
+    """
+
+    def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
+        self.core = core
+        self.http_status = http_status
+        self.started = int(time.time())
+        self.app = web.Application(middlewares=[self._errors_middleware])
+        self.app.router.add_get("/models", self.list_models, allow_head=False)
+        self.app.router.add_get("/models/{model_id:.+}", self.retrieve_model, allow_head=False)
+        self.app.router.add_post("/chat/completions", self.chat_completions)
+        self.app.router.add_post("/completions", self.completions)
+
+    # ------------------------------------------------------------ errors
+    def error_of(self, exc: InferenceError) -> OpenAIError:
+        """The OpenAI error of a core or handler failure: the HTTP API's status (429 for a full
+        job queue), code = the reason in lower case, ``param`` ``model`` for an unknown model."""
+        status = 429 if exc.reason == "JOB_QUEUE_FULL" else self.http_status(exc)
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s is not None else None
+        return OpenAIError(status, exc.message, param="model" if exc.reason == "MODEL_NOT_FOUND" else None,
+                           code=exc.reason.lower(), headers=headers)
+
+    @web.middleware
+    async def _errors_middleware(self, request: web.Request,
+                                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Answer every /v1 failure with OpenAI's error body (the status list is in the module docstring)."""
+        try:
+            return await handler(request)
+        except OpenAIError as exc:
+            return exc.response()
+        except InferenceError as exc:
+            return self.error_of(exc).response()
+        except web.HTTPRequestEntityTooLarge:
+            return openai_error_response(413, f"request body exceeds max_request_size={request.client_max_size} bytes",
+                                         code="request_too_large")
+        except web.HTTPMethodNotAllowed as exc:
+            return openai_error_response(405, f"Method {request.method} is not allowed on {request.path}",
+                                         headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
+        except web.HTTPNotFound:
+            return openai_error_response(404, f"Invalid URL ({request.method} {request.path})", code="unknown_url")
+        except web.HTTPException as exc:
+            return openai_error_response(exc.status, exc.reason)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return openai_error_response(500, "Internal server error")
+
+    # ------------------------------------------------------------ models
+    def _resolve(self, model_id: str) -> tuple[str, str]:
+        """``(name, version)`` of a request's ``model``: a name (version "" = the default) or
+        ``name/version``.
+
+        Raises:
+            OpenAIError: 404 ``model_not_found`` (``param`` ``model``).
+        """
+        if model_id in self.core.models:
+            return model_id, ""
+        name, _, version = model_id.rpartition("/")
+        entry = self.core.models.get(name)
+        if entry is not None and version in entry.versions:
+            return name, version
+        raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+
+    def _cards(self) -> list[ModelCard]:
+        cards = []
+        for name in sorted(self.core.models):
+            cards.append(ModelCard(id=name, created=self.started))
+            cards += [ModelCard(id=f"{name}/{version}", created=self.started)
+                      for version in sorted(self.core.models[name].versions)]
+        return cards
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: ``{"object": "list", "data": [model cards]}``, names sorted, each
+        name followed by its ``name/version`` ids (``created``: when the server started)."""
+        return web.Response(text=ModelList(data=self._cards()).model_dump_json(), content_type="application/json")
+
+    async def retrieve_model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}``: one model card; 404 ``model_not_found`` when unknown."""
+        model_id = request.match_info["model_id"]
+        self._resolve(model_id)
+        return web.Response(text=ModelCard(id=model_id, created=self.started).model_dump_json(),
+                            content_type="application/json")
+
+    # ------------------------------------------------------------ generation
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (the answers and errors are in the module docstring)."""
+        chat = await self._parse(request, ChatCompletionRequest)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+                    for m in chat.messages]
+        body = {"messages": messages, **_generation_body(chat, chat.token_limit)}
+        return await self._run(request, chat, body, ChatFormat(chat.model))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions`` (the answers and errors are in the module docstring)."""
+        completion = await self._parse(request, CompletionRequest)
+        body = {"prompt": completion.prompt, **_generation_body(completion, completion.token_limit)}
+        return await self._run(request, completion, body, CompletionFormat(completion.model))
+
+    async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
+        """The validated request body.
+
+        Raises:
+            OpenAIError: 400 (not JSON, wrong field; ``param`` names it).
+            web.HTTPRequestEntityTooLarge: the body exceeds ``max_request_size``.
+        """
+        raw = await request.read()
+        try:
+            return schema.model_validate_json(raw)
+        except ValidationError as exc:
+            param, message = validation_error_param(exc)
+            raise OpenAIError(400, message, param=param) from None
+
+    async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
+                   body: dict[str, Any], fmt: AnswerFormat) -> web.StreamResponse:
+        """Run the handler's request on the core and answer in ``fmt``'s shape.
+
+        1. Resolve ``model`` (404), start the core's stream and wait for its first message:
+           a failure until then is an error answer with its own status.
+        2. ``stream``: send the headers and the opening chunks with the first text, then one
+           chunk per message, the closing chunks, the usage chunk (``include_usage``) and
+           ``[DONE]``. Otherwise collect the messages into one answer.
+        3. Closing the core's stream (always, also when the client went away and the handler
+           task is cancelled) aborts the request in the worker if it is still running.
+        """
+        name, version = self._resolve(openai_request.model)
+        headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        stream = self.core.stream(name, version, {"body": json.dumps(body).encode()}, headers)
+        async with contextlib.aclosing(stream):
+            first = await anext(stream)
+            if openai_request.stream:
+                return await self._stream(request, stream, first, fmt, openai_request.include_usage)
+            parts = [first[0]]
+            final = first[1]
+            while not final:
+                payload, final = await anext(stream)
+                parts.append(payload)
+            text, reason, usage = final_outcome(parts[-1])
+            text = b"".join(parts[:-1]).decode("utf-8", "replace") + text
+            return web.Response(text=fmt.whole(text, reason, usage).model_dump_json(),
+                                content_type="application/json")
+
+    async def _stream(self, request: web.Request, stream: AsyncGenerator[tuple[bytes, bool], None],
+                      first: tuple[bytes, bool], fmt: AnswerFormat, include_usage: bool) -> web.StreamResponse:
+        """Send the server-sent events of a streamed answer (step 2 of :meth:`_run`)."""
+        exclude = None if include_usage else {"usage"}
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        events = fmt.opening()
+        payload, final = first
+        try:
+            await response.prepare(request)
+            while True:
+                if final:
+                    text, reason, usage = final_outcome(payload)
+                    events += fmt.closing(text, reason)
+                    if include_usage and usage is not None:
+                        events.append(fmt.usage(usage))
+                    await response.write(b"".join(sse_event(event, exclude) for event in events) + _DONE)
+                    break
+                if payload:
+                    events.append(fmt.piece(payload.decode("utf-8", "replace")))
+                if events:
+                    await response.write(b"".join(sse_event(event, exclude) for event in events))
+                    events = []
+                payload, final = await anext(stream)
+            await response.write_eof()
+        except InferenceError as exc:  # the status line is gone: end with an error event
+            log.warning("HTTP stream of %s failed after its first chunk: %s", request.path, exc.message)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(self.error_of(exc).event())
+                await response.write_eof()
+        except ConnectionResetError:  # the client went away while we wrote; the caller closes the stream
+            log.info("client of HTTP %s went away mid-stream", request.path)
+        return response

@@ -1,0 +1,97 @@
+"""The OpenAI-compatible API's place on the HTTP inference API, loaded on first use.
+
+:mod:`inference_service.frontends.openai.api` (and pydantic with its schemas, about 7 MiB) is imported
+when the first ``/v1`` request arrives, not when the server starts: the routes and the
+error middleware mounted here forward to it. Everything a request sees is
+:mod:`~inference_service.frontends.openai.api`'s.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from inference_service.errors import InferenceError
+
+if TYPE_CHECKING:
+    from inference_service.serving.core import InferenceCore
+
+#: Where the API is mounted.
+PREFIX = "/v1"
+#: ``(method, path under PREFIX, OpenAIApi method)`` of every route.
+ROUTES = (
+    ("GET", "/models", "list_models"),
+    ("GET", "/models/{model_id:.+}", "retrieve_model"),
+    ("POST", "/chat/completions", "chat_completions"),
+    ("POST", "/completions", "completions"),
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether a request path belongs to the OpenAI-compatible API (``/v1`` or below)."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def _openai_api() -> Any:
+    return importlib.import_module("inference_service.frontends.openai.api")
+
+
+def unauthorized_response(request: web.Request) -> web.Response:
+    """401 in OpenAI's error shape for a ``/v1`` request without the inference key
+    (:func:`inference_service.frontends.openai.api.unauthorized_response`)."""
+    response: web.Response = _openai_api().unauthorized_response(request)
+    return response
+
+
+class LazyOpenAIApi:
+    """The ``/v1`` sub-application: :data:`ROUTES` and the error middleware, forwarding to an
+    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request.
+
+    Args:
+        core: the serving core.
+        http_status: the HTTP API's status of an ``InferenceError`` (as ``OpenAIApi``'s).
+    """
+
+    def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
+        self.core = core
+        self.http_status = http_status
+        self._api: Any = None
+        self.app = web.Application(middlewares=[self._errors_middleware])
+        for method, path, name in ROUTES:
+            self.app.router.add_route(method, path, self._forward(name))
+
+    @property
+    def api(self) -> Any:
+        """The :class:`~inference_service.frontends.openai.api.OpenAIApi` (imported and built on first use)."""
+        if self._api is None:
+            self._api = _openai_api().OpenAIApi(self.core, self.http_status)
+        return self._api
+
+    def _forward(self, name: str) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            response: web.StreamResponse = await getattr(self.api, name)(request)
+            return response
+        return handler
+
+    @web.middleware
+    async def _errors_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """OpenAI's error answers for every ``/v1`` failure (``OpenAIApi``'s middleware)."""
+        response: web.StreamResponse = await self.api._errors_middleware(request, handler)
+        return response
+
+
+def add_openai_routes(app: web.Application, core: InferenceCore, *,
+                      http_status: Callable[[InferenceError], int]) -> LazyOpenAIApi:
+    """Mount the OpenAI-compatible API at ``/v1`` on ``app`` (before it starts); returns it.
+
+    ``app``'s middlewares (token authorization) run first; ``/v1`` failures are then answered
+    in OpenAI's shape by the sub-application's own middleware.
+    """
+    api = LazyOpenAIApi(core, http_status)
+    app.add_subapp(PREFIX, api.app)
+    return api

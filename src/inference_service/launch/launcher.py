@@ -1,0 +1,270 @@
+"""``--start`` and ``--stop``: run the server in the background and say what happened.
+
+``--start`` (:func:`start_background`) runs the server detached, logging to
+``<working dir>/logs/inference_service.log``:
+
+1. before starting, it refuses (exit 1, the cause on stderr) a startup archive that is
+   missing or unreadable (:mod:`inference_service.launch.preflight`; the model store was checked
+   by the command line) and a port that is already in use, naming the port and the pid
+   holding it (:mod:`inference_service.launch.ports`);
+2. it waits until the server listens (its status file, :mod:`inference_service.observability.status`);
+   a server that exits meanwhile is reported with the errors of its log;
+3. it waits until every startup model the status file lists (``--models``, ``load_models``
+   or a restored snapshot) is ``ready`` (its minimum workers READY), at most ``--wait-ready``
+   seconds (300; ``0``: only until they are registered). A model the server marks ``failed``
+   (it cannot register, or its workers fail to load) stops the server again, and its error,
+   as the server wrote it, is printed; a model still loading at the deadline leaves the
+   server running and exits 1.
+
+TorchServe's ``torchserve --start`` returns before anything is loaded; scripts that poll for
+readiness afterwards keep working, they just find it ready. ``--stop`` (:func:`stop_instance`)
+signals the instance of the pid file and waits for it to exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from inference_service.config import Settings
+from inference_service.launch.ports import busy_ports, port_in_use_message
+from inference_service.launch.preflight import startup_problems
+from inference_service.observability.status import (
+    FAILED,
+    READY,
+    REGISTERING,
+    STATUS_FILE_NAME,
+    UNREGISTERED,
+    read_status,
+)
+
+#: How long ``--start`` waits for the startup models to be READY unless ``--wait-ready`` says (s).
+DEFAULT_WAIT_READY_S = 300.0
+#: How long ``--start`` waits for the server to listen (s).
+LISTEN_TIMEOUT_S = 60.0
+#: Polling interval of ``--start``'s waits (s); each poll reads the status file once.
+POLL_S = 0.2
+
+
+def pid_file(settings: Settings) -> Path:
+    """``<instance dir>/inference_service.pid``: the pid of the instance's server while it runs."""
+    return settings.instance_dir / "inference_service.pid"
+
+
+def running_pid(settings: Settings) -> int | None:
+    """The pid of the instance's running server; ``None`` without a pid file or when that
+    process is gone."""
+    try:
+        pid = int(pid_file(settings).read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def stop_instance(settings: Settings, timeout: float) -> int:
+    """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s for it to exit.
+
+    Returns:
+        The exit status: 0 when it stopped, 1 when none runs or it did not stop in time
+        (said on stderr).
+    """
+    pid = running_pid(settings)
+    if pid is None:
+        print("inference-service is not running", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            print(f"inference-service (pid {pid}) stopped")
+            return 0
+        time.sleep(0.1)
+    print(f"inference-service (pid {pid}) did not stop within {timeout:.0f}s", file=sys.stderr)
+    return 1
+
+
+def log_messages(log_path: Path, offset: int) -> list[str]:
+    """The log's messages written after byte ``offset``: plain lines as they are, JSON lines as
+    ``"LEVEL logger: message"``; empty when the log cannot be read."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+                line = f"{record.get('level', '')} {record.get('logger', '')}: {record.get('message', '')}"
+            except ValueError:
+                pass
+        out.append(line)
+    return out
+
+
+def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -> int:
+    """``--start``: the steps of the module docstring.
+
+    Args:
+        argv: the command line; the server runs with it, ``--start`` replaced by ``--foreground``.
+        settings: the settings it gives.
+        wait_ready_s: at most this long for the startup models to be READY (0: registered).
+
+    Returns:
+        The exit status: 0 when the server runs with its startup models ready (or registered),
+        1 otherwise (the cause on stderr).
+    """
+    pid = running_pid(settings)
+    if pid is not None:
+        print(f"inference-service is already running (pid {pid}); stop it with --stop", file=sys.stderr)
+        return 1
+    problems = startup_problems(settings) + busy_ports(settings)
+    if problems:
+        for problem in problems:
+            print(f"inference-service: {problem}", file=sys.stderr)
+        print("inference-service: not started", file=sys.stderr)
+        return 1
+    logs = settings.files_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / "inference_service.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    child_argv = [a for a in argv if a != "--start"] + ["--foreground"]
+    with open(log_path, "ab") as out:
+        child = subprocess.Popen([sys.executable, "-m", "inference_service", *child_argv],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 start_new_session=True)
+    run = _Run(child, settings, log_path, offset)
+    info = run.wait_listening()
+    if info is None:
+        return 1
+    keys = f"; keys: {info['key_file']}" if info.get("key_file") else ""
+    http = f", HTTP {info['http_address']}:{info['http_port']}" if info.get("http_port") else ""
+    if info.get("metrics_port"):
+        http += f", metrics http://{info['metrics_address']}:{info['metrics_port']}/metrics"
+    ready = run.wait_models(info, wait_ready_s)
+    if ready is None:
+        return 1
+    print(f"inference-service started (pid {child.pid}): inference "
+          f"{info['inference_address']}:{info['inference_port']}, management "
+          f"{info['management_address']}:{info['management_port']}{http}{ready}; log: {log_path}{keys}")
+    return 0
+
+
+class _Run:
+    """The server ``--start`` started, followed through its status file and log.
+
+    Args:
+        child: the server process.
+        settings: its settings (instance directory, drain timeout).
+        log_path: its log; ``offset``: where this run's part of it begins (bytes).
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes], settings: Settings, log_path: Path, offset: int) -> None:
+        self.child = child
+        self.settings = settings
+        self.status_path = settings.instance_dir / STATUS_FILE_NAME
+        self.log_path = log_path
+        self.offset = offset
+
+    def status(self) -> dict[str, Any] | None:
+        """The status file, when it is this server's (an older one may still be there)."""
+        info = read_status(self.status_path)
+        return info if info is not None and info.get("pid") == self.child.pid else None
+
+    def wait_listening(self) -> dict[str, Any] | None:
+        """Wait (at most :data:`LISTEN_TIMEOUT_S`) for the server's status file; ``None`` (reported)
+        if it exited or did not listen in time."""
+        deadline = time.monotonic() + LISTEN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.child.poll() is not None:
+                self.report_exit()
+                return None
+            if (info := self.status()) is not None:
+                return info
+            time.sleep(POLL_S)
+        print(f"inference-service did not listen within {LISTEN_TIMEOUT_S:g}s (pid {self.child.pid} keeps "
+              f"running); see {self.log_path}", file=sys.stderr)
+        return None
+
+    def wait_models(self, info: dict[str, Any], wait_ready_s: float) -> str | None:
+        """Wait for the startup models of the status file's ``models`` map (ready, or registered
+        when ``wait_ready_s`` is 0).
+
+        Returns:
+            What to add to the "started" line, or ``None`` when it failed (reported; a model the
+            server marks failed stops the server).
+        """
+        models: dict[str, dict[str, Any]] = info.get("models") or {}
+        if not models:
+            return ""
+        what = "ready" if wait_ready_s > 0 else "registered"
+        limit = wait_ready_s if wait_ready_s > 0 else DEFAULT_WAIT_READY_S
+        print(f"waiting for the startup models to be {what}: {', '.join(models)} (at most {limit:g} s)",
+              flush=True)
+        deadline = time.monotonic() + limit
+        while True:
+            if self.child.poll() is not None:
+                self.report_exit()
+                return None
+            models = {**models, **((self.status() or {}).get("models") or {})}
+            for key, entry in models.items():
+                if entry.get("state") == FAILED and (wait_ready_s > 0 or not entry.get("version")):
+                    verb = "cannot load" if entry.get("version") else "failed to register"
+                    self.fail(f"startup model {key} {verb}: {entry.get('error') or 'no error given'}")
+                    return None
+            pending = {key: entry.get("state", REGISTERING) for key, entry in models.items()
+                       if not _settled(entry, wait_ready_s)}
+            if not pending:
+                return f"; models {what}: {', '.join(models)}"
+            if time.monotonic() > deadline:
+                print(f"inference-service: startup models not {what} within {limit:g} s: "
+                      f"{', '.join(f'{key} ({state})' for key, state in pending.items())}; the server keeps "
+                      f"running (pid {self.child.pid}): wait longer with --wait-ready SECONDS, stop it with "
+                      f"--stop; log: {self.log_path}", file=sys.stderr)
+                return None
+            time.sleep(POLL_S)
+
+    def report_exit(self) -> None:
+        """Print why the server exited: its log's errors, and who holds a port it could not bind."""
+        errors = [m for m in log_messages(self.log_path, self.offset) if re.search(r"\b(ERROR|CRITICAL)\b", m)]
+        print(f"inference-service failed to start (exit {self.child.returncode}); log: {self.log_path}",
+              file=sys.stderr)
+        for message in errors[-10:]:
+            print(f"  {message}", file=sys.stderr)
+            bind = re.search(r"cannot bind the (.+?) API to (.+):(\d+)", message)
+            if bind:
+                print(f"inference-service: {port_in_use_message(bind[1], bind[2], int(bind[3]))}",
+                      file=sys.stderr)
+
+    def fail(self, cause: str) -> None:
+        """Report ``cause`` and stop the server (SIGTERM, then at most the drain timeout + 15 s)."""
+        print(f"inference-service: {cause}", file=sys.stderr)
+        self.child.send_signal(signal.SIGTERM)
+        try:
+            self.child.wait(self.settings.drain_timeout_s + 15)
+            outcome = "was stopped"
+        except subprocess.TimeoutExpired:
+            outcome = "did not stop"
+        print(f"inference-service: the server (pid {self.child.pid}) {outcome}; log: {self.log_path}",
+              file=sys.stderr)
+
+
+def _settled(entry: dict[str, Any], wait_ready_s: float) -> bool:
+    """Whether ``--start`` has no more to wait for on a startup model's status entry: READY (or,
+    with ``wait_ready_s`` 0, registered), or unregistered meanwhile."""
+    state = entry.get("state")
+    if state == UNREGISTERED:
+        return True
+    return state == READY if wait_ready_s > 0 else bool(entry.get("version"))

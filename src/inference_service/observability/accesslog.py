@@ -1,0 +1,123 @@
+"""The access log (one line per RPC) and the server's log formats (plain or JSON).
+
+Access lines go to the logger ``inference_service.access`` at INFO::
+
+    Predictions model=echo version=- status=OK reason=- latency_ms=0.912 messages=1 peer=ipv4:127.0.0.1:50312
+
+(``-`` where the request names no model or version, or the status has no
+reason). With ``--log-format json`` every log record is one JSON object per
+line: ``time``, ``level``, ``logger``, ``message``, plus the record's own fields:
+an access line adds ``method``, ``model``, ``version``, ``status``, ``code``,
+``reason``, ``latency_ms``, ``messages``, ``peer``; a worker's relayed
+stdout/stderr line adds ``model``, ``model_version``, ``worker_id``,
+``worker_pid``. ``--no-access-log`` (``enable_access_log=false``) turns the
+access log off: then nothing is formatted per RPC.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import grpc
+
+ACCESS_LOGGER = "inference_service.access"
+LOG_FORMATS = ("plain", "json")
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601 with ms), ``level``, ``logger``,
+    ``message``, ``exc_info`` (the traceback, when there is one) and every field passed
+    with ``extra=``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line (values that are not JSON types are written with ``str``)."""
+        data: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                data[key] = value
+        if record.exc_info:
+            data["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            data["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(data, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_format: str = "plain") -> None:
+    """Set the root logger's level and the format of its handlers (a stderr handler if it has none).
+
+    Args:
+        level: a level name (DEBUG, INFO, WARNING, ERROR, CRITICAL).
+        log_format: ``"plain"`` (``time LEVEL logger: message``) or ``"json"`` (:class:`JsonFormatter`).
+
+    Raises:
+        ValueError: an unknown level or format.
+    """
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    # Neither format shows the caller's file/line, thread or process, so records skip
+    # collecting them (the logging HOWTO's "Optimization" switches): an access line is
+    # written per RPC, on the serving thread.
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler(sys.stderr))
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
+    for handler in root.handlers:
+        handler.setFormatter(formatter)
+
+
+class AccessLog:
+    """Writes one line per RPC on the ``inference_service.access`` logger (see the module docstring).
+
+    The logger's level is set to INFO, so ``--log-level WARNING`` quiets the rest of
+    the log but not the access log (``--no-access-log`` does that).
+
+    Args:
+        json_fields: pass the line's fields as record attributes (for the JSON format);
+            plain logs skip building them.
+    """
+
+    def __init__(self, json_fields: bool = False) -> None:
+        self.json_fields = json_fields
+        self.logger = logging.getLogger(ACCESS_LOGGER)
+        self.logger.setLevel(logging.INFO)
+
+    def record(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
+               start: float, messages: int) -> None:
+        """Log one RPC (arguments as :meth:`inference_service.observability.metrics.Telemetry.rpc_done`)."""
+        logger = self.logger
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        latency_ms = round((time.perf_counter() - start) * 1000.0, 3)
+        model = getattr(request, "model_name", "")
+        version = getattr(request, "model_version", "")
+        model = model if isinstance(model, str) and model else "-"
+        version = version if isinstance(version, str) and version else "-"
+        peer = peer or "-"
+        status = code.name
+        if self.json_fields:
+            extra = {"method": method, "model": model, "version": version, "status": status,
+                     "code": code.value[0], "reason": reason or "-", "latency_ms": latency_ms,
+                     "messages": messages, "peer": peer}
+            logger.info("%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s",
+                        method, model, version, status, reason or "-", latency_ms, messages, peer, extra=extra)
+        else:
+            logger.info("%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s",
+                        method, model, version, status, reason or "-", latency_ms, messages, peer)

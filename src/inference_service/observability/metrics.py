@@ -1,0 +1,427 @@
+"""Prometheus metrics, served over HTTP on the metrics port (TorchServe's metrics API).
+
+``GET http://127.0.0.1:8082/metrics`` (``metrics_address``, ``--metrics-port``)
+answers the Prometheus text format (0.0.4); ``?name[]=a&name[]=b`` keeps only
+those families, as TorchServe's API does. What is exported:
+
+- TorchServe's frontend counters, under TorchServe's names and labels
+  (``model_name``, ``model_version`` — the request's, ``"default"`` when it names
+  none — and ``hostname``): ``ts_inference_requests_total`` (requests received
+  for a registered model), ``ts_inference_latency_microseconds`` (total µs from
+  receipt to the final response of successful requests) and
+  ``ts_queue_latency_microseconds`` (total µs from receipt until a worker took
+  the request). Like TorchServe's they are rendered without a ``_total`` suffix
+  on the ``_microseconds`` counters, which ``prometheus_client`` would add: this
+  module renders them itself, beside ``prometheus_client``'s exposition of the rest.
+- For streaming users (labels ``model_name``, ``model_version``):
+  ``inference_service_time_to_first_response_seconds`` and
+  ``inference_service_response_gap_seconds`` (histograms),
+  ``inference_service_stream_messages_total``, ``inference_service_cancellations_total``.
+- ``inference_service_errors_total{method, code, reason}``: RPCs that ended with an
+  error status (``reason`` is the ``ErrorInfo`` reason).
+- Read at scrape time from a :class:`StatsSource` (the core's read-only stats view,
+  :meth:`InferenceCore.stats <inference_service.serving.core.InferenceCore.stats>`):
+  ``inference_service_requests_in_flight``, ``inference_service_job_queue_depth``,
+  ``inference_service_workers{state}``, ``inference_service_worker_restarts_total``.
+- Handler metrics (``context.metrics``; ``metrics_mode=prometheus``), handed over
+  already decoded by the worker side (:meth:`ServerMetrics.handler_metrics`):
+  ``prometheus_client`` metric objects created on first sight, under the handler's
+  name, labelled with the metric's dimensions plus ``Hostname`` (TorchServe's form):
+  a ``Counter`` (exposed as ``<name>_total``, as ``prometheus_client`` names counters),
+  a ``Gauge``, or for ``histogram`` metrics a ``Histogram`` with the default buckets.
+- TorchServe's system metrics, read at scrape time (:mod:`inference_service.observability.system_metrics`):
+  gauges ``CPUUtilization``, ``MemoryUsed``, ``MemoryAvailable``, ``MemoryUtilization``,
+  ``DiskUsage``, ``DiskUtilization``, ``DiskAvailable`` (labels ``Level="Host"``,
+  ``Hostname``) and, only when ``nvidia-smi`` lists a GPU, ``GPUMemoryUtilization``,
+  ``GPUMemoryUsed``, ``GPUUtilization`` (also ``DeviceId``).
+
+This module knows neither the core nor jobs: it reads the :class:`StatsSource` and
+:class:`VersionStats` protocols, and is handed plain numbers when requests end.
+
+Quick start::
+
+    metrics = ServerMetrics()
+    metrics.attach(core)                   # anything with .stats() (a StatsSource)
+    port = metrics.serve("127.0.0.1", 0)   # the bound port
+    stats = metrics.model("echo", "")      # cached per (model, version label)
+    ...
+    metrics.stop()
+
+Recording happens on the event loop thread; scrapes run on the HTTP server's
+thread and read snapshots, so a scrape never waits for the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
+from inference_service.observability.system_metrics import SystemMetricsCollector
+
+if TYPE_CHECKING:
+    from inference_service.observability.accesslog import AccessLog
+
+log = logging.getLogger(__name__)
+
+TTFR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+METRICS_MODES = ("log", "prometheus", "legacy")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what render() writes
+
+_TS_COUNTERS = (
+    ("ts_inference_requests_total", "requests", "Total number of inference requests received."),
+    ("ts_inference_latency_microseconds", "latency_us",
+     "Total inference latency in microseconds (receipt to final response, successful requests)."),
+    ("ts_queue_latency_microseconds", "queue_us",
+     "Total queue latency in microseconds (receipt until a worker took the request)."),
+)
+_OK = grpc.StatusCode.OK
+
+#: A decoded handler metric update: ``(name, type, unit, dimensions, value)``, as
+#: ``worker.protocol.decode_metrics`` gives it.
+
+class VersionStats(Protocol):
+    """One model version as the collector reads it at scrape time (plain values).
+
+    Attributes:
+        model_name / model_version: the version's labels.
+        queue_depth: requests waiting in its job queue.
+        workers: worker count by state name (every state, zeros included; DescribeModel's names).
+        restarts: worker restarts of the version so far (monotonic).
+    """
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_version(self) -> str: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def workers(self) -> Mapping[str, int]: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+
+class StatsSource(Protocol):
+    """What the collector reads the serving state from (the core implements it)."""
+
+    def stats(self) -> tuple[int, Iterable[VersionStats]]:
+        """``(requests in flight, one VersionStats per registered model version)``.
+
+        Called on the scrape thread: it must only read, and not fail on concurrent changes.
+        """
+        ...
+
+
+class ModelStats:
+    """The hot-path numbers of one ``(model_name, model_version label)`` pair.
+
+    Plain attributes, written only on the event loop thread (no lock, no label
+    lookup per request); the scrape thread reads them.
+
+    Attributes:
+        requests: requests received (``ts_inference_requests_total``).
+        latency_us / queue_us: total microseconds (TorchServe's two latency counters).
+        messages: messages sent on streams. cancellations: requests the client cancelled.
+    """
+
+    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "_ttfr", "_gap")
+
+    def __init__(self, ttfr: Any, gap: Any) -> None:
+        self.requests = 0
+        self.latency_us = 0.0
+        self.queue_us = 0.0
+        self.messages = 0
+        self.cancellations = 0
+        self._ttfr = ttfr
+        self._gap = gap
+
+    def message(self, enqueued: float, last: float) -> float:
+        """One stream message is sent: observe time to first response (``last`` 0.0) or the gap.
+
+        Args:
+            enqueued: ``time.monotonic()`` when the request was received.
+            last: the previous call's answer (0.0 for the first message).
+
+        Returns:
+            The ``time.monotonic()`` of this message (pass it as ``last`` next time).
+        """
+        now = time.monotonic()
+        if last:
+            self._gap.observe(now - last)
+        else:
+            self._ttfr.observe(now - enqueued)
+        self.messages += 1
+        return now
+
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
+        """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count.
+
+        Args:
+            enqueued / dispatched: ``time.monotonic()`` when it was received / a worker took
+                it (``dispatched`` 0.0: no worker did).
+            ok: it answered its final response. cancelled: the client went away first.
+        """
+        if dispatched:
+            self.queue_us += (dispatched - enqueued) * 1e6
+        if ok:
+            self.latency_us += (time.monotonic() - enqueued) * 1e6
+        if cancelled:
+            self.cancellations += 1
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(names: Iterable[str], values: Iterable[str]) -> str:
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
+
+
+class ServerMetrics:
+    """Every metric of one server, its registry and its HTTP endpoint.
+
+    Args:
+        hostname: the ``hostname`` label of TorchServe's counters (default: this host's name).
+    """
+
+    def __init__(self, hostname: str | None = None) -> None:
+        self.hostname = hostname or socket.gethostname()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._ttfr = Histogram(
+            "inference_service_time_to_first_response_seconds",
+            "Seconds from receipt of a streaming request to its first response message.",
+            ("model_name", "model_version"), registry=self.registry, buckets=TTFR_BUCKETS)
+        self._gap = Histogram(
+            "inference_service_response_gap_seconds",
+            "Seconds between consecutive response messages of a stream.",
+            ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
+        self._models: dict[str, dict[str, ModelStats]] = {}
+        self._errors: dict[tuple[str, str, str], int] = {}
+        self._handler = HandlerMetricsExporter(self.registry, self.hostname)
+        self.source: StatsSource | None = None
+        self.registry.register(_Collector(self))
+        self.registry.register(SystemMetricsCollector(self.hostname))
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------- recording
+    def model(self, name: str, version: str) -> ModelStats:
+        """The cached :class:`ModelStats` of a model and the request's version (``""``: "default")."""
+        versions = self._models.get(name)
+        if versions is not None:
+            stats = versions.get(version)
+            if stats is not None:
+                return stats
+        label = version or "default"
+        stats = ModelStats(self._ttfr.labels(name, label), self._gap.labels(name, label))
+        self._models.setdefault(name, {})[version] = stats
+        return stats
+
+    def error(self, method: str, code: grpc.StatusCode, reason: str) -> None:
+        """Count an RPC that ended with status ``code`` (``inference_service_errors_total``)."""
+        key = (method, code.name, reason)
+        self._errors[key] = self._errors.get(key, 0) + 1
+
+    def attach(self, source: StatsSource) -> None:
+        """Read in-flight requests, queue depths, workers and restarts from ``source`` at scrape time."""
+        self.source = source
+
+    def handler_metrics(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
+        """Apply handler metric updates a worker of ``model_name`` / ``model_version`` forwarded
+        (the worker side's ``metrics_sink``, ``metrics_mode=prometheus``); see
+        :meth:`HandlerMetricsExporter.apply <.handler_metrics.HandlerMetricsExporter.apply>`.
+        Never raises."""
+        self._handler.apply(model_name, model_version, updates)
+
+    # ------------------------------------------------------------- exposition
+    def render(self, names: set[str] | None = None) -> bytes:
+        """The Prometheus text exposition (0.0.4), limited to the families in ``names`` if given."""
+        out: list[str] = []
+        models = [(n, list(v.items())) for n, v in list(self._models.items())]
+        for metric, attr, help_text in _TS_COUNTERS:
+            if names is not None and metric not in names:
+                continue
+            out.append(f"# HELP {metric} {help_text}\n# TYPE {metric} counter\n")
+            for name, versions in models:
+                for version, stats in versions:
+                    labels = _labels(("model_name", "model_version", "hostname"),
+                                     (name, version or "default", self.hostname))
+                    out.append(f"{metric}{{{labels}}} {floatToGoString(getattr(stats, attr))}\n")
+        registry = self.registry if names is None else self.registry.restricted_registry(
+            {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
+        return "".join(out).encode() + generate_latest(registry)
+
+    def serve(self, address: str, port: int) -> int:
+        """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        host = address.strip("[]")
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,),
+                            {"address_family": family, "daemon_threads": True})
+        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self})
+        self._httpd = server_class((host, port), handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
+                                        name="metrics-http", daemon=True)
+        self._thread.start()
+        return int(self._httpd.server_address[1])
+
+    def stop(self) -> None:
+        """Stop the HTTP endpoint (blocks up to the server's poll interval)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """``GET /metrics`` (``/`` too): the exposition; anything else 404."""
+
+    metrics: ServerMetrics
+    server_version = "inference-service-metrics"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        url = urlsplit(self.path)
+        if url.path not in ("/metrics", "/"):
+            self.send_error(404, "only /metrics is served here")
+            return
+        query = parse_qs(url.query)
+        wanted = query.get("name[]") or query.get("name")
+        try:
+            body = self.metrics.render(set(wanted) if wanted else None)
+        except Exception:  # noqa: BLE001 - a scrape must answer, the cause goes to the log
+            log.exception("metrics scrape failed")
+            self.send_error(500, "metrics scrape failed; see the server log")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
+
+
+class _Collector:
+    """``prometheus_client`` collector of the counters kept as plain numbers and of the
+    :class:`StatsSource`'s state."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
+        for name in ("inference_service_stream_messages", "inference_service_cancellations",
+                     "inference_service_errors", "inference_service_worker_restarts"):
+            yield CounterMetricFamily(name, "")
+        for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
+                     "inference_service_workers"):
+            yield GaugeMetricFamily(name, "")
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families, from snapshots taken under the GIL (never raises on concurrent changes)."""
+        m = self.metrics
+        labels = ["model_name", "model_version"]
+        messages = CounterMetricFamily("inference_service_stream_messages",
+                                       "Response messages sent on streaming RPCs.", labels=labels)
+        cancels = CounterMetricFamily("inference_service_cancellations",
+                                      "Requests the client cancelled (or whose deadline passed) while "
+                                      "queued or running.", labels=labels)
+        for name, versions in list(m._models.items()):
+            for version, stats in list(versions.items()):
+                messages.add_metric([name, version or "default"], stats.messages)
+                cancels.add_metric([name, version or "default"], stats.cancellations)
+        yield messages
+        yield cancels
+        errors = CounterMetricFamily("inference_service_errors", "RPCs that ended with an error status.",
+                                     labels=["method", "code", "reason"])
+        for (method, code, reason), count in list(m._errors.items()):
+            errors.add_metric([method, code, reason], count)
+        yield errors
+        source = m.source
+        if source is None:
+            return
+        inflight, version_stats = source.stats()
+        yield GaugeMetricFamily("inference_service_requests_in_flight",
+                                "Inference requests being served (queued or running).", value=inflight)
+        depth = GaugeMetricFamily("inference_service_job_queue_depth",
+                                  "Requests waiting in the model version's job queue.", labels=labels)
+        workers = GaugeMetricFamily("inference_service_workers", "Workers of the model version by state.",
+                                    labels=[*labels, "state"])
+        restarts = CounterMetricFamily("inference_service_worker_restarts",
+                                       "Worker process restarts of the model version (monotonic).",
+                                       labels=labels)
+        for v in version_stats:
+            depth.add_metric([v.model_name, v.model_version], v.queue_depth)
+            for state, count in v.workers.items():
+                workers.add_metric([v.model_name, v.model_version, state], count)
+            restarts.add_metric([v.model_name, v.model_version], v.restarts)
+        yield depth
+        yield workers
+        yield restarts
+
+
+class Telemetry:
+    """What the core and the servicers record into: metrics (``None``: off) and the access log (``None``: off).
+
+    Args:
+        metrics: the server's metrics, or ``None`` (``enable_metrics_api=false``).
+        access_log: the access log, or ``None`` (``--no-access-log``).
+    """
+
+    def __init__(self, metrics: ServerMetrics | None = None, access_log: AccessLog | None = None) -> None:
+        self.metrics = metrics
+        self.access_log = access_log
+
+    def model(self, name: str, version: str) -> ModelStats | None:
+        """The :class:`ModelStats` to record a request of a registered model into (``None``: metrics off)."""
+        metrics = self.metrics
+        return None if metrics is None else metrics.model(name, version)
+
+    def peer(self, context: Any) -> str:
+        """The client's address for the access log ("" when the access log is off).
+
+        Call it while the RPC runs: grpc's ``context.peer()`` is not safe once the call
+        has ended (it crashes the process after a cancel).
+        """
+        return context.peer() if self.access_log is not None else ""
+
+    def rpc_done(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
+                 start: float, messages: int) -> None:
+        """One RPC ended: count an error status; write its access-log line.
+
+        Args:
+            method: the RPC's name (``Predictions``...).
+            request: the request message (its ``model_name`` / ``model_version`` are logged).
+            peer: :meth:`peer`'s answer, taken when the RPC began.
+            code / reason: the final status and the ``ErrorInfo`` reason ("" when OK).
+            start: ``time.perf_counter()`` when the RPC began.
+            messages: response messages sent.
+        """
+        if code is not _OK and self.metrics is not None:
+            self.metrics.error(method, code, reason)
+        if self.access_log is not None:
+            self.access_log.record(method, request, peer, code, reason, start, messages)

@@ -1,0 +1,162 @@
+"""The instance's status file, ``<instance dir>/status.json``: written by the server, read by
+``--start`` (:mod:`inference_service.launch.launcher`), scripts and tests.
+
+The server writes it once it listens and rewrites it on every change of what it shows;
+it is replaced atomically (:func:`write_json_atomic`), so a reader never sees half of it,
+and deleted when the server has stopped. Its fields::
+
+    {"pid": 1234, "state": "serving",            # then "stopping"
+     "inference_address": "127.0.0.1", "inference_port": 7070, ...,   # see Server._write_status
+     "models": {                                 # the startup models, by startup_key()
+        "echo": {"state": "ready", "model_name": "echo", "version": "1.0"},
+        "broken": {"state": "failed", "model_name": "broken", "version": "1.0",
+                   "error": "model broken failed to load: RuntimeError: ..."},
+        "missing.mar": {"state": "failed", "error": "model archive 'missing.mar' not found ..."}}}
+
+A startup model's ``state`` is one of :data:`STARTUP_STATES`:
+
+- ``registering``: its registration (archive, config, requirements) has not finished;
+- ``registered``: registered (``model_name`` and ``version`` are set), its minimum workers
+  are not all READY yet;
+- ``ready``: its minimum workers are READY (TorchServe's Ping rule);
+- ``failed``: with ``error``: it could not register (no ``version``), or every live worker's
+  latest start failed to load the model (a later start that loads makes it ``registered``
+  or ``ready`` again);
+- ``unregistered``: it was registered, and has been unregistered since.
+
+Example (a script waiting for the startup models)::
+
+    info = read_status(Path(".inference_service/status.json"))
+    if info and all(m["state"] == READY for m in info["models"].values()):
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+#: The status file's name in the instance directory.
+STATUS_FILE_NAME = "status.json"
+
+REGISTERING = "registering"
+REGISTERED = "registered"
+READY = "ready"
+FAILED = "failed"
+UNREGISTERED = "unregistered"
+#: Every state a startup model can be in (see the module docstring).
+STARTUP_STATES = (REGISTERING, REGISTERED, READY, FAILED, UNREGISTERED)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` via a temporary file and rename.
+
+    Raises:
+        OSError: the directory is not writable.
+        TypeError: ``data`` holds something JSON cannot encode.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    """The status file's content; ``None`` when it does not exist (yet, or any more) or is not a
+    JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def startup_key(ident: str, version: str = "") -> str:
+    """The key of a startup model in the ``models`` map.
+
+    Args:
+        ident: the ``load_models`` entry's name if it has one, else its URL (``"echo"``,
+            ``"echo.mar"``, ``"https://host/m.mar"``); a snapshot model's name.
+        version: a snapshot model's version (``""`` for ``load_models`` entries, whose
+            version is known only once registered).
+
+    Returns:
+        ``ident``, or ``"ident/version"`` with a version (a snapshot can hold several
+        versions of one model).
+    """
+    return f"{ident}/{version}" if version else ident
+
+
+class VersionView(Protocol):
+    """What :class:`StartupModels` reads of a registered model version
+    (:class:`inference_service.serving.model_version.ModelVersion` has it)."""
+
+    name: str
+    version: str
+    closed: bool
+
+    @property
+    def healthy(self) -> bool:
+        """Its minimum workers are READY."""
+
+    def load_error(self) -> str | None:
+        """Why no worker can serve (every live worker's latest start failed to load), else ``None``."""
+
+
+class StartupModels:
+    """The states of the startup models, as the status file's ``models`` map shows them.
+
+    The server marks each startup model :meth:`registering` before its registration starts,
+    then :meth:`registered` (with the version) or :meth:`failed`; :meth:`as_json` derives a
+    registered model's current state from its workers each time it is called.
+
+    Quick start::
+
+        models = StartupModels()
+        models.registering("echo")
+        models.registered("echo", version)     # the ModelVersion the core returned
+        models.as_json()  # {"echo": {"state": "registered", "model_name": "echo", "version": "1.0"}}
+    """
+
+    def __init__(self) -> None:
+        self._failed: dict[str, str] = {}
+        self._versions: dict[str, VersionView | None] = {}  # None: registering
+
+    def registering(self, key: str) -> None:
+        """``key``'s registration starts."""
+        self._versions[key] = None
+        self._failed.pop(key, None)
+
+    def registered(self, key: str, version: VersionView) -> None:
+        """``key`` is registered as ``version``; its state follows its workers from now on."""
+        self._versions[key] = version
+        self._failed.pop(key, None)
+
+    def failed(self, key: str, error: str) -> None:
+        """``key`` could not register: ``error`` says why."""
+        self._versions[key] = None
+        self._failed[key] = error
+
+    @property
+    def any_failed(self) -> bool:
+        """Whether a startup model could not be registered (readiness then stays NOT_SERVING)."""
+        return bool(self._failed)
+
+    def as_json(self) -> dict[str, dict[str, Any]]:
+        """``{key: {"state": ..., ["model_name", "version"], ["error"]}}``, in registration order."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, version in self._versions.items():
+            if version is None:
+                error = self._failed.get(key)
+                out[key] = {"state": REGISTERING} if error is None else {"state": FAILED, "error": error}
+                continue
+            entry: dict[str, Any] = {"state": REGISTERED, "model_name": version.name, "version": version.version}
+            if version.closed:
+                entry["state"] = UNREGISTERED
+            elif version.healthy:
+                entry["state"] = READY
+            elif (error := version.load_error()) is not None:
+                entry.update(state=FAILED, error=error)
+            out[key] = entry
+        return out

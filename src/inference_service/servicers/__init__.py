@@ -1,1 +1,0 @@
-"""Thin gRPC servicers: proto in, one core call, proto out."""

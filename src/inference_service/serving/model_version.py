@@ -1,0 +1,279 @@
+"""The registry entry of one registered model version: its effective config, job queue,
+worker slots (:mod:`inference_service.dispatch.supervisor`) and sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from inference_service.archive.model_archive import ModelArchive
+from inference_service.dispatch.gpu import GpuAllocator
+from inference_service.dispatch.jobs import Job, JobQueue
+from inference_service.dispatch.process import WorkerOptions
+from inference_service.dispatch.supervisor import WorkerSlot, WorkerState
+from inference_service.errors import FailedPrecondition, ResourceExhausted, Unavailable, WorkerLoadError
+from inference_service.serving.model_config import ModelConfig, parallel_settings
+from inference_service.worker import protocol
+
+log = logging.getLogger(__name__)
+
+_worker_ids = itertools.count(9000)
+
+
+class ModelVersion:
+    """One version of a registered model.
+
+    Args:
+        name: model name.
+        archive: the opened archive.
+        config: effective settings.
+        handler: entry point (RegisterModel's, else the manifest's).
+        server_version: reported to handlers.
+        on_change: called when worker states change (health updates).
+        loaded_at_startup: whether it came from ``--models``/``load_models``.
+        extra_paths: extra ``sys.path`` entries for the workers.
+        base_env: environment for worker processes.
+    """
+
+    def __init__(self, name: str, archive: ModelArchive, config: ModelConfig, handler: str,
+                 server_version: str, on_change: Callable[[], None], loaded_at_startup: bool = False,
+                 extra_paths: list[str] | None = None, base_env: dict[str, str] | None = None,
+                 gpus: GpuAllocator | None = None, worker_options: WorkerOptions | None = None) -> None:
+        self.name = name
+        self.version = archive.version
+        self.worker_options = worker_options or WorkerOptions()
+        self.archive = archive
+        self.config = config
+        self.handler = handler
+        self.server_version = server_version
+        self._on_change = on_change
+        self.loaded_at_startup = loaded_at_startup
+        self.extra_paths = extra_paths or []
+        self.base_env = dict(base_env if base_env is not None else os.environ)
+        self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms,
+                              concurrent=config.worker_mode != protocol.MODE_BATCH)
+        self.slots: dict[int, WorkerSlot] = {}
+        self.sequences: dict[str, int] = {}
+        self.sequence_last_used: dict[str, float] = {}
+        self.restarts_total = 0  # worker restarts of this version, kept when workers are removed
+        self.gpus = gpus or GpuAllocator(0)
+        # workers placed on GPUs: all of them where there are GPUs, unless deviceType is cpu
+        self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0
+        self.closed = False
+        self.world_size, self.rank_threads, self.device_ids = parallel_settings(archive.config)
+        self._stops: set[asyncio.Task[None]] = set()  # scale-downs left running (not synchronous)
+
+    def on_change(self) -> None:
+        """Propagate a worker state change (health)."""
+        self._on_change()
+
+    def on_worker_failed(self) -> None:
+        """A worker gave up (maxRetryTimeoutInSec): if none is left, fail the queued jobs."""
+        if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
+            failed = [s.last_error for s in self.slots.values() if s.last_error]
+            self.queue.drain(Unavailable(
+                f"model {self.name} version {self.version} has no working worker: "
+                f"{failed[0] if failed else 'all workers failed'}"))
+
+    @property
+    def ready_workers(self) -> int:
+        """Workers with a loaded handler."""
+        return sum(1 for s in self.slots.values() if s.state in (WorkerState.READY, WorkerState.BUSY))
+
+    @property
+    def healthy(self) -> bool:
+        """At least ``min_workers`` workers are ready (TorchServe's Ping rule)."""
+        return self.ready_workers >= self.config.min_workers
+
+    def worker_spec(self, slot: WorkerSlot) -> protocol.WorkerSpec:
+        """The INIT message for a worker of this version."""
+        return protocol.WorkerSpec(
+            model_name=self.name,
+            model_version=self.version,
+            model_dir=str(self.archive.model_dir),
+            handler=self.handler,
+            manifest=self.archive.manifest,
+            model_yaml_config=self.archive.config,
+            batch_size=self.config.batch_size,
+            worker_id=slot.id,
+            gpu=slot.gpu,
+            server_version=self.server_version,
+            extra_paths=self.extra_paths,
+            world_size=self.world_size,
+            mode=self.config.worker_mode,
+            max_running=self.config.max_running,
+        )
+
+    def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
+        """Environment of a worker: torch threads = cores / workers unless configured."""
+        env = dict(self.base_env)
+        if self.world_size > 1:
+            threads = self.rank_threads  # per rank; TorchServe's default is 1
+        else:
+            threads = self.config.worker_threads or max(1, (os.cpu_count() or 1) // max(1, len(self.slots)))
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+        env.setdefault("MKL_NUM_THREADS", str(threads))
+        if self.device_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.device_ids)
+        elif slot.gpu is None:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    async def scale(self, min_workers: int, max_workers: int, synchronous: bool,
+                    timeout: float = 10.0, number_gpu: int | None = None) -> None:
+        """Run ``min_workers`` workers (ScaleWorker / RegisterModel's initial_workers).
+
+        Args:
+            min_workers: workers to keep running.
+            max_workers: recorded maximum (at least ``min_workers``).
+            synchronous: wait until new workers loaded (or failed) / old ones stopped.
+            timeout: seconds a stopped worker may finish its batch.
+            number_gpu: how many of the workers go on GPUs (``None``: keep the
+                current rule). Without GPUs every worker runs on the CPU.
+
+        Raises:
+            WorkerLoadError: synchronous, and a new worker failed to load
+                (the message is the handler's error).
+        """
+        if self.closed:
+            raise FailedPrecondition(f"model {self.name} version {self.version} is being unregistered")
+        self.config.min_workers = min_workers
+        self.config.max_workers = max(max_workers, min_workers)
+        if number_gpu is not None:
+            self.gpu_count = number_gpu
+        live = [s for s in self.slots.values() if not s.stopping]
+        new: list[WorkerSlot] = []
+        on_gpu = sum(1 for s in live if s.gpu is not None)
+        while len(live) + len(new) < min_workers:
+            slot = WorkerSlot(self, next(_worker_ids))
+            if on_gpu < self.gpu_count and self.gpus.count:
+                slot.gpu = self.gpus.next()
+                on_gpu += 1
+            self.slots[slot.id] = slot
+            new.append(slot)
+        for slot in new:
+            slot.start()
+        removed = live[min_workers:] if len(live) > min_workers else []
+        stops = [self._remove(slot, timeout) for slot in removed]
+        self.on_change()
+        if synchronous:
+            await asyncio.gather(*stops)
+            outcomes = await asyncio.gather(*(slot.first_outcome for slot in new))
+            errors = [e for e in outcomes if e]
+            if errors:
+                raise WorkerLoadError(errors[0])
+        else:
+            for coro in stops:
+                task = asyncio.create_task(coro, name=f"stop-{self.name}-{self.version}")
+                self._stops.add(task)
+                task.add_done_callback(self._stop_done)
+
+    def _stop_done(self, task: asyncio.Task[None]) -> None:
+        """A scale-down left running ended: forget it, log its failure (nobody awaits it)."""
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("model %s version %s: stopping a worker failed: %r", self.name, self.version,
+                      task.exception())
+
+    async def _remove(self, slot: WorkerSlot, timeout: float) -> None:
+        await slot.stop(timeout)
+        self.slots.pop(slot.id, None)
+        for seq, wid in list(self.sequences.items()):
+            if wid == slot.id:
+                del self.sequences[seq]
+        self.on_change()
+
+    def load_error(self) -> str | None:
+        """Why no worker of this version can serve: the latest load error, when no worker is
+        ready and every live worker's latest start failed to load (``None`` otherwise, e.g.
+        while a first start or a restart after a crash is still loading)."""
+        live = [s for s in self.slots.values() if not s.stopping]
+        if not live or any(s.state in (WorkerState.READY, WorkerState.BUSY) for s in live):
+            return None
+        errors = [s.load_error for s in live]
+        return errors[0] if all(errors) else None
+
+    def on_load_failed(self, slot: WorkerSlot) -> None:
+        """A worker failed to load: if that leaves no worker able to serve, the queued requests
+        fail at once with UNAVAILABLE and the load error instead of waiting for a retry that
+        may never load (they would otherwise wait until maxRetryTimeoutInSec)."""
+        error = self.load_error()
+        if error is not None:
+            self.queue.drain(Unavailable(f"model {self.name} version {self.version} cannot start a worker: "
+                                         f"{error}", reason="MODEL_LOAD_FAILED", retry_after_s=5.0))
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` for this version.
+
+        Raises:
+            Unavailable: no worker is scheduled (0 workers, or all gave up), or every worker's
+                latest start failed to load its model (reason ``MODEL_LOAD_FAILED``, with the
+                load error; accepted again as soon as a worker loads).
+            ResourceExhausted: the job queue is full.
+        """
+        if self.closed:
+            raise Unavailable(f"model {self.name} version {self.version} is being unregistered")
+        if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
+            raise Unavailable(
+                f"model {self.name} version {self.version} has no worker; scale it with ScaleWorker",
+                reason="NO_WORKER", retry_after_s=5.0)
+        load_error = self.load_error()
+        if load_error is not None:
+            raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
+                              reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
+        worker_id = None
+        if job.sequence_id is not None:
+            worker_id = self.sequences.get(job.sequence_id)
+        self.queue.put(job, worker_id)
+
+    def open_sequence(self, sequence_id: str) -> None:
+        """Pin a new sequence to the least-loaded worker (StreamPredictions2).
+
+        Raises:
+            FailedPrecondition: the model has no sequence batching configured.
+            ResourceExhausted: ``maxNumSequence`` sequences are open.
+            Unavailable: no worker.
+        """
+        if not self.config.sequence_batching:
+            raise FailedPrecondition(
+                f"model {self.name} does not support sequences: set sequenceBatching: true in its "
+                "model config"
+            )
+        if sequence_id in self.sequences:
+            return
+        if len(self.sequences) >= self.config.max_num_sequence:
+            raise ResourceExhausted(f"model {self.name} has maxNumSequence={self.config.max_num_sequence} "
+                                    "sequences open")
+        slots = [s for s in self.slots.values() if not s.stopping and s.state is not WorkerState.FAILED]
+        if not slots:
+            raise Unavailable(f"model {self.name} version {self.version} has no worker")
+        load = {s.id: 0 for s in slots}
+        for wid in self.sequences.values():
+            if wid in load:
+                load[wid] += 1
+        ready = [s.id for s in slots if s.state in (WorkerState.READY, WorkerState.BUSY)] or list(load)
+        self.sequences[sequence_id] = min(ready, key=lambda wid: load[wid])
+        self.sequence_last_used[sequence_id] = time.monotonic()
+
+    def close_sequence(self, sequence_id: str) -> None:
+        """Forget a sequence (its end, or its stream closed)."""
+        self.sequences.pop(sequence_id, None)
+        self.sequence_last_used.pop(sequence_id, None)
+
+    async def close(self) -> None:
+        """Stop every worker and fail queued jobs; remove the extracted archive.
+
+        Scale-downs :meth:`scale` left running are awaited too (they end with their
+        workers, which this stops within seconds).
+        """
+        self.closed = True
+        self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
+        await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))
+        if self._stops:
+            await asyncio.wait(set(self._stops))
+        self.archive.remove()

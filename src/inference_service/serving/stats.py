@@ -1,0 +1,70 @@
+"""What the core and the metrics exchange, as small protocols and plain values.
+
+The core records each request into a :class:`RequestTelemetry` it is given
+(``metrics.Telemetry`` implements it) and offers :class:`VersionStats` snapshots through
+``InferenceCore.stats()``; neither side imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from inference_service.dispatch.supervisor import WorkerState
+
+if TYPE_CHECKING:
+    from inference_service.serving.model_version import ModelVersion
+
+
+class RequestStats(Protocol):
+    """What the core records one request of a model into (``metrics.ModelStats`` is one).
+
+    Attributes:
+        requests: requests received (the core adds one per request it looks up successfully).
+    """
+
+    requests: int
+
+    def message(self, enqueued: float, last: float) -> float:
+        """A stream message is about to be sent (``time.monotonic()`` values); returns the new ``last``."""
+        ...
+
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
+        """The request ended (``dispatched`` 0.0: no worker took it)."""
+        ...
+
+
+class RequestTelemetry(Protocol):
+    """Where the core records requests (``metrics.Telemetry`` is one)."""
+
+    def model(self, name: str, version: str) -> RequestStats | None:
+        """The stats of ``name`` and the request's ``version`` ("": the default), or ``None``: not recorded."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStats:
+    """One model version in :meth:`InferenceCore.stats` (plain values read at one instant).
+
+    Attributes:
+        model_name / model_version: which version.
+        queue_depth: requests waiting in its job queue.
+        workers: worker count by DescribeModel's state name, every state included (zeros too).
+        restarts: worker process restarts of the version so far (monotonic across scale-downs).
+    """
+
+    model_name: str
+    model_version: str
+    queue_depth: int
+    workers: Mapping[str, int]
+    restarts: int
+
+
+def version_stats(name: str, version: str, model: ModelVersion) -> VersionStats:
+    """The :class:`VersionStats` of one model version, read at one instant (plain attribute
+    reads over copies, so the metrics scrape thread may call it while the loop changes things)."""
+    workers = dict.fromkeys((state.value for state in WorkerState), 0)
+    for slot in list(model.slots.values()):
+        workers[slot.state.value] += 1
+    return VersionStats(name, version, len(model.queue), workers, model.restarts_total)
