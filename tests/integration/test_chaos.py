@@ -43,7 +43,7 @@ ROUNDS = 5
 SERVED_AGAIN_S = 5.0
 RSS_GROWTH_LIMIT = 20 * 1024 * 1024
 U = grpc.StatusCode
-# What each kind of request may end with (README "Error details"). A killed worker's
+# What each kind of request may end with (docs/observability.md, "Error details"). A killed worker's
 # requests get UNAVAILABLE (WORKER_DIED); nothing here may hang (DEADLINE_EXCEEDED) or
 # fill a queue (RESOURCE_EXHAUSTED): the load is a few requests at a time.
 ALLOWED: dict[str, set[grpc.StatusCode]] = {

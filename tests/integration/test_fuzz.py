@@ -46,7 +46,7 @@ SETTINGS = settings(max_examples=FUZZ_EXAMPLES or 30, deadline=None, suppress_he
 # the long profile outlasts the suite's 300 s per test (about 1 s per example on 2 cores)
 pytestmark = pytest.mark.timeout(max(300, 3 * FUZZ_EXAMPLES))
 
-# What bad input may get (README "Error details"); INTERNAL and UNKNOWN never.
+# What bad input may get (docs/observability.md, "Error details"); INTERNAL and UNKNOWN never.
 DOCUMENTED = {
     grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -1,6 +1,8 @@
-"""Every command of the README runs as written, in a fresh working directory.
+"""Every command of the README and of the docs site runs as written, in a fresh working directory.
 
-The README's ```` ```bash ```` blocks are run in order, as a reader following it would, by one
+The ```` ```bash ```` blocks of the README, then of each page of ``docs/`` in the order of
+``mkdocs.yml``'s ``nav`` (a page may use what an earlier one set up), are run in order, as a
+reader following them would, by one
 ``bash`` in a fresh copy of the repository's tracked files (the installed ``.venv/`` and
 ``clients/node/node_modules`` are linked in, ``$HOME`` and its model cache are the user's). The
 commands run inside a network namespace of their own (``unshare -rn``, loopback only): the
@@ -10,7 +12,7 @@ commands start are real servers (``.venv/bin/inference-service --start``); the o
 running at the end is stopped.
 
 Skip rule: a block is skipped only when it carries a ``# needs: <what>`` comment, which the
-README shows to its reader: blocks that need a cluster, TLS material, TorchServe, external
+page shows to its reader: blocks that need a cluster, TLS material, TorchServe, external
 tools or the network, placeholders to fill in, or minutes of their own (``scripts/test``).
 At most :data:`MAX_SKIPPED` blocks may be skipped.
 
@@ -36,16 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, _alive
 
 pytestmark = pytest.mark.llm
 
 README = ROOT / "README.md"
-#: Most blocks the README may mark ``# needs:`` (and so skip here).
+DOCS = ROOT / "docs"
+#: Most blocks the README and the docs may mark ``# needs:`` (and so skip here).
 MAX_SKIPPED = 8
-#: Wall-clock bound of the whole README run (s).
-RUN_TIMEOUT_S = 240
+#: Wall-clock bound of the whole run (s).
+RUN_TIMEOUT_S = 300
 NEEDS = re.compile(r"#\s*needs:\s*(.+)$", re.M)
 HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 FINISH_REASONS = ("stop", "length")
@@ -53,19 +57,46 @@ FINISH_REASONS = ("stop", "length")
 
 @dataclass
 class Block:
-    """One ```` ```bash ```` block of the README."""
+    """One ```` ```bash ```` block of the README or of a docs page."""
 
     line: int  #: line of its opening fence
     body: str
     needs: str | None  #: why it is skipped (its ``# needs:`` comment), or None: it runs
+    page: str = "README.md"  #: the file it is in, relative to the repository root
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """The ```` ```bash ```` blocks of ``text``, in order."""
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
+    """The ```` ```bash ```` blocks of ``text`` (the file ``page``), in order."""
     blocks = []
     for match in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M):
         needs = NEEDS.search(match[1])
-        blocks.append(Block(text[:match.start()].count("\n") + 1, match[1], needs[1].strip() if needs else None))
+        blocks.append(Block(text[:match.start()].count("\n") + 1, match[1], needs[1].strip() if needs else None,
+                            page))
+    return blocks
+
+
+def nav_pages() -> list[Path]:
+    """The docs pages in the order of ``mkdocs.yml``'s ``nav`` (entries ``{title: page}``, nested sections too)."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    pages: list[Path] = []
+
+    def walk(entries: list[object]) -> None:
+        for entry in entries:
+            if isinstance(entry, dict):
+                for value in entry.values():
+                    walk(value if isinstance(value, list) else [value])
+            elif isinstance(entry, str):
+                pages.append(DOCS / entry)
+
+    walk(config["nav"])
+    return pages
+
+
+def all_blocks() -> list[Block]:
+    """The README's blocks, then each docs page's, in the order a reader follows them."""
+    blocks = readme_blocks(README.read_text())
+    for page in nav_pages():
+        blocks += readme_blocks(page.read_text(), str(page.relative_to(ROOT)))
     return blocks
 
 
@@ -198,14 +229,23 @@ def test_readme_blocks_are_split_into_commands():
                       '\\"finish_reason\\": \\"stop\\"}"}\n\n') == ("Hi", "stop")
 
 
+def test_every_docs_page_is_in_the_nav():
+    # a page left out of mkdocs.yml's nav would be published without its commands ever running
+    published = {p for p in DOCS.rglob("*.md") if "_incoming" not in p.relative_to(DOCS).parts}
+    listed = nav_pages()
+    assert sorted(published - set(listed)) == [], "docs pages missing from mkdocs.yml's nav"
+    assert [p for p in listed if not p.is_file()] == [], "mkdocs.yml's nav names pages that do not exist"
+    assert len(listed) == len(set(listed)), "a page is listed twice in mkdocs.yml's nav"
+
+
 def test_readme_commands_run_as_written(tmp_path):
     # the README's default ports must be free: its commands run in a network namespace of their own
     assert shutil.which("unshare") and shutil.which("ip") and _netns_usable(), (
         "needs a network namespace of its own (unshare -rn and ip; scripts/install --dev installs them)")
-    blocks = readme_blocks(README.read_text())
-    skipped = [(b.line, b.needs) for b in blocks if b.needs]
-    assert len(skipped) <= MAX_SKIPPED, f"too many README blocks marked '# needs:': {skipped}"
-    commands = [(b.line, c) for b in blocks if not b.needs for c in split_commands(b.body)]
+    blocks = all_blocks()
+    skipped = [(b.page, b.line, b.needs) for b in blocks if b.needs]
+    assert len(skipped) <= MAX_SKIPPED, f"too many blocks marked '# needs:': {skipped}"
+    commands = [(f"{b.page}:{b.line}", c) for b in blocks if not b.needs for c in split_commands(b.body)]
     workdir = _fresh_workdir(tmp_path / "clone")
     script = tmp_path / "readme.sh"
     stderr_dir = tmp_path / "stderr"
@@ -218,7 +258,7 @@ def test_readme_commands_run_as_written(tmp_path):
         log = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        log += f"\n(the README run took more than {RUN_TIMEOUT_S} s)"
+        log += f"\n(the run took more than {RUN_TIMEOUT_S} s)"
     finally:
         for pid in _own_processes(workdir):
             if _alive(pid):
@@ -230,7 +270,7 @@ def test_readme_commands_run_as_written(tmp_path):
         output, rc = results.get(i, ("", None))
         errors = (stderr_dir / str(i)).read_text(errors="replace") if (stderr_dir / str(i)).exists() else ""
         assert rc == 0, (
-            f"README block at line {line}: command failed (exit {rc}):\n{command}\n--- output:\n{output[-3000:]}"
+            f"block at {line}: command failed (exit {rc}):\n{command}\n--- output:\n{output[-3000:]}"
             f"\n--- stderr:\n{errors[-3000:]}"
             + (f"\n--- server log:\n{server_log.read_text(errors='replace')[-3000:]}" if server_log.exists() else "")
             + ("\n(scripts/install needs the network unless .venv/ is up to date: run scripts/install first)"
@@ -241,6 +281,6 @@ def test_readme_commands_run_as_written(tmp_path):
             assert answer, f"scripts/demo printed no answer:\n{output}"
         elif is_llm_request(command):
             text, reason = llm_answer(output)
-            assert text, f"README line {line}: the LLM answered nothing:\n{command}\n{output}"
-            assert reason in FINISH_REASONS, f"README line {line}: finish_reason {reason!r}:\n{output}"
+            assert text, f"{line}: the LLM answered nothing:\n{command}\n{output}"
+            assert reason in FINISH_REASONS, f"{line}: finish_reason {reason!r}:\n{output}"
     assert len(results) == len(commands)

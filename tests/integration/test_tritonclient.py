@@ -1,6 +1,6 @@
 """NVIDIA's tritonclient (the client KServe and Triton users have) against the real server, over
-gRPC (``inference.GRPCInferenceService``) and HTTP (``/v2``), and the README's tritonclient
-example as written (its ports replaced by the test server's) with the README's own handler.
+gRPC (``inference.GRPCInferenceService``) and HTTP (``/v2``), and the docs' tritonclient
+example as written (its ports replaced by the test server's) with the docs' own handler.
 
 tritonclient pins protobuf<7, so it runs from its own venv, ``.cache/venv-tritonclient``, made
 once at test time (:mod:`tritonclient_venv`); each test runs a client script with that venv's
@@ -156,20 +156,18 @@ MODELS = ("oip_echo", "oip_doubler")
 
 
 def readme_example() -> tuple[str, str]:
-    """The README's v2 handler (its ``cat > v2_double.py`` heredoc) and its tritonclient example."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Open Inference Protocol (KServe v2)"):]
-    section = section[:section.index("\n## ", 10)]
+    """The docs' v2 handler (its ``cat > v2_double.py`` heredoc) and its tritonclient example."""
+    section = (ROOT / "docs" / "open-inference-protocol.md").read_text()
     handler = re.search(r"cat > v2_double.py <<'EOF'\n(.*?)^EOF$", section, re.S | re.M)
     example = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
-    assert handler and example, "the README's Open Inference Protocol example moved"
+    assert handler and example, "the docs' Open Inference Protocol example moved"
     return handler[1], example[1]
 
 
 @pytest.fixture(scope="module")
 def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server (token authorization on, one worker per model) with oip_echo, oip_doubler and the
-    README's v2double loaded."""
+    docs' v2double loaded."""
     store = tmp_path_factory.mktemp("triton_store")
     handler = tmp_path_factory.mktemp("readme") / "v2_double.py"
     handler.write_text(readme_example()[0])
