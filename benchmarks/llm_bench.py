@@ -22,70 +22,31 @@ import argparse
 import json
 import os
 import pathlib
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
+from common import ROOT, Metadata, start_project, stream_once  # noqa: E402
 from llm_inprocess import DEFAULT_PROMPT, time_generation  # noqa: E402
 
-from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
+from inference_service._proto import inference_pb2_grpc  # noqa: E402
 from inference_service.llm.generation import build_prompt_ids, model_context_length  # noqa: E402
 from inference_service.llm.model import load_model, prepare_gguf  # noqa: E402
 from inference_service.llm.params import GenerationParams  # noqa: E402
 from inference_service.llm.requests import GenerationRequest  # noqa: E402
 
 
-def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the server in the foreground on free ports; returns the process and its inference port."""
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
-                             "--model-store", str(store), "--models", "smollm2=smollm2.mar",
-                             "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    status = workdir / ".inference_service" / "status.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            info = json.loads(status.read_text())
-            if info.get("pid") == proc.pid:
-                return proc, int(info["inference_port"])
-        except (OSError, ValueError):
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"server did not start; see {workdir / 'server.log'}")
-
-
-def inference_metadata(workdir: pathlib.Path) -> tuple[tuple[str, str], ...]:
-    """``authorization: Bearer <inference key>`` from the server's key_file.json (token authorization is on)."""
-    key = json.loads((workdir / "key_file.json").read_text())["inference"]["key"]
-    return (("authorization", f"Bearer {key}"),)
-
-
 def server_run(stub: inference_pb2_grpc.InferenceAPIsServiceStub, body: bytes,
-               metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, float]:
+               metadata: Metadata = ()) -> dict[str, float]:
     """One streamed request: TTFT, total seconds and completion tokens (from include_usage)."""
-    start = time.perf_counter()
-    first = None
-    last = b""
-    for response in stub.StreamPredictions(
-            inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body}), timeout=600,
-            metadata=metadata):
-        if first is None:
-            first = time.perf_counter()
-        last = response.prediction
-    end = time.perf_counter()
+    ttft, total, last = stream_once(stub, "smollm2", body, metadata, 600)
     tokens = json.loads(last)["usage"]["completion_tokens"]
-    return {"ttft_s": (first or end) - start, "total_s": end - start, "completion_tokens": float(tokens)}
+    return {"ttft_s": ttft, "total_s": total, "completion_tokens": float(tokens)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
                    check=True, stdout=subprocess.DEVNULL)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="llm-bench-"))
-    proc, port = start_server(store, workdir)
+    server = start_project("project", store, workdir, ["smollm2=smollm2.mar"], startup_s=60)
     try:
         import torch
 
@@ -114,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         body = json.dumps({"messages": [{"role": "user", "content": args.prompt}],
                            "max_new_tokens": args.max_new_tokens, "ignore_eos": True,
                            "include_usage": True}).encode()
-        stub = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        auth = inference_metadata(workdir)
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(f"127.0.0.1:{server.inference_port}"))
+        auth = server.metadata
         deadline = time.monotonic() + 900
         while True:  # wait for the worker: the first request is also the server's warm-up
             try:
@@ -131,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             served.append(server_run(stub, body, auth))
             local.append(time_generation(model, tokenizer, prompt_ids, params))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        server.stop()
 
     def med(rows: list[dict[str, float]], key: str) -> float:
         if key == "tokens_per_s":

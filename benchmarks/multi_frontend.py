@@ -31,19 +31,20 @@ import grpc
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import compare  # noqa: E402 - the benchmark's own helpers
+import common  # noqa: E402 - the benchmarks' shared plumbing
+import compare_load  # noqa: E402 - compare.py's servers and scenarios
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
 
 
-async def load(servers: list[compare.Server], concurrency: int, total: int) -> dict[str, float]:
+async def load(servers: list[common.Server], concurrency: int, total: int) -> dict[str, float]:
     """``total`` echo Predictions from ``concurrency`` callers spread round-robin over the servers."""
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{s.inference_port}") for s in servers]
     stubs = [inference_pb2_grpc.InferenceAPIsServiceStub(c) for c in channels]
-    request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": compare.PAYLOAD})
+    request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": compare_load.PAYLOAD})
     for server, stub in zip(servers, stubs, strict=True):
-        await compare.wait_serving(server, stub)
-        await compare.warm(server, stub, 2.0)
+        await compare_load.wait_serving(server, stub)
+        await compare_load.warm(server, stub, 2.0)
     latencies: list[float] = []
     remaining = [total]
     targets = itertools.cycle(range(len(servers)))
@@ -54,14 +55,14 @@ async def load(servers: list[compare.Server], concurrency: int, total: int) -> d
             remaining[0] -= 1
             t0 = time.perf_counter()
             reply = await stub.Predictions(request, metadata=metadata, timeout=60)
-            assert reply.prediction == compare.PAYLOAD
+            assert reply.prediction == compare_load.PAYLOAD
             latencies.append((time.perf_counter() - t0) * 1000)
 
-    cpu0 = sum(compare.tree_cpu_s(s.proc.pid) for s in servers)
+    cpu0 = sum(common.tree_cpu_s(s.proc.pid) for s in servers)
     client0, wall0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(caller(next(targets)) for _ in range(concurrency)))
     wall = time.perf_counter() - wall0
-    server_cpu = sum(compare.tree_cpu_s(s.proc.pid) for s in servers) - cpu0
+    server_cpu = sum(common.tree_cpu_s(s.proc.pid) for s in servers) - cpu0
     for channel in channels:
         await channel.close()
     return {"req_per_s": len(latencies) / wall, "p50_ms": statistics.median(latencies),
@@ -77,7 +78,7 @@ def main() -> int:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="multi-frontend-"))
     store = root / "store"
-    compare.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
+    compare_load.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
     rows: dict[tuple[str, int, int], list[dict[str, float]]] = {}
     for run in range(args.runs):
         for kind in ("project", "bare"):
@@ -87,7 +88,7 @@ def main() -> int:
                     for i in range(n):
                         workdir = root / f"{kind}-{n}-{i}-{run}"
                         workdir.mkdir()
-                        servers.append(compare.start_server(kind, store, workdir))
+                        servers.append(compare_load.start_server(kind, store, workdir))
                     for concurrency in (1, 32):
                         result = asyncio.run(load(servers, concurrency, args.requests))
                         rows.setdefault((kind, n, concurrency), []).append(result)

@@ -27,7 +27,6 @@ import http.client
 import json
 import os
 import pathlib
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,67 +34,23 @@ import tempfile
 import time
 from collections.abc import Callable
 
-import grpc
 import openai
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
+import grpc  # noqa: E402
+from common import ROOT, Metadata, start_project, stream_once, wait_model_serving  # noqa: E402
+
+from inference_service._proto import inference_pb2_grpc  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 
 
-def start_server(store: pathlib.Path, workdir: pathlib.Path) -> tuple[subprocess.Popen[bytes], dict]:
-    """Start the server in the foreground on free ports; returns the process and its status.json."""
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
-                             "--model-store", str(store), "--models", "smollm2=smollm2.mar",
-                             "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    status = workdir / ".inference_service" / "status.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            info = json.loads(status.read_text())
-            if info.get("pid") == proc.pid:
-                return proc, info
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"server did not start; see {workdir / 'server.log'}")
-
-
-def wait_serving(channel: grpc.Channel, timeout: float) -> None:
-    """Wait until the health service says ``model/smollm2`` is SERVING (its worker loaded the model)."""
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            answer = stub.Check(health_pb2.HealthCheckRequest(service="model/smollm2"), timeout=5)
-            if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("smollm2 did not become SERVING")
-
-
 def grpc_run(stub: inference_pb2_grpc.InferenceAPIsServiceStub, body: bytes,
-             metadata: tuple[tuple[str, str], ...]) -> tuple[float, float, int]:
+             metadata: Metadata) -> tuple[float, float, int]:
     """One StreamPredictions call: (TTFT s, total s, completion tokens)."""
-    start = time.perf_counter()
-    first = None
-    last = b""
-    request = inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body})
-    for response in stub.StreamPredictions(request, timeout=120, metadata=metadata):
-        if first is None:
-            first = time.perf_counter()
-        last = response.prediction
-    end = time.perf_counter()
-    return (first or end) - start, end - start, json.loads(last)["usage"]["completion_tokens"]
+    ttft, total, last = stream_once(stub, "smollm2", body, metadata, 120)
+    return ttft, total, json.loads(last)["usage"]["completion_tokens"]
 
 
 def http_run(conn: http.client.HTTPConnection, body: bytes, key: str) -> tuple[float, float, int]:
@@ -153,21 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     store = workdir / "model_store"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
                    check=True, stdout=subprocess.DEVNULL)
-    proc, status = start_server(store, workdir)
+    server = start_project("project", store, workdir, ["smollm2=smollm2.mar"], startup_s=60)
     try:
         key = json.loads((workdir / "key_file.json").read_text())["inference"]["key"]
-        channel = grpc.insecure_channel(f"127.0.0.1:{status['inference_port']}")
-        wait_serving(channel, 900)
+        wait_model_serving(server.inference_port, "smollm2", 900)
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.inference_port}")
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-        metadata = (("authorization", f"Bearer {key}"),)
+        metadata = server.metadata
         messages = [{"role": "user", "content": QUESTION}]
         grpc_body = json.dumps({"messages": messages, "max_new_tokens": args.max_tokens, "temperature": 0,
                                 "ignore_eos": True, "include_usage": True}).encode()
         http_body = json.dumps({"model": "smollm2", "messages": messages, "max_tokens": args.max_tokens,
                                 "temperature": 0, "ignore_eos": True, "stream": True,
                                 "stream_options": {"include_usage": True}}).encode()
-        conn = http.client.HTTPConnection("127.0.0.1", status["http_port"], timeout=120)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{status['http_port']}/v1", api_key=key, max_retries=0)
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key=key, max_retries=0)
         clients: dict[str, Callable[[], tuple[float, float, int]]] = {
             "grpc": lambda: grpc_run(stub, grpc_body, metadata),
             "http": lambda: http_run(conn, http_body, key),
@@ -183,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[name].append(clients[name]())
         conn.close()
         client.close()
+        channel.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        server.stop()
 
     result: dict[str, float | int | str] = {"scenario": "openai_ttft", "runs": args.runs,
                                             "max_tokens": args.max_tokens}

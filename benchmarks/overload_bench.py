@@ -14,21 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import grpc
-from google.protobuf import empty_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+import grpc  # noqa: E402
+from common import ROOT, pct, start_project, wait_model_serving  # noqa: E402
+from google.protobuf import empty_pb2  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc  # noqa: E402
 
@@ -46,27 +43,15 @@ def main() -> int:
     (model / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
         {"runtime": "python", "model": {"modelName": "busy", "handler": "echo_handler.py", "modelVersion": "1.0",
                                         "configFile": "model-config.yaml"}}))
-    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs",
-                             "--model-store", str(work / "store"), "--models", "busy",
-                             "--grpc-inference-port", "0", "--grpc-management-port", "0",
-                             "--http-port", "0", "--http-management-port", "0", "--metrics-port", "0"],
-                            cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_project("overload", work / "store", work, ["busy"], startup_s=60)
     try:
-        status = work / ".inference_service" / "status.json"
-        deadline = time.monotonic() + 60
-        while not status.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            time.sleep(0.05)
-        port = json.loads(status.read_text())["inference_port"]
-        key = json.loads((work / "key_file.json").read_text())["inference"]["key"]  # token authorization is on
-        auth = (("authorization", f"Bearer {key}"),)
+        wait_model_serving(server.inference_port, "busy", 60)
+        port = server.inference_port
+        auth = server.metadata  # token authorization is on
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         check = health_pb2.HealthCheckRequest(service="model/busy")
-        while health.Check(check, timeout=5).status != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, "model did not load"
-            time.sleep(0.05)
         stop = threading.Event()
         outcomes: dict[str, int] = {}
 
@@ -97,12 +82,8 @@ def main() -> int:
         for t in threads:
             t.join(10)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-    def pct(values: list[float], q: float) -> float:
-        return statistics.quantiles(values, n=100)[int(q) - 1]
 
     result = {"scenario": "health_under_overload", "samples": args.samples,
               "ping_p50_ms": round(pct(ping_ms, 50), 2), "ping_p99_ms": round(pct(ping_ms, 99), 2),

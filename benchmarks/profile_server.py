@@ -31,7 +31,8 @@ import grpc
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import compare  # noqa: E402 - the benchmark's own helpers
+import common  # noqa: E402 - the benchmarks' shared plumbing
+import compare_load  # noqa: E402 - compare.py's servers and scenarios
 
 from inference_service._proto import inference_pb2_grpc  # noqa: E402
 
@@ -78,15 +79,15 @@ async def drive(scenario: str, seconds: float, out: Path, top: int, which: str =
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     work = Path(tempfile.mkdtemp(prefix="profile-"))
     store = work / "store"
-    compare.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
-    server = compare.start_server(which, store, work)
+    compare_load.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
+    server = compare_load.start_server(which, store, work)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel:
             stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-            await compare.wait_serving(server, stub)
-            await compare.register_stream(server)
-            await compare.warm(server, stub, 2.0)
-            procs = compare.tree(server.proc.pid)
+            await compare_load.wait_serving(server, stub)
+            await compare_load.register_stream(server)
+            await compare_load.warm(server, stub, 2.0)
+            procs = common.tree(server.proc.pid)
             out.mkdir(parents=True, exist_ok=True)
             spies = []
             for proc in procs:
@@ -98,11 +99,11 @@ async def drive(scenario: str, seconds: float, out: Path, top: int, which: str =
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 if scenario == "unary":
-                    result = await compare.unary(server, stub, "echo", 32, 1000)
+                    result = await compare_load.unary(server, stub, "echo", 32, 1000)
                     print(f"# unary c=32: {result['req_per_s']} req/s", flush=True)
                 else:
                     streams = 1 if scenario == "stream1" else 4
-                    for _ttft, count in await asyncio.gather(*(compare.one_stream(server, stub, 1000)
+                    for _ttft, count in await asyncio.gather(*(compare_load.one_stream(server, stub, 1000)
                                                                for _ in range(streams))):
                         assert count == 1000
             for proc, raw, spy_proc in spies:

@@ -36,7 +36,8 @@ import grpc
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import compare  # noqa: E402 - the benchmark's own helpers
+import common  # noqa: E402 - the benchmarks' shared plumbing
+import compare_load  # noqa: E402 - compare.py's servers and scenarios
 
 from inference_service._proto import inference_pb2_grpc  # noqa: E402
 
@@ -78,21 +79,21 @@ def trace(pids: list[int], out: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-async def measure(server: compare.Server, streams: int, workdir: Path) -> dict[str, float]:
+async def measure(server: common.Server, streams: int, workdir: Path) -> dict[str, float]:
     """Warm, then count system calls during ``streams`` single streams; figures per message."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") as channel:
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-        await compare.wait_serving(server, stub)
-        await compare.register_stream(server)
-        await compare.warm(server, stub, 20.0 if server.name == "torchserve" else 2.0)
+        await compare_load.wait_serving(server, stub)
+        await compare_load.register_stream(server)
+        await compare_load.warm(server, stub, 20.0 if server.name == "torchserve" else 2.0)
         for _ in range(3):
-            await compare.one_stream(server, stub, 1000)
+            await compare_load.one_stream(server, stub, 1000)
         server_out, client_out = workdir / "strace-server.txt", workdir / "strace-client.txt"
-        tracers = [trace([p.pid for p in compare.tree(server.proc.pid)], server_out),
+        tracers = [trace([p.pid for p in common.tree(server.proc.pid)], server_out),
                    trace([os.getpid()], client_out)]
         segments, started, received = out_segments(), time.perf_counter(), 0
         for _ in range(streams):
-            received += (await compare.one_stream(server, stub, 1000))[1]
+            received += (await compare_load.one_stream(server, stub, 1000))[1]
         wall = time.perf_counter() - started
         segments = out_segments() - segments
         for tracer in tracers:
@@ -117,12 +118,12 @@ def main() -> int:
         raise SystemExit("needs strace (apt-get install strace)")
     root = Path(tempfile.mkdtemp(prefix="stream-syscalls-"))
     store = root / "store"
-    compare.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
+    compare_load.build_archives(store, Path(sys.executable).parent / "torch-model-archiver")
     rows = {}
     for name in args.servers.split(","):
         workdir = root / name
         workdir.mkdir()
-        server = compare.start_server(name, store, workdir)
+        server = compare_load.start_server(name, store, workdir)
         try:
             rows[name] = asyncio.run(measure(server, args.streams, workdir))
         finally:
