@@ -12,6 +12,14 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+class _Worker:
+    """A worker as the queue sees it (a ``Taker``): ``take`` is the test's function."""
+
+    def __init__(self, worker_id: int, take) -> None:
+        self.id = worker_id
+        self.take = take
+
+
 def test_a_batch_that_cannot_be_sent_fails_alone_and_the_worker_stays_free():
     async def scenario():
         queue = JobQueue(capacity=10)
@@ -23,7 +31,7 @@ def test_a_batch_that_cannot_be_sent_fails_alone_and_the_worker_stays_free():
             sent.append(batch)
             return True
 
-        queue.offer(1, send)
+        queue.offer(_Worker(1, send))
         bad = Job({"data": b"bad"})
         queue.put(bad)
         kind, error = await asyncio.wait_for(bad.mailbox.get(), 1)
@@ -40,13 +48,14 @@ def test_a_concurrent_worker_takes_jobs_up_to_its_room():
     async def scenario():
         queue = JobQueue(capacity=10, concurrent=True)
         sent: list[list[Job]] = []
-        queue.offer(1, lambda batch: sent.append(batch) or True, room=2)
+        worker = _Worker(1, lambda batch: sent.append(batch) or True)
+        queue.offer(worker, room=2)
         jobs = [Job({"data": b"%d" % i}, stream=True) for i in range(3)]
         for job in jobs:
             queue.put(job)
         assert [len(b) for b in sent] == [1, 1]  # each joined at once, streams too
         assert len(queue) == 1  # the third waits for room
-        queue.offer(1, lambda batch: sent.append(batch) or True, room=1)
+        queue.offer(worker, room=1)
         assert sent[-1] == [jobs[2]] and len(queue) == 0
 
     _run(scenario())

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
-from inference_service.errors import DeadlineExceeded, InferenceError, InvalidArgument, ResourceExhausted
-from inference_service.worker import protocol
+from inference_service.errors import DeadlineExceeded, InferenceError
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,19 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
-Dispatch = Callable[[list["Job"]], bool]
+class Taker(Protocol):
+    """A worker as :class:`JobQueue` sees it (``dispatch.supervisor.WorkerSlot``)."""
+
+    @property
+    def id(self) -> int:
+        """The worker id (a sequence's jobs are pinned to it)."""
+
+    def take(self, batch: list[Job]) -> bool:
+        """Hand ``batch`` to the worker now; False when it went away (the jobs are queued again).
+
+        Raises:
+            Exception: anything; :meth:`JobQueue._hand` fails that batch alone (``DISPATCH_FAILED``).
+        """
 """Hands a batch to one worker; False when the worker can no longer take it."""
 
 
@@ -225,7 +236,7 @@ class JobQueue:
         self.concurrent = concurrent
         self._shared: deque[Job] = deque()
         self._pinned: dict[int, deque[Job]] = {}
-        self._idle: dict[int, tuple[Dispatch, int]] = {}  # free workers (in the order they became free), room
+        self._idle: dict[int, tuple[Taker, int]] = {}  # free workers (in the order they became free), room
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
         self._size = 0
@@ -241,17 +252,9 @@ class JobQueue:
     def put(self, job: Job, worker_id: int | None = None) -> None:
         """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready.
 
-        Raises:
-            InvalidArgument: the request does not fit the worker channel's framing (the
-                message names the limit: ``worker.protocol.request_problem``).
-            ResourceExhausted: the queue holds ``capacity`` jobs already.
+        The caller has admitted it (``serving.model_version.ModelVersion.admit``: the framing
+        limits and :attr:`capacity` are checked there, before anything is queued).
         """
-        problem = protocol.request_problem(job.inputs, job.headers, job.sequence_id)
-        if problem is not None:
-            raise InvalidArgument(problem)
-        if self._size >= self.capacity:
-            raise ResourceExhausted(f"job queue is full ({self.capacity} requests waiting; job_queue_size)",
-                                    reason="JOB_QUEUE_FULL", retry_after_s=0.5)
         if worker_id is None:
             self._shared.append(job)
         else:
@@ -260,13 +263,13 @@ class JobQueue:
         if self._idle:
             self._dispatch()
 
-    def offer(self, worker_id: int, send: Dispatch, room: int = 1) -> None:
-        """Worker ``worker_id`` can take ``room`` more requests (a batch, when not concurrent):
-        ``send`` it what is ready now, the rest when it is (``room`` 0 withdraws it)."""
+    def offer(self, worker: Taker, room: int = 1) -> None:
+        """``worker`` can take ``room`` more requests (a batch, when not concurrent): hand it
+        what is ready now, the rest when it is (``room`` 0 withdraws it)."""
         if room <= 0:
-            self._idle.pop(worker_id, None)
+            self._idle.pop(worker.id, None)
             return
-        self._idle[worker_id] = (send, room)
+        self._idle[worker.id] = (worker, room)
         self._dispatch()
 
     def withdraw(self, worker_id: int) -> None:
@@ -299,12 +302,12 @@ class JobQueue:
         """Send ``batch`` to the worker. One rule for whatever goes wrong on the way: the
         batch's requests fail with INTERNAL naming the cause, the worker stays free for the
         next batch, and :attr:`dispatch_failures` counts it."""
-        send, room = self._idle.pop(worker_id)
+        worker, room = self._idle.pop(worker_id)
         try:
-            sent = send(batch)
+            sent = worker.take(batch)
         except Exception as exc:  # noqa: BLE001 - contained here: only this batch fails
             log.exception("cannot hand %d request(s) to worker %d", len(batch), worker_id)
-            self._idle[worker_id] = (send, room)
+            self._idle[worker_id] = (worker, room)
             self.dispatch_failures += 1
             error = InferenceError(f"request could not be handed to a worker: {type(exc).__name__}: {exc}",
                                    reason="DISPATCH_FAILED")
@@ -313,7 +316,7 @@ class JobQueue:
             return
         if sent:
             if self.concurrent and room > len(batch):
-                self._idle[worker_id] = (send, room - len(batch))
+                self._idle[worker_id] = (worker, room - len(batch))
             return
         # The worker went away meanwhile: the jobs go back to the front of their queue.
         dq = self._pinned.setdefault(worker_id, deque()) if pinned else self._shared

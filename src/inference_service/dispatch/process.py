@@ -101,7 +101,7 @@ class WorkerProcess:
         self._closed = False
         self._jobs: dict[str, Job] = {}
         self._ready: asyncio.Future[str | None] | None = None
-        self.on_free: Callable[[], None] | None = None  # called when the worker has room again
+        self.on_free: Callable[[WorkerProcess], None] | None = None  # called when the worker has room again
         self._last_progress = 0.0  # time.monotonic() of the last frame of the running batch
         self._response_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -344,12 +344,12 @@ class WorkerProcess:
     def _request_ended(self) -> None:
         """A request of a ``continuous``/``async`` worker ended: its place is free."""
         if self.concurrent and self.on_free is not None:
-            self.on_free()
+            self.on_free(self)
 
     def _batch_finished(self) -> None:
         self._batch_running = False
         if self.on_free is not None:
-            self.on_free()
+            self.on_free(self)
 
     def _stop_clock(self) -> None:
         if self._timer is not None:

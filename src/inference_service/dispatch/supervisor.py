@@ -97,6 +97,8 @@ class WorkerSlot:
         self.task: asyncio.Task[None] | None = None
         self.start_time = time.time()
         self.gpu: int | None = None
+        self._response_timeout_s = 0.0  # the model's response_timeout, read when a process starts serving
+        self._ended: asyncio.Future[None] | None = None  # set when the serving process ends or drains
 
     def start(self) -> None:
         """Start the slot's supervision task."""
@@ -162,40 +164,20 @@ class WorkerSlot:
     async def _serve(self, process: WorkerProcess) -> None:
         """Offer ``process`` to the job queue until it dies or the slot stops.
 
-        Requests reach the worker without this task: the queue calls ``send`` when a batch
-        (or, for a worker that runs several requests at once, as many requests as it has
-        room for) is ready, and the worker's routing calls ``free`` when it has room again,
-        which offers it again (see :mod:`inference_service.dispatch.jobs`).
+        Requests reach the worker without this task: the queue calls :meth:`take` when a
+        batch (or, for a worker that runs several requests at once, as many requests as it
+        has room for) is ready, and the worker's routing calls :meth:`_worker_free` when it
+        has room again, which offers it again (see :mod:`inference_service.dispatch.jobs`).
         """
         model = self.model
         queue = model.queue
-        timeout = model.config.response_timeout_s
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def end(_process: object = None) -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        def send(batch: list[Job]) -> bool:
-            if self.stopping or not process.send_batch(batch, timeout):
-                return False
-            self.state = WorkerState.BUSY
-            return True
-
-        def free() -> None:
-            if self.state is WorkerState.BUSY and not process.busy:
-                self.state = WorkerState.READY
-            if self.stopping:
-                if not process.busy:
-                    end()
-            else:
-                queue.offer(self.id, send, process.room)
-
-        process.on_free = free
-        process.on_exit = end
-        queue.offer(self.id, send, process.room)
+        self._response_timeout_s = model.config.response_timeout_s
+        self._ended = asyncio.get_running_loop().create_future()
+        process.on_free = self._worker_free
+        process.on_exit = self._worker_exited
+        queue.offer(self, process.room)
         try:
-            await ended
+            await self._ended
         finally:
             queue.withdraw(self.id)
             if self.state is WorkerState.BUSY:
@@ -210,6 +192,44 @@ class WorkerSlot:
             else:
                 self.last_error = f"worker {self.id} of model {model.name} exited while idle"
                 log.error("%s", self.last_error)
+
+    def take(self, batch: list[Job]) -> bool:
+        """Hand ``batch`` to the serving worker process (the :class:`~inference_service.dispatch.jobs.Taker`
+        side of the job queue; called synchronously from :meth:`JobQueue.put` or :meth:`JobQueue.offer`).
+
+        Returns:
+            False when the slot stops or its process is gone (the queue keeps the jobs).
+
+        Raises:
+            ValueError, struct.error: a request does not fit the worker channel's framing.
+        """
+        process = self.process
+        if self.stopping or process is None or not process.send_batch(batch, self._response_timeout_s):
+            return False
+        self.state = WorkerState.BUSY
+        return True
+
+    def _worker_free(self, process: WorkerProcess) -> None:
+        """``process`` has room again (a batch or a request ended): offer it again, or, when the
+        slot stops and nothing runs on it, end :meth:`_serve`."""
+        if process is not self.process:
+            return  # a replaced process reporting late
+        if self.state is WorkerState.BUSY and not process.busy:
+            self.state = WorkerState.READY
+        if self.stopping:
+            if not process.busy:
+                self._end_serving()
+        else:
+            self.model.queue.offer(self, process.room)
+
+    def _worker_exited(self, process: WorkerProcess) -> None:
+        """``process`` died or was killed (its jobs have failed): end :meth:`_serve`."""
+        if process is self.process:
+            self._end_serving()
+
+    def _end_serving(self) -> None:
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
 
     async def stop(self, timeout: float) -> None:
         """Stop after the running requests (waiting at most ``timeout`` s), then stop the process."""

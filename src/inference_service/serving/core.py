@@ -108,14 +108,15 @@ class InferenceCore:
 
     # --------------------------------------------------------------- inference
     def _submit(self, model: ModelVersion, job: Job) -> None:
+        """Refuse while shutting down, else submit through the version's one admission check.
+
+        Raises:
+            Unavailable: the server is shutting down (SHUTTING_DOWN).
+            InferenceError: ``ModelVersion.admit``'s refusals.
+        """
         if not self.accepting:
             raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
-        size = sum(len(v) for v in job.inputs.values())
-        if size > self.settings.max_request_size:
-            raise ResourceExhausted(
-                f"request of {size} bytes exceeds max_request_size={self.settings.max_request_size} bytes",
-                reason="REQUEST_TOO_LARGE")
-        model.submit(job)
+        model.submit(job, self.settings.max_request_size)
 
     def _check_response(self, payload: bytes) -> bytes:
         if len(payload) > self.settings.max_response_size:

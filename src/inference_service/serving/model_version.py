@@ -16,7 +16,13 @@ from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, JobQueue
 from inference_service.dispatch.process import WorkerOptions
 from inference_service.dispatch.supervisor import WorkerSlot, WorkerState
-from inference_service.errors import FailedPrecondition, ResourceExhausted, Unavailable, WorkerLoadError
+from inference_service.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    WorkerLoadError,
+)
 from inference_service.serving.model_config import ModelConfig, parallel_settings
 from inference_service.worker import protocol
 
@@ -207,15 +213,30 @@ class ModelVersion:
             self.queue.drain(Unavailable(f"model {self.name} version {self.version} cannot start a worker: "
                                          f"{error}", reason="MODEL_LOAD_FAILED", retry_after_s=5.0))
 
-    def submit(self, job: Job) -> None:
-        """Queue ``job`` for this version.
+    def admit(self, job: Job, max_request_size: int) -> int | None:
+        """The one admission check of a request for this version, before anything is queued;
+        nothing changes when it raises. (The server-wide check, shutting down, is the core's.)
+
+        Args:
+            job: the request.
+            max_request_size: most bytes of the input map's values together.
+
+        Returns:
+            The worker the job's sequence is pinned to, or None (any worker).
 
         Raises:
-            Unavailable: no worker is scheduled (0 workers, or all gave up), or every worker's
-                latest start failed to load its model (reason ``MODEL_LOAD_FAILED``, with the
+            ResourceExhausted: the inputs exceed ``max_request_size`` (REQUEST_TOO_LARGE), or the
+                job queue holds ``job_queue_size`` requests (JOB_QUEUE_FULL, retry after 0.5 s).
+            Unavailable: being unregistered; no worker is scheduled (NO_WORKER: 0 workers, or all
+                gave up); every worker's latest start failed to load (MODEL_LOAD_FAILED, with the
                 load error; accepted again as soon as a worker loads).
-            ResourceExhausted: the job queue is full.
+            InvalidArgument: the request does not fit the worker channel's framing (the message
+                names the limit: ``worker.protocol.request_problem``).
         """
+        size = sum(len(v) for v in job.inputs.values())
+        if size > max_request_size:
+            raise ResourceExhausted(f"request of {size} bytes exceeds max_request_size={max_request_size} bytes",
+                                    reason="REQUEST_TOO_LARGE")
         if self.closed:
             raise Unavailable(f"model {self.name} version {self.version} is being unregistered")
         if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
@@ -226,10 +247,21 @@ class ModelVersion:
         if load_error is not None:
             raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
                               reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
-        worker_id = None
-        if job.sequence_id is not None:
-            worker_id = self.sequences.get(job.sequence_id)
-        self.queue.put(job, worker_id)
+        problem = protocol.request_problem(job.inputs, job.headers, job.sequence_id)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        if self.queue.remaining_capacity() == 0:
+            raise ResourceExhausted(f"job queue is full ({self.queue.capacity} requests waiting; job_queue_size)",
+                                    reason="JOB_QUEUE_FULL", retry_after_s=0.5)
+        return self.sequences.get(job.sequence_id) if job.sequence_id is not None else None
+
+    def submit(self, job: Job, max_request_size: int) -> None:
+        """:meth:`admit` ``job``, then queue it (it reaches a free worker within this call).
+
+        Raises:
+            InferenceError: as :meth:`admit`.
+        """
+        self.queue.put(job, self.admit(job, max_request_size))
 
     def open_sequence(self, sequence_id: str) -> None:
         """Pin a new sequence to the least-loaded worker (StreamPredictions2).
