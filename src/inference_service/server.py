@@ -84,6 +84,10 @@ def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | Non
     return options
 
 
+#: One gRPC server to bind: (API name, server, address, port (0: any free), credentials or None).
+_Bind = tuple[str, grpc.aio.Server, str, int, "grpc.ServerCredentials | None"]
+
+
 class Server:
     """A running inference-service instance.
 
@@ -187,19 +191,41 @@ class Server:
         })
 
     async def start(self) -> None:
-        """Bind both ports, start serving and begin loading the startup models.
+        """Bind every port, start serving and begin loading the startup models.
+
+        The steps, in order: directories, TLS credentials and the key file
+        (:meth:`_prepare`); the gRPC servers and their services (:meth:`_grpc_servers`), bound
+        and started (:meth:`_bind_grpc`); TorchServe's HTTP APIs (:meth:`_start_http`); the
+        metrics API (:meth:`_start_metrics`); the startup models, loaded in the background
+        (:meth:`_begin_startup_models`).
 
         Raises:
             OSError: a port cannot be bound, a TLS file cannot be read or the
                 key file cannot be written (the message names it).
         """
-        s = self.settings
+        credentials = await self._prepare()
+        binds = self._grpc_servers(credentials)
+        await self._bind_grpc(binds, credentials)
+        await self._start_http()
+        await self._start_metrics()
+        self._begin_startup_models()
+
+    async def _prepare(self) -> grpc.ServerCredentials | None:
+        """Create the instance and extraction directories, read the TLS files, write the key
+        file (before any port accepts) and start the health service; returns the gRPC
+        credentials (None: plaintext)."""
         self.instance_dir.mkdir(parents=True, exist_ok=True)
         self.extract_dir.mkdir(parents=True, exist_ok=True)
-        credentials = tls.server_credentials(s)
+        credentials = tls.server_credentials(self.settings)
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
         await self.health.start(self.core)
+        return credentials
+
+    def _grpc_servers(self, credentials: grpc.ServerCredentials | None) -> list[_Bind]:
+        """The inference and management gRPC servers with their services, health and reflection,
+        plus the plaintext health-only server when ``health_port`` is set: what to bind where."""
+        s = self.settings
         inference = grpc.aio.server(
             interceptors=self.auth.interceptors(INFERENCE) if self.auth else None,
             options=_channel_options(s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
@@ -223,12 +249,22 @@ class Server:
             reflection.enable_server_reflection(
                 (api.full_name, *(open_inference if srv is inference else ()),
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), srv)
-        binds = [("inference", inference, s.inference_address, s.inference_port, credentials),
-                 ("management", management, s.management_address, s.management_port, credentials)]
+        binds: list[_Bind] = [("inference", inference, s.inference_address, s.inference_port, credentials),
+                              ("management", management, s.management_address, s.management_port, credentials)]
         if s.health_port is not None:  # plaintext, health only: for probes when the APIs use TLS
             health_only = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_only)
             binds.append(("health", health_only, s.health_address, s.health_port, None))
+        return binds
+
+    async def _bind_grpc(self, binds: list[_Bind], credentials: grpc.ServerCredentials | None) -> None:
+        """Bind each gRPC server to its address (port 0: a free one, kept in :attr:`ports`), start
+        them and turn liveness SERVING.
+
+        Raises:
+            OSError: a port cannot be bound (the message names the API and the address).
+        """
+        s = self.settings
         warn_exposed_binds({"inference": s.inference_address, "management": s.management_address},
                            token_auth=self.auth is not None, tls=credentials is not None)
         for key, srv, address, port, creds in binds:
@@ -249,6 +285,15 @@ class Server:
                  "plaintext" if credentials is None else "mutual TLS" if s.client_ca_file else "TLS")
         if "health" in self.ports:
             log.info("health-only port (plaintext) listening on %s:%d", s.health_address, self.ports["health"])
+
+    async def _start_http(self) -> None:
+        """TorchServe's HTTP/1.1 inference and management APIs over the same core, each unless
+        its port is None (``--no-http``, ``--no-http-management``).
+
+        Raises:
+            OSError: a port cannot be bound.
+        """
+        s = self.settings
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
@@ -265,6 +310,14 @@ class Server:
                                                                               s.http_management_port)
             log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
                      self.ports["http_management"], "HTTPS" if ssl_context is not None else "plaintext")
+
+    async def _start_metrics(self) -> None:
+        """The Prometheus metrics API (``enable_metrics_api``), bound in a thread.
+
+        Raises:
+            OSError: its port cannot be bound (the message names the address).
+        """
+        s = self.settings
         if self.metrics is not None:
             try:
                 self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
@@ -274,6 +327,11 @@ class Server:
                               f"{exc.strerror or exc}") from exc
             log.info("metrics API listening on http://%s:%d/metrics (metrics_mode %s)",
                      s.metrics_address, self.ports["metrics"], s.metrics_mode)
+
+    def _begin_startup_models(self) -> None:
+        """Write the status file (state ``serving``, every startup model ``registering``: ``--start``
+        waits for each), then load the restored snapshot's and the named models in tasks; once
+        all have been tried, readiness may turn SERVING."""
         restored = self._snapshot_to_restore() or []
         requests = [(startup_key(req.model_name or req.url), req) for req in self._startup_requests()]
         for key in [startup_key(m.name, m.version) for m in restored] + [key for key, _ in requests]:
