@@ -2,7 +2,8 @@
 handle`` on a batch of one, intermediate messages through ``send_intermediate_predict_response``.
 
 Body (JSON): ``parts`` (intermediate messages), ``delay`` (s awaited before each), ``log``
-(optional file: a line when the request is cancelled). The final message is JSON
+(optional file: a line when the request is cancelled), ``status`` (optional: set this HTTP
+status with the phrase "handler says no" and return). The final message is JSON
 ``{"concurrent": requests running when this one started, "max": most running at once}``.
 """
 import asyncio
@@ -21,6 +22,9 @@ class AsyncParts(BaseHandler):
     async def handle(self, data, context):
         assert len(data) == 1, "async handlers get one request per call"
         body = json.loads(bytes(data[0].get("data") or data[0].get("body")))
+        if "status" in body:
+            context.set_response_status(int(body["status"]), "handler says no", 0)
+            return ["refused"]
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         seen = self.running

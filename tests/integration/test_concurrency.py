@@ -5,6 +5,7 @@ guarantees of the server: streaming as produced, cancelling one request, errors 
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import build_mar
+from conftest import build_mar, read_key
 from inference_service._proto import inference_pb2
 
 
@@ -145,6 +146,25 @@ def test_async_handler_streams_its_intermediate_messages(models):
     messages = [r.prediction for r in _stream(models, "asyncparts", {"parts": 3, "delay": 0.01})]
     assert messages[:3] == [b"part0", b"part1", b"part2"]
     assert json.loads(messages[3])["concurrent"] >= 1
+
+
+def test_async_handler_status_keeps_its_http_status(models):
+    # the handler's status reaches gRPC through TorchServe's table and HTTP as it is, as in batch mode
+    for status, code in ((418, grpc.StatusCode.FAILED_PRECONDITION), (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+                         (503, grpc.StatusCode.UNAVAILABLE)):
+        with pytest.raises(grpc.RpcError) as err:
+            models.predict("asyncparts", json.dumps({"status": status}))
+        assert (err.value.code(), err.value.details()) == (code, "handler says no")
+        conn = http.client.HTTPConnection("127.0.0.1", models.status["http_port"], timeout=30)
+        try:
+            conn.request("POST", "/predictions/asyncparts", body=json.dumps({"status": status}),
+                         headers={"Authorization": f"Bearer {read_key(models.key_file, 'inference')}",
+                                  "Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert (response.status, json.loads(response.read())["message"]) == (status, "handler says no")
+        finally:
+            conn.close()
+    assert json.loads(models.predict("asyncparts", json.dumps({"parts": 0})))["concurrent"] == 1  # still serving
 
 
 def test_async_cancel_reaches_the_handler_task(models, tmp_path):

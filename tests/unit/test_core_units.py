@@ -216,7 +216,7 @@ class _FakeVersion:
         self.queue: list[Job] = []
         self.restarts_total = 0
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, max_request_size: int) -> None:
         self.jobs.append(job)
         job.worker = self.runner
         job.dispatched = time.monotonic()

@@ -643,7 +643,7 @@ def test_handler_batch_of_two(
 
 
 class RecordingChannel:
-    """The worker's transport as a handler sees it (``context._channel``): records each
+    """The worker's transport as a handler sees it (``context.bind_channel``): records each
     intermediate message in order; a request counts as cancelled once it got ``cancel_after``
     messages (its client goes away)."""
 
@@ -677,7 +677,7 @@ def test_handler_static_batch_streams_together_and_cancels_one(
     data = [{"data": bytearray(json.dumps(b).encode())} for b in bodies]
     channel = RecordingChannel(cancel_after={"r1": 3})
     context.request_ids = {0: "r0", 1: "r1", 2: "r2"}
-    context._channel = channel
+    context.bind_channel(channel)
     results = handler.handle(data, context)
     for i in (0, 2):
         expected, _ = generate_text(tiny_model, tokenizer, list(tokenizer(prompts[i])["input_ids"]), params)
@@ -704,7 +704,7 @@ def _call(handler: Any, context: Context, requests: dict[str, dict[str, Any] | N
     """One worker call in continuous batching: ``{request id: body or None (already running)}``
     -> ``{request id: (result, finished)}``; a 400 shows as ``("400: message", True)``."""
     ids = list(requests)
-    context._begin_batch(ids, [{} for _ in ids], [None for _ in ids])
+    context.begin_batch(ids, [{} for _ in ids], [None for _ in ids])
     data = [{"data": bytearray(json.dumps(b).encode())} if b is not None else {} for b in requests.values()]
     results = handler.handle(data, context)
     assert len(results) == len(ids) and len(context.stopping_criteria) == len(ids)

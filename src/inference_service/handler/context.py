@@ -122,6 +122,9 @@ class Context:
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self._sequence_ids: dict[int, str] = {}
         self._channel: Channel | None = None
+        # TorchServe's rule, read once: in a torchrun group only LOCAL_RANK 0 answers clients
+        local_rank = os.environ.get("LOCAL_RANK")
+        self.answers_clients: bool = local_rank is None or local_rank == "0"
         self.cl_socket = None  # TorchServe's attribute; handlers must not write to it here.
         self.stopping_criteria: Sequence[Callable[[Any], bool | None]] | None = None
         self.header_key_sequence_id = os.environ.get("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
@@ -170,6 +173,10 @@ class Context:
         """The HTTP status set for batch entry ``idx`` (200 unless the handler set one)."""
         return self.request_processor[idx].get_response_status_code()
 
+    def get_response_status_phrase(self, idx: int) -> str | None:
+        """The phrase set with batch entry ``idx``'s status (``None``: none set)."""
+        return self.request_processor[idx].get_response_status_phrase()
+
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         """Set an HTTP status for batch entry ``idx``.
 
@@ -214,13 +221,19 @@ class Context:
             return False
         return self._channel.is_cancelled(request_id)
 
-    def _begin_batch(
+    # --- for the worker's modes ---------------------------------------------------
+    def bind_channel(self, channel: Channel) -> None:
+        """Route intermediate responses and cancel checks through ``channel`` (the worker's socket end)."""
+        self._channel = channel
+
+    def begin_batch(
         self,
         request_ids: list[str],
         headers: list[dict[str, str]],
         sequence_ids: list[str | None],
     ) -> None:
-        """Reset the per-batch state (called by the worker before each batch)."""
+        """Reset the per-batch state before a handler call: ``request_ids[i]``, ``headers[i]`` and
+        ``sequence_ids[i]`` (``None``: no sequence) belong to batch entry ``i``."""
         self.request_ids = dict(enumerate(request_ids))
         self.request_processor = [RequestProcessor(h) for h in headers]
         self._sequence_ids = {i: s for i, s in enumerate(sequence_ids) if s is not None}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,8 @@ def send_intermediate_predict_response(
     finally returns is the stream's last message. ``message`` and ``code`` are
     accepted for compatibility (TorchServe sends them as the HTTP status of the
     chunk; gRPC has no per-message status). Does nothing where the environment
-    variable ``LOCAL_RANK`` is set and is not ``"0"`` (only rank 0 answers).
+    variable ``LOCAL_RANK`` is set and is not ``"0"`` (only rank 0 answers;
+    ``context.answers_clients``, read when the worker starts).
 
     Args:
         ret: one value per batch entry, encoded like a handler result.
@@ -49,8 +49,7 @@ def send_intermediate_predict_response(
             client (or its deadline passed), so the handler stops here.
         TypeError: a value cannot be encoded.
     """
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is not None and local_rank != "0":
+    if not context.answers_clients:
         return None
     channel = context._channel
     if channel is None:

@@ -21,19 +21,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import logging
 import threading
-import traceback
 from typing import Any
 
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.handler.util import PredictionException
-from inference_service.worker import protocol
+from inference_service.worker import answers, protocol
 from inference_service.worker.runtime import Worker
-
-log = logging.getLogger("inference_service.worker")
 
 
 class AsyncRunner:
@@ -102,17 +97,13 @@ class AsyncRunner:
         """One request: call the handler, answer, forget the request."""
         worker = self.worker
         context: Context = copy.copy(worker.context)
-        context._begin_batch([rid], [headers], [seq])
+        context.begin_batch([rid], [headers], [seq])
         try:
             frame = await self._answer(context, rid, inputs)
         except (asyncio.CancelledError, RequestCancelled):
-            frame = worker.cancelled_frame(rid)
-        except PredictionException as exc:
-            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
-            frame = worker.prediction_error_frame(rid, exc)
+            frame = answers.cancelled(rid)
         except Exception as exc:  # noqa: BLE001 - a handler bug fails this request, the worker lives on
-            log.error("handler failed on request %s:\n%s", rid, traceback.format_exc())
-            frame = worker.error_frame(rid, str(exc) or type(exc).__name__)
+            frame = answers.failed([rid], exc)[0]
         finally:
             self.tasks.pop(rid, None)
             self.channel.cancelled.discard(rid)
@@ -122,7 +113,12 @@ class AsyncRunner:
         self.channel.send(frame)
 
     async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:
-        """The request's last frame: FINAL with the handler's result, or its status error."""
+        """The request's last frame: FINAL with the handler's result, or its status error.
+
+        Raises:
+            TypeError: the handler returned something other than one result.
+            Whatever the handler raises.
+        """
         assert self.worker.service is not None
         result = self.worker.service.handle([inputs], context)
         if inspect.isasyncgen(result):
@@ -136,9 +132,4 @@ class AsyncRunner:
         if not isinstance(result, (list, tuple)) or len(result) != 1:
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
             raise TypeError(f"handler returned {got} results for a batch of 1 request")
-        status = context.get_response_status(0)
-        if status >= 400:
-            phrase = context.request_processor[0].get_response_status_phrase()
-            return self.worker.error_frame(rid, phrase or f"handler set status {status}",
-                                           self.worker.code_for_status(status))
-        return protocol.encode_response(protocol.FINAL, rid, encode_response(result[0]))
+        return answers.result(context, 0, rid, result[0])

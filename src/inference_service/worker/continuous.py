@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.handler.util import PredictionException
-from inference_service.worker import protocol
+from inference_service.worker import answers, protocol
 
 if TYPE_CHECKING:
     from inference_service.worker.runtime import Worker
@@ -113,11 +112,11 @@ class ContinuousRunner:
         frames = []
         for request in [r for r in self.waiting if r.request_id in cancelled]:
             self.waiting.remove(request)
-            frames.append(self.worker.cancelled_frame(request.request_id))
+            frames.append(answers.cancelled(request.request_id))
         gone = [rid for rid in self.running if rid in cancelled]
         for rid in gone:
             del self.running[rid]
-            frames.append(self.worker.cancelled_frame(rid))
+            frames.append(answers.cancelled(rid))
         if gone:
             self.channel.end(gone)
             self._drop_in_handler(gone)
@@ -138,7 +137,7 @@ class ContinuousRunner:
         worker = self.worker
         context = worker.context
         ids = [r.request_id for r in active]
-        context._begin_batch(ids, [r.headers for r in active], [r.sequence_id for r in active])
+        context.begin_batch(ids, [r.headers for r in active], [r.sequence_id for r in active])
         data = []
         for request in active:
             data.append(request.inputs if request.inputs is not None else {})
@@ -153,11 +152,11 @@ class ContinuousRunner:
                 raise TypeError(f"context.stopping_criteria holds {got} entries for {len(ids)} requests")
             cancelled = self.channel.cancelled
             for idx, rid in enumerate(ids):
-                status = context.get_response_status(idx)
                 if rid in cancelled:
                     continue  # answered by _drop_cancelled at the next turn
-                if status >= 400:
-                    out.append(worker.status_frame(idx, rid, status))
+                refused = answers.status_error(context, idx, rid)
+                if refused is not None:
+                    out.append(refused)
                     ended.append(rid)
                     continue
                 value = result[idx]
@@ -166,21 +165,15 @@ class ContinuousRunner:
                     if value is not None:
                         self.channel.send_intermediate(rid, encode_response(value))
                     continue
-                out.append(protocol.encode_response(protocol.FINAL, rid, encode_response(value)))
+                out.append(answers.final(rid, value))
                 ended.append(rid)
         except RequestCancelled:
             ended = [rid for rid in ids if rid not in self.channel.cancelled]
-            out = [worker.error_frame(rid, "handler stopped: every request it streamed to was cancelled")
+            out = [answers.error(rid, "handler stopped: every request it streamed to was cancelled")
                    for rid in ended]
             self._drop_in_handler(ended)
-        except PredictionException as exc:
-            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
-            out = [worker.prediction_error_frame(rid, exc) for rid in ids]
-            ended = ids
-            self._drop_in_handler(ids)
         except Exception as exc:  # noqa: BLE001 - a handler bug fails this call's requests, the worker lives on
-            log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
-            out = [worker.error_frame(rid, str(exc) or type(exc).__name__) for rid in ids]
+            out = answers.failed(ids, exc)
             ended = ids
             self._drop_in_handler(ids)
         for rid in ended:

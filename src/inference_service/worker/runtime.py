@@ -7,41 +7,21 @@ the frames that arrived meanwhile without blocking (at most every
 :data:`~inference_service.worker.channel.POLL_INTERVAL_S`), so a cancel reaches a
 running handler: ``send_intermediate_predict_response`` raises
 :class:`RequestCancelled`, ``context.is_cancelled()`` turns true and a generator
-handler is closed. The other modes (:mod:`.continuous`, :mod:`.async_runner`) reuse
-the answers built here.
+handler is closed. Every mode builds its answers with :mod:`.answers`.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
-import traceback
-from http import HTTPStatus
 from typing import Any
 
-from inference_service.errors import grpc_code_for_http
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.metrics import Metrics
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.handler.util import PredictionException
-from inference_service.worker import protocol
+from inference_service.worker import answers, protocol
 from inference_service.worker.channel import WorkerChannel
 from inference_service.worker.loader import Service, load_service
-
-log = logging.getLogger("inference_service.worker")
-
-_CANCELLED = 1  # grpc.StatusCode.CANCELLED
-_INTERNAL = 13
-
-
-def _code_number(status: int) -> int:
-    return int(grpc_code_for_http(status).value[0])
-
-
-def _http(status: int) -> int:
-    """``status`` as the ERROR frame's HTTP status field (0 when it is not an HTTP status)."""
-    return status if 100 <= status <= 599 else 0
 
 
 class Worker:
@@ -61,7 +41,7 @@ class Worker:
             metrics=Metrics(spec.model_name),
             model_yaml_config=spec.model_yaml_config,
         )
-        self.context._channel = channel
+        self.context.bind_channel(channel)
         if spec.forward_metrics:
             self.context.metrics.forward()
             channel.metrics = self.context.metrics
@@ -89,32 +69,6 @@ class Worker:
             elif kind == protocol.STOP:
                 return
 
-    # --- answers ------------------------------------------------------------------
-    @staticmethod
-    def error_frame(request_id: str, message: str, code: int = _INTERNAL) -> bytes:
-        """An ``ERROR`` frame (INTERNAL unless ``code`` says otherwise)."""
-        return protocol.encode_error(request_id, code, message)
-
-    @staticmethod
-    def cancelled_frame(request_id: str) -> bytes:
-        """The ``ERROR`` frame of a request whose client went away."""
-        return protocol.encode_error(request_id, _CANCELLED, "request cancelled")
-
-    @staticmethod
-    def code_for_status(status: int) -> int:
-        """The gRPC code number for an HTTP status a handler set (TorchServe's table)."""
-        return _code_number(status)
-
-    def status_frame(self, idx: int, request_id: str, status: int) -> bytes:
-        """The ``ERROR`` frame for a status >= 400 the handler set on batch entry ``idx``."""
-        phrase = self.context.request_processor[idx].get_response_status_phrase()
-        return protocol.encode_error(request_id, _code_number(status), phrase or _phrase(status), _http(status))
-
-    @staticmethod
-    def prediction_error_frame(request_id: str, exc: PredictionException) -> bytes:
-        """The ``ERROR`` frame for a raised ``PredictionException`` (TorchServe's code table)."""
-        return protocol.encode_error(request_id, _code_number(exc.error_code), exc.message, _http(exc.error_code))
-
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
         """Call the handler on one batch: a generator's items go out as intermediate responses.
 
@@ -141,7 +95,7 @@ class Worker:
         """Run one batch through the handler and answer every request in it, then ``DONE``."""
         batch = protocol.decode_batch(body)
         ids = [rid for rid, _, _, _ in batch]
-        self.context._begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
+        self.context.begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
         self.channel.begin(ids)
         data: list[dict[str, Any]] = [inputs for _, _, _, inputs in batch]
         out: list[bytes] = []
@@ -149,22 +103,14 @@ class Worker:
         try:
             result = self.call_handler(data, ids)
             for idx, rid in enumerate(ids):
-                status = self.context.get_response_status(idx)
                 if rid in cancelled:
-                    out.append(self.cancelled_frame(rid))
-                elif status >= 400:
-                    out.append(self.status_frame(idx, rid, status))
+                    out.append(answers.cancelled(rid))
                 else:
-                    out.append(protocol.encode_response(protocol.FINAL, rid, encode_response(result[idx])))
+                    out.append(answers.result(self.context, idx, rid, result[idx]))
         except RequestCancelled:
-            out = [self.cancelled_frame(rid) for rid in ids]
-        except PredictionException as exc:
-            log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
-            out = [self.prediction_error_frame(rid, exc) for rid in ids]
+            out = [answers.cancelled(rid) for rid in ids]
         except Exception as exc:  # noqa: BLE001 - a handler bug answers INTERNAL, the worker lives on
-            log.error("handler failed on requests %s:\n%s", ids, traceback.format_exc())
-            message = str(exc) or type(exc).__name__
-            out = [self.error_frame(rid, message) for rid in ids]
+            out = answers.failed(ids, exc)
         self.channel.end(ids)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
@@ -199,9 +145,3 @@ class Worker:
         finally:
             gen.close()
 
-
-def _phrase(status: int) -> str:
-    try:
-        return f"{status} {HTTPStatus(status).phrase}"
-    except ValueError:
-        return f"handler set status {status}"
