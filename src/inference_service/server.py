@@ -30,6 +30,7 @@ from inference_service.config import Settings
 from inference_service.dispatch.gpu import detect_gpus
 from inference_service.dispatch.process import WorkerOptions
 from inference_service.errors import InferenceError
+from inference_service.frontends.grpc import cancelled_writes
 from inference_service.frontends.grpc.health import Health
 from inference_service.frontends.grpc.inference import InferenceServicer
 from inference_service.frontends.grpc.management import ManagementServicer
@@ -39,6 +40,7 @@ from inference_service.frontends.http.inference import HttpInferenceApi, server_
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.observability.accesslog import AccessLog
+from inference_service.observability.loop_lag import LoopLagMonitor
 from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.observability.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
 from inference_service.security import tls
@@ -104,6 +106,8 @@ class Server:
         self._status_scheduled = False
         # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
         self.metrics = ServerMetrics() if settings.enable_metrics_api else None
+        # event-loop lag histogram and warnings naming the request that holds the loop (loop_lag.py)
+        self.loop_lag = LoopLagMonitor(self.metrics.registry if self.metrics is not None else None)
         self.telemetry = Telemetry(
             self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
@@ -199,6 +203,8 @@ class Server:
         credentials = tls.server_credentials(s)
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
+        cancelled_writes.install()  # a cancel during a blocked write is no error (cancelled_writes.py)
+        self.loop_lag.start()
         await self.health.start(self.core)
         inference = grpc.aio.server(
             interceptors=self.auth.interceptors(INFERENCE) if self.auth else None,
@@ -253,6 +259,7 @@ class Server:
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
                                              max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.http_api.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
@@ -261,6 +268,7 @@ class Server:
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
                 max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http_management"] = await self.http_management.start(s.http_management_address,
                                                                               s.http_management_port)
             log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
@@ -405,6 +413,7 @@ class Server:
             await asyncio.to_thread(self.metrics.stop)
         if self.auth is not None:
             await self.auth.stop()
+        self.loop_lag.stop()
         shutil.rmtree(self.extract_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.status_file.unlink()

@@ -45,7 +45,7 @@ from inference_service.frontends.oip.protocol import (
     server_metadata,
     server_ready,
 )
-from inference_service.frontends.oip.tensors import DATATYPES, datatype, decode_raw, element_count, encode_raw
+from inference_service.frontends.oip.tensors import DATATYPES, datatype, element_count, encode_raw, raw_elements
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
 
@@ -88,7 +88,7 @@ def infer_request(request: Any) -> InferRequest:
         if raw:
             if tensor.contents.ByteSize():
                 raise InvalidArgument(f"{what} sets contents while the request uses raw_input_contents")
-            data = decode_raw(dtype, raw[index], element_count(shape, InvalidArgument, what), what, InvalidArgument)
+            data = raw_elements(dtype, raw[index], element_count(shape, InvalidArgument, what), what, InvalidArgument)
         elif not dtype.field:
             raise InvalidArgument(f"{what}: {dtype.name} data can only be sent in raw_input_contents")
         else:

@@ -65,6 +65,7 @@ from inference_service.frontends.http.inference import (
     serve_app,
     tls_context,
 )
+from inference_service.frontends.limits import off_loop, parse_json
 from inference_service.frontends.torchserve_json import (
     PROCESSING,
     describe_json,
@@ -94,6 +95,8 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT32 = range(-(2**31), 2**31)
 # TorchServe's error "type" (its exception class names) for statuses the HTTP inference API does not answer.
 _ERROR_TYPE = {403: "ForbiddenException", 409: "ConflictStatusException"}
+#: The application's key of ``max_json_depth`` (set from the core's settings).
+MAX_JSON_DEPTH = web.AppKey("max_json_depth", int)
 _REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
 
 
@@ -179,6 +182,7 @@ class HttpManagementApi:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.app = web.Application(client_max_size=max_request_size,
                                    middlewares=[_answer_errors, self._auth_middleware])
+        self.app[MAX_JSON_DEPTH] = core.settings.max_json_depth
         router = self.app.router
         router.add_get("/models", self.list_models, allow_head=False)
         router.add_post("/models", self.register)
@@ -360,14 +364,13 @@ async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
     TorchServe's ``RegisterModelRequest``).
 
     Raises:
-        InvalidArgument: a JSON body that is not an object.
+        InvalidArgument: a JSON body that is not an object, not JSON, or nested deeper than
+            ``max_json_depth``.
     """
     if request.content_type != "application/json":
         return dict(request.query), True
-    try:
-        body: Any = json.loads(await request.text())
-    except ValueError as exc:
-        raise InvalidArgument(f"the request body is not JSON: {exc}") from None
+    raw = await request.read()
+    body: Any = await off_loop(parse_json, raw, request.app[MAX_JSON_DEPTH], size=len(raw))
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return {key: (str(value).lower() if isinstance(value, bool) else str(value))

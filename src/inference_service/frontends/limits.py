@@ -1,0 +1,145 @@
+"""Bounds on request work that grows with the input, checked before the work starts.
+
+The front doors share one event loop with every API, the health service and the metrics, so
+a request's parsing must neither take long on the loop nor inflate far beyond its raw size.
+Each bound is a setting (``config.properties`` key, :class:`~inference_service.config.Settings`
+field) answered with a client error:
+
+==========================  =========  ===============================================  ======
+bound                       default    applies to                                       status
+==========================  =========  ===============================================  ======
+``max_request_size``        6553500    body bytes (all APIs); a v2 request's JSON body  413
+                                       for the handler (checked while it is written)
+``max_request_parts``       1000       parts of ``multipart/*``, fields of               400
+                                       ``application/x-www-form-urlencoded`` (8080)
+``max_json_depth``          64         nesting of JSON bodies (``/v2``, ``POST          400
+                                       /models`` on 8081)
+==========================  =========  ===============================================  ======
+
+Work on bodies of at least :data:`OFFLOAD_BYTES` runs in a worker thread (:func:`off_loop`);
+every C call on such a body is bounded too (JSON is encoded in slices of
+:data:`JSON_SLICE` elements), so the loop gets the interpreter back within milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from inference_service.errors import InvalidArgument, ResourceExhausted
+
+T = TypeVar("T")
+#: Conversions of at least this many bytes (or tensor elements) run in a worker thread.
+OFFLOAD_BYTES = 64 * 1024
+#: Elements JSON-encoded by one ``json.dumps`` call (about 1 ms of FP32 values).
+JSON_SLICE = 8192
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, size: int) -> T:
+    """``fn(*args)``: inline below :data:`OFFLOAD_BYTES` (``size``: bytes or elements it works
+    on), else in the loop's default thread pool, so that the loop keeps serving meanwhile."""
+    if size < OFFLOAD_BYTES:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def parse_json(body: bytes, max_depth: int) -> Any:
+    """``body`` as JSON, refused when nested deeper than ``max_depth`` objects and arrays.
+
+    Raises:
+        InvalidArgument: not JSON (invalid UTF-8 included), or nested too deep ("the request
+            body nests JSON deeper than max_json_depth=64").
+    """
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise InvalidArgument(_too_deep(max_depth)) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"the request body is not JSON: {exc}") from None
+    brackets = body.count(b"[") + body.count(b"{")
+    if brackets > max_depth and json_depth(value) > max_depth:
+        raise InvalidArgument(_too_deep(max_depth))
+    return value
+
+
+def _too_deep(max_depth: int) -> str:
+    return f"the request body nests JSON deeper than max_json_depth={max_depth}"
+
+
+def json_depth(value: Any) -> int:
+    """How deep objects and arrays nest in ``value`` (0 for a scalar, 1 for ``[1, 2]``), walked
+    without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in item if isinstance(child, dict | list))
+    return deepest
+
+
+def check_parts(count: int, max_parts: int, what: str) -> None:
+    """Refuse a body of more than ``max_parts`` parts (``count`` may be an upper bound).
+
+    Raises:
+        InvalidArgument: "a multipart body of more than max_request_parts=1000 parts" (``what``).
+    """
+    if count > max_parts:
+        raise InvalidArgument(f"{what} of more than max_request_parts={max_parts} {_noun(what)}",
+                              reason="TOO_MANY_PARTS")
+
+
+def _noun(what: str) -> str:
+    return "fields" if "form" in what else "parts"
+
+
+class JsonWriter:
+    """JSON text written piece by piece, refused once it passes ``limit`` bytes.
+
+    Args:
+        limit: the most bytes it may hold (``max_request_size``).
+        what: what is being written, for the error ("the Open Inference request's JSON body").
+
+    Raises (from :meth:`write` / :meth:`values`):
+        ResourceExhausted: reason ``REQUEST_TOO_LARGE`` (HTTP 413) once the text passes ``limit``.
+    """
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit = limit
+        self.what = what
+        self.size = 0
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``."""
+        self.size += len(data)
+        if self.size > self.limit:
+            raise ResourceExhausted(f"{self.what} passes max_request_size={self.limit} bytes",
+                                    reason="REQUEST_TOO_LARGE")
+        self._parts.append(data)
+
+    def value(self, value: Any) -> None:
+        """Append ``value`` as compact JSON (one ``json.dumps``: keep it small)."""
+        self.write(json.dumps(value, separators=(",", ":")).encode("utf-8"))
+
+    def values(self, count: int, slice_of: Callable[[int, int], list[Any]]) -> None:
+        """Append a JSON array of ``count`` elements, ``slice_of(start, stop)`` giving each
+        :data:`JSON_SLICE` of them, so no single call holds the interpreter for long."""
+        self.write(b"[")
+        for start in range(0, count, JSON_SLICE):
+            if start:
+                self.write(b",")
+            text = json.dumps(slice_of(start, min(count, start + JSON_SLICE)), separators=(",", ":"))
+            self.write(text[1:-1].encode("ascii"))
+        self.write(b"]")
+
+    def getvalue(self) -> bytes:
+        """The text written so far."""
+        return b"".join(self._parts)
