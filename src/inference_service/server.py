@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 import inference_service
@@ -31,11 +31,12 @@ from inference_service.dispatch.gpu import detect_gpus
 from inference_service.dispatch.process import WorkerOptions
 from inference_service.errors import InferenceError
 from inference_service.frontends.grpc import cancelled_writes
-from inference_service.frontends.grpc.health import Health
+from inference_service.frontends.grpc.health import Health, add_health
 from inference_service.frontends.grpc.inference import InferenceServicer
 from inference_service.frontends.grpc.management import ManagementServicer
 from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
 from inference_service.frontends.grpc.registration import add_service
+from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.heap import return_large_buffers_to_the_os
@@ -204,6 +205,7 @@ class Server:
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
         cancelled_writes.install()  # a cancel during a blocked write is no error (cancelled_writes.py)
+        http_limits.install_log_filter()  # nor is a request that breaks HTTP (logged without traceback)
         self.loop_lag.start()
         await self.health.start(self.core)
         inference = grpc.aio.server(
@@ -223,7 +225,7 @@ class Server:
             add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry))
             open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
-            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
+            add_health(self.health.servicer, srv)
             # server reflection, so grpcurl, Postman and Evans work without the proto files
             api = (inference_pb2 if srv is inference else management_pb2).DESCRIPTOR.services_by_name[service]
             reflection.enable_server_reflection(
@@ -233,7 +235,7 @@ class Server:
                  ("management", management, s.management_address, s.management_port, credentials)]
         if s.health_port is not None:  # plaintext, health only: for probes when the APIs use TLS
             health_only = grpc.aio.server()
-            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_only)
+            add_health(self.health.servicer, health_only)
             binds.append(("health", health_only, s.health_address, s.health_port, None))
         warn_exposed_binds({"inference": s.inference_address, "management": s.management_address},
                            token_auth=self.auth is not None, tls=credentials is not None)

@@ -99,6 +99,8 @@ _ERROR_TYPE = {
 }
 TOKEN_MESSAGE = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 NOT_FOUND_MESSAGE = "Requested resource is not found, please refer to API document."
+#: A client that closed its connection before its whole body (Content-Length) arrived: 400, no traceback.
+CLIENT_GONE_MESSAGE = "the connection closed before the whole request body arrived"
 _FORM = "application/x-www-form-urlencoded"
 
 
@@ -259,6 +261,9 @@ class HttpInferenceApi:
             return error_response(404, NOT_FOUND_MESSAGE, error_type="ResourceNotFoundException")
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason)
+        except ConnectionResetError:  # aiohttp's "Connection lost" while the body was being read
+            log.info("HTTP %s %s: %s", request.method, request.path, CLIENT_GONE_MESSAGE)
+            return error_response(400, CLIENT_GONE_MESSAGE)
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return error_response(500, "Internal server error")

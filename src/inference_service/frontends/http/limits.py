@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from inference_service.errors import InvalidArgument
 from inference_service.frontends.limits import check_parts, off_loop
 
+AIOHTTP_SERVER_LOGGER = "aiohttp.server"
 #: Multipart parts parsed per turn of the event loop (about 2 ms of aiohttp's parser).
 PARTS_PER_TURN = 16
 
@@ -69,3 +72,27 @@ async def form_fields(request: web.Request, max_fields: int) -> dict[str, bytes]
                 for key, value in parse_qsl(text, keep_blank_values=True, encoding=charset)}
 
     return await off_loop(parse, size=len(body))
+
+
+class BadMessageLogFilter(logging.Filter):
+    """aiohttp logs a request that breaks HTTP itself (a bad ``Content-Length``, a header line
+    beyond its limit...) at ERROR with a traceback, after answering it 400: a client's mistake,
+    logged here as one INFO line naming it, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record of a malformed request; keep the rest."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            message = " ".join(str(exc.message).split())[:200]
+            record.msg, record.args = "HTTP request refused with %d: %s", (exc.code, message)
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info = record.exc_text = None
+            return logging.getLogger(AIOHTTP_SERVER_LOGGER).isEnabledFor(logging.INFO)
+        return True
+
+
+def install_log_filter() -> None:
+    """Add :class:`BadMessageLogFilter` to aiohttp's server logger (once)."""
+    logger = logging.getLogger(AIOHTTP_SERVER_LOGGER)
+    if not any(isinstance(f, BadMessageLogFilter) for f in logger.filters):
+        logger.addFilter(BadMessageLogFilter())

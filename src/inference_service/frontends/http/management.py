@@ -58,6 +58,7 @@ from aiohttp import web
 from inference_service.config import Settings
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.frontends.http.inference import (
+    CLIENT_GONE_MESSAGE,
     NOT_FOUND_MESSAGE,
     TOKEN_MESSAGE,
     error_response,
@@ -342,6 +343,9 @@ async def _answer_errors(request: web.Request,
         not_found = exc.status == 404
         return error_response(exc.status, NOT_FOUND_MESSAGE if not_found else exc.reason,
                               error_type="ResourceNotFoundException" if not_found else None)
+    except ConnectionResetError:  # aiohttp's "Connection lost" while the body was being read
+        log.info("HTTP %s %s: %s", request.method, request.path, CLIENT_GONE_MESSAGE)
+        return error_response(400, CLIENT_GONE_MESSAGE)
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "Internal server error")
