@@ -10,10 +10,21 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from inference_service.errors import InvalidArgument, ResourceExhausted
-from inference_service.frontends.limits import JSON_SLICE, JsonWriter, check_parts, json_depth, off_loop, parse_json
+from inference_service.frontends.limits import (
+    JSON_SLICE,
+    OFFLOAD_BYTES,
+    JsonWriter,
+    check_parts,
+    json_depth,
+    loads_sliced,
+    off_loop,
+    parse_json,
+)
 from inference_service.frontends.oip.http import request_from_http
 from inference_service.frontends.oip.protocol import InferRequest, check_json_floor, make_input
 from inference_service.frontends.oip.tensors import DATATYPES, RawElements, raw_elements
@@ -134,3 +145,29 @@ def test_loop_lag_is_measured_and_the_holder_named(caplog):
     count = registry.get_sample_value(f"{METRIC}_count")
     slow = count - registry.get_sample_value(f"{METRIC}_bucket", {"le": "0.25"})
     assert count >= 5 and slow == 1, (count, slow)
+
+
+NUMBERS = st.lists(st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=False)), max_size=3000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(numbers=NUMBERS, text=st.text(max_size=30), nested=st.booleans(), rows=st.integers(1, 4))
+def test_loads_sliced_is_json_loads(numbers, text, nested, rows):
+    # the numbers also inside a string (no backslash in it: the sliced path must skip it)
+    doc = {"t": text, "data": [numbers] * rows if nested else numbers, "s": json.dumps(numbers), "n": [[], {}]}
+    body = json.dumps(doc).encode() + b" " * OFFLOAD_BYTES  # large enough for the sliced path
+    assert loads_sliced(body) == json.loads(body)
+
+
+@pytest.mark.parametrize("body", [
+    b"[" + b"1," * 40_000 + b"]",  # a trailing comma
+    b"[" + b"1," * 40_000 + b",2]",  # an empty element
+    b"[" + b"01," * 40_000 + b"2]",  # a leading zero
+    b'{"a": [' + b"1," * 40_000 + b"2]",  # not closed
+    b"[" + b"1-," * 40_000 + b"2]",
+])
+def test_loads_sliced_refuses_what_json_loads_refuses(body):
+    with pytest.raises(ValueError):
+        json.loads(body)
+    with pytest.raises(ValueError):
+        loads_sliced(body + b" " * OFFLOAD_BYTES)

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import inference_service
 from inference_service.errors import HandlerError, InvalidArgument, ResourceExhausted
-from inference_service.frontends.limits import OFFLOAD_BYTES, JsonWriter, off_loop
+from inference_service.frontends.limits import OFFLOAD_BYTES, JsonWriter, loads_sliced, off_loop
 from inference_service.frontends.oip.tensors import (
     DATATYPES,
     RawElements,
@@ -270,7 +270,7 @@ def parse_answer(payload: bytes, request: InferRequest, served_version: str) -> 
             type, elements that do not fill the shape or do not fit the data type.
     """
     try:
-        answer = json.loads(payload)
+        answer = loads_sliced(payload)  # a tensor's numbers a slice per call: the loop gets the interpreter back
     except RecursionError:
         raise HandlerError("the handler's answer is not a v2 inference response: JSON nested too deep") from None
     except (UnicodeDecodeError, ValueError) as exc:
