@@ -245,6 +245,13 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _positive_int(value: str) -> int:
+    number = int(value.strip())
+    if number < 1:
+        raise ValueError("must be an integer >= 1")
+    return number
+
+
 def _regexes(value: str) -> list[str]:
     patterns = [item.strip() for item in value.split(",") if item.strip()]
     for pattern in patterns:
@@ -322,8 +329,8 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "default_startup_timeout": ("default_startup_timeout_s", _int),
     "max_request_size": ("max_request_size", _int),
     "max_response_size": ("max_response_size", _int),
-    "max_request_parts": ("max_request_parts", _int),
-    "max_json_depth": ("max_json_depth", _int),
+    "max_request_parts": ("max_request_parts", _positive_int),
+    "max_json_depth": ("max_json_depth", _positive_int),
     "grpc_inference_max_connection_age_ms": ("inference_max_connection_age_ms", _int),
     "grpc_inference_max_connection_age_grace_ms": ("inference_max_connection_age_grace_ms", _int),
     "grpc_management_max_connection_age_ms": ("management_max_connection_age_ms", _int),

@@ -16,6 +16,7 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -350,3 +351,26 @@ def test_v2_grpc_tensors_that_lie_about_their_size(msrv, shape, raw):
     with pytest.raises(grpc.RpcError) as err:
         stub.ModelInfer(request, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+
+
+def test_the_bounds_follow_config_properties(store: Path, tmp_path: Path):
+    (tmp_path / "config.properties").write_text("max_request_parts=3\nmax_json_depth=4\n")
+    srv = ServerProcess(tmp_path, store, ["--ts-config", "config.properties", "--models", "echo=echo.mar",
+                                          "--workers-per-model", "1"])
+    try:
+        srv.wait_workers("echo", 1)
+        http_port = srv.status["http_port"]
+        status, answer = _send(srv, "POST", http_port, "/predictions/echo", "inference", _parts(3), MULTIPART)
+        assert status == 200, answer
+        status, answer = _send(srv, "POST", http_port, "/predictions/echo", "inference", _parts(4), MULTIPART)
+        assert (status, json.loads(answer)["message"]) == (400, "a multipart body of more than "
+                                                                "max_request_parts=3 parts"), answer
+        status, answer = _send(srv, "POST", http_port, "/predictions/echo", "inference", b"a=1&b=2&c=3&d=4",
+                               "application/x-www-form-urlencoded")
+        assert status == 400 and "max_request_parts=3 fields" in answer.decode(), answer
+        status, answer = _send(srv, "POST", http_port, "/v2/models/echo/infer", "inference",
+                               b'{"inputs": [[[[[1]]]]]}', JSON)
+        assert (status, json.loads(answer)) == (400, {"error": "the request body nests JSON deeper than "
+                                                               "max_json_depth=4"}), answer
+    finally:
+        assert srv.stop() == 0, srv.log()

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from inference_service.config import ConfigError, Settings, apply_properties
 from inference_service.errors import InvalidArgument, ResourceExhausted
 from inference_service.frontends.limits import (
     JSON_SLICE,
@@ -171,3 +172,13 @@ def test_loads_sliced_refuses_what_json_loads_refuses(body):
         json.loads(body)
     with pytest.raises(ValueError):
         loads_sliced(body + b" " * OFFLOAD_BYTES)
+
+
+def test_the_bounds_are_config_properties_keys():
+    settings = Settings()
+    assert (settings.max_request_parts, settings.max_json_depth) == (1000, 64)
+    apply_properties(settings, {"max_request_parts": "5", "max_json_depth": " 8 "}, "config.properties")
+    assert (settings.max_request_parts, settings.max_json_depth) == (5, 8)
+    for key in ("max_request_parts", "max_json_depth"):
+        with pytest.raises(ConfigError, match=key):
+            apply_properties(Settings(), {key: "0"}, "config.properties")
