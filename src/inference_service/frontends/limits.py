@@ -16,9 +16,12 @@ bound                       default    applies to                               
                                        /models`` on 8081)
 ==========================  =========  ===============================================  ======
 
-Work on bodies of at least :data:`OFFLOAD_BYTES` runs in a worker thread (:func:`off_loop`);
-every C call on such a body is bounded too (JSON is encoded in slices of
-:data:`JSON_SLICE` elements), so the loop gets the interpreter back within milliseconds.
+Work on bodies of at least :data:`OFFLOAD_BYTES` runs in a thread of the loop's default
+executor (:func:`off_loop`). A thread alone is not enough: one long C call (``json.loads`` of a
+4 MB tensor takes 0.1 to 0.5 s) holds the interpreter, and the loop waits for it. So every C call
+on a large body is bounded too: JSON is written :data:`JSON_SLICE` elements per ``json.dumps``
+(:class:`JsonWriter`) and long arrays of numbers are read :data:`NUMBERS_SLICE` bytes per
+``json.loads`` (:func:`loads_sliced`), so the loop gets the interpreter back within milliseconds.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, TypeVar
 from inference_service.errors import InvalidArgument, ResourceExhausted
 
 T = TypeVar("T")
-#: Conversions of at least this many bytes (or tensor elements) run in a worker thread.
+#: Conversions of at least this many bytes (or tensor elements) run in a thread (:func:`off_loop`).
 OFFLOAD_BYTES = 64 * 1024
 #: Elements JSON-encoded by one ``json.dumps`` call (about 1 ms of FP32 values).
 JSON_SLICE = 8192

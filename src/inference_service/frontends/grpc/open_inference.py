@@ -92,7 +92,7 @@ def infer_request(request: Any) -> InferRequest:
         elif not dtype.field:
             raise InvalidArgument(f"{what}: {dtype.name} data can only be sent in raw_input_contents")
         else:
-            data = list(getattr(tensor.contents, dtype.field))
+            data = getattr(tensor.contents, dtype.field)  # the repeated field itself: sliced when written
         inputs.append(make_input(tensor.name, tensor.datatype, shape, data, typed=True,
                                  parameters=parameters_from_proto(tensor.parameters), index=index))
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in request.outputs]
