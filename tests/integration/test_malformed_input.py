@@ -240,13 +240,16 @@ def test_a_content_length_that_lies_gets_no_500(msrv, declared, sent):
 
 
 # ------------------------------------------------------------------ property-based
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(
-        st.sampled_from(["inputs", "name", "datatype", "shape", "data", "parameters", "outputs", "model",
-                         "messages", "prompt", "url", "model_name", "id", "role", "content"]) | st.text(max_size=8),
-        children, max_size=6),
-    max_leaves=40)
+KEYS = st.sampled_from(["inputs", "name", "datatype", "shape", "data", "parameters", "outputs", "model", "messages",
+                        "prompt", "url", "model_name", "id", "role", "content"]) | st.text(max_size=8)
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(children, max_size=5), st.dictionaries(KEYS, children, max_size=6))
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                           _containers, max_leaves=40)
 BODY_ROUTES = (("POST", "/v2/models/oip_echo/infer", V2), ("POST", "/v1/chat/completions", OPENAI),
                ("POST", "/v1/completions", OPENAI), ("POST", "/models", TS))
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
