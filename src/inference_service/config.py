@@ -45,6 +45,9 @@ class Settings:
         job_queue_size: bound of each model's job queue (100).
         default_response_timeout_s / default_startup_timeout_s: 120 s each.
         max_request_size / max_response_size: gRPC message limits in bytes (6553500).
+        max_request_parts: parts of a ``multipart/*`` body or fields of an
+            ``application/x-www-form-urlencoded`` body on the HTTP APIs (1000; more: 400).
+        max_json_depth: nesting depth of a JSON request body, objects and arrays (64; deeper: 400).
         inference_max_connection_age_ms / ..._grace_ms, and management twins: gRPC
             connection age settings (``None``: gRPC's default, unlimited).
         working_dir: where logs and snapshots go (the current directory).
@@ -113,6 +116,8 @@ class Settings:
     default_startup_timeout_s: int = 120
     max_request_size: int = DEFAULT_MAX_MESSAGE_BYTES
     max_response_size: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_request_parts: int = 1000
+    max_json_depth: int = 64
     inference_max_connection_age_ms: int | None = None
     inference_max_connection_age_grace_ms: int | None = None
     management_max_connection_age_ms: int | None = None
@@ -240,6 +245,13 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _positive_int(value: str) -> int:
+    number = int(value.strip())
+    if number < 1:
+        raise ValueError("must be an integer >= 1")
+    return number
+
+
 def _regexes(value: str) -> list[str]:
     patterns = [item.strip() for item in value.split(",") if item.strip()]
     for pattern in patterns:
@@ -317,6 +329,8 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "default_startup_timeout": ("default_startup_timeout_s", _int),
     "max_request_size": ("max_request_size", _int),
     "max_response_size": ("max_response_size", _int),
+    "max_request_parts": ("max_request_parts", _positive_int),
+    "max_json_depth": ("max_json_depth", _positive_int),
     "grpc_inference_max_connection_age_ms": ("inference_max_connection_age_ms", _int),
     "grpc_inference_max_connection_age_grace_ms": ("inference_max_connection_age_grace_ms", _int),
     "grpc_management_max_connection_age_ms": ("management_max_connection_age_ms", _int),

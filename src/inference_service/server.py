@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 import inference_service
@@ -30,15 +30,18 @@ from inference_service.config import Settings
 from inference_service.dispatch.gpu import detect_gpus
 from inference_service.dispatch.process import WorkerOptions
 from inference_service.errors import InferenceError
-from inference_service.frontends.grpc.health import Health
+from inference_service.frontends.grpc import cancelled_writes
+from inference_service.frontends.grpc.health import Health, add_health
 from inference_service.frontends.grpc.inference import InferenceServicer
 from inference_service.frontends.grpc.management import ManagementServicer
 from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
 from inference_service.frontends.grpc.registration import add_service
+from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.observability.accesslog import AccessLog
+from inference_service.observability.loop_lag import LoopLagMonitor
 from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.observability.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
 from inference_service.security import tls
@@ -108,6 +111,8 @@ class Server:
         self._status_scheduled = False
         # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
         self.metrics = ServerMetrics() if settings.enable_metrics_api else None
+        # event-loop lag histogram and warnings naming the request that holds the loop (loop_lag.py)
+        self.loop_lag = LoopLagMonitor(self.metrics.registry if self.metrics is not None else None)
         self.telemetry = Telemetry(
             self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
@@ -219,6 +224,9 @@ class Server:
         credentials = tls.server_credentials(self.settings)
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
+        cancelled_writes.install()  # a cancel during a blocked write is no error (cancelled_writes.py)
+        http_limits.install_log_filter()  # nor is a request that breaks HTTP (logged without traceback)
+        self.loop_lag.start()
         await self.health.start(self.core)
         return credentials
 
@@ -243,7 +251,7 @@ class Server:
             add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry))
             open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
-            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
+            add_health(self.health.servicer, srv)
             # server reflection, so grpcurl, Postman and Evans work without the proto files
             api = (inference_pb2 if srv is inference else management_pb2).DESCRIPTOR.services_by_name[service]
             reflection.enable_server_reflection(
@@ -253,7 +261,7 @@ class Server:
                               ("management", management, s.management_address, s.management_port, credentials)]
         if s.health_port is not None:  # plaintext, health only: for probes when the APIs use TLS
             health_only = grpc.aio.server()
-            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_only)
+            add_health(self.health.servicer, health_only)
             binds.append(("health", health_only, s.health_address, s.health_port, None))
         return binds
 
@@ -298,6 +306,7 @@ class Server:
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
                                              max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.http_api.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
@@ -306,6 +315,7 @@ class Server:
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
                 max_request_size=s.max_request_size, ssl_context=ssl_context)
+            self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http_management"] = await self.http_management.start(s.http_management_address,
                                                                               s.http_management_port)
             log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
@@ -463,6 +473,7 @@ class Server:
             await asyncio.to_thread(self.metrics.stop)
         if self.auth is not None:
             await self.auth.stop()
+        self.loop_lag.stop()
         shutil.rmtree(self.extract_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.status_file.unlink()

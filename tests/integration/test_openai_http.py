@@ -198,7 +198,7 @@ def test_key_is_required_and_answered_as_openai_does(srv):
     ({**CHAT, "stop": [1]}, "stop[0]", "string"),
     ({"model": "router", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "Input should be"),
     ({"model": "router", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content", "only text content parts"),
+     "messages[0].content", "only text content parts are supported, got 'image_url'"),
 ])
 def test_bad_chat_requests_are_400(srv, body, param, fragment):
     status, _, answer = call(srv, "POST", "/v1/chat/completions", body)

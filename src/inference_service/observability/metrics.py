@@ -321,6 +321,20 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _not_allowed(self) -> None:
+        """405 with ``Allow: GET`` for any other method (http.server would answer 501)."""
+        self.send_response(405)
+        body = b"only GET is served here\n"
+        self.send_header("Allow", "GET")
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
 

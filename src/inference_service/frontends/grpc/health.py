@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
+from inference_service.frontends.grpc.registration import Malformed, add_service
 from inference_service.serving.core import InferenceCore
 
 READINESS = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
@@ -40,11 +41,29 @@ class ModelHealthServicer(HealthServicer):
 
     async def Check(self, request: health_pb2.HealthCheckRequest,  # noqa: N802 - gRPC method name
                     context: grpc.aio.ServicerContext[Any, Any]) -> health_pb2.HealthCheckResponse:
-        """The service's status; aborts with NOT_FOUND for an unknown service."""
+        """The service's status; aborts with NOT_FOUND for an unknown service, INVALID_ARGUMENT
+        for a request that does not parse (registered through :func:`add_health`)."""
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request message does not parse: {request.error}")
         status = self._server_status.get(request.service)
         if status is None or status == SERVICE_UNKNOWN:
             await context.abort(grpc.StatusCode.NOT_FOUND)  # no details, as grpc's own servicer
         return health_pb2.HealthCheckResponse(status=status)
+
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,  # noqa: N802 - gRPC method name
+                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """grpc's Watch; aborts with INVALID_ARGUMENT for a request that does not parse."""
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request message does not parse: {request.error}")
+        await super().Watch(request, context)
+
+
+def add_health(servicer: ModelHealthServicer, server: grpc.aio.Server) -> None:
+    """Serve ``grpc.health.v1.Health`` on ``server`` with request deserializers that never fail
+    (:func:`~inference_service.frontends.grpc.registration.add_service`): a request that does not
+    parse is INVALID_ARGUMENT, where the generated registration answers UNKNOWN and logs a traceback."""
+    add_service(server, health_pb2.DESCRIPTOR.services_by_name["Health"], servicer)
 
 
 def model_service_name(model_name: str) -> str:

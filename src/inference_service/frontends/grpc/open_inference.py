@@ -45,7 +45,7 @@ from inference_service.frontends.oip.protocol import (
     server_metadata,
     server_ready,
 )
-from inference_service.frontends.oip.tensors import DATATYPES, datatype, decode_raw, element_count, encode_raw
+from inference_service.frontends.oip.tensors import DATATYPES, datatype, element_count, encode_raw, raw_elements
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
 
@@ -88,11 +88,11 @@ def infer_request(request: Any) -> InferRequest:
         if raw:
             if tensor.contents.ByteSize():
                 raise InvalidArgument(f"{what} sets contents while the request uses raw_input_contents")
-            data = decode_raw(dtype, raw[index], element_count(shape, InvalidArgument, what), what, InvalidArgument)
+            data = raw_elements(dtype, raw[index], element_count(shape, InvalidArgument, what), what, InvalidArgument)
         elif not dtype.field:
             raise InvalidArgument(f"{what}: {dtype.name} data can only be sent in raw_input_contents")
         else:
-            data = list(getattr(tensor.contents, dtype.field))
+            data = getattr(tensor.contents, dtype.field)  # the repeated field itself: sliced when written
         inputs.append(make_input(tensor.name, tensor.datatype, shape, data, typed=True,
                                  parameters=parameters_from_proto(tensor.parameters), index=index))
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in request.outputs]

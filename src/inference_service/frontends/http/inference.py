@@ -61,6 +61,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from inference_service.config import Settings
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.frontends.http.limits import PartCounter, form_fields
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
 from inference_service.security.auth import INFERENCE, KeyStore, read_bearer, warn_exposed_binds
@@ -98,6 +99,8 @@ _ERROR_TYPE = {
 }
 TOKEN_MESSAGE = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 NOT_FOUND_MESSAGE = "Requested resource is not found, please refer to API document."
+#: A client that closed its connection before its whole body (Content-Length) arrived: 400, no traceback.
+CLIENT_GONE_MESSAGE = "the connection closed before the whole request body arrived"
 _FORM = "application/x-www-form-urlencoded"
 
 
@@ -258,6 +261,9 @@ class HttpInferenceApi:
             return error_response(404, NOT_FOUND_MESSAGE, error_type="ResourceNotFoundException")
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason)
+        except ConnectionResetError:  # aiohttp's "Connection lost" while the body was being read
+            log.info("HTTP %s %s: %s", request.method, request.path, CLIENT_GONE_MESSAGE)
+            return error_response(400, CLIENT_GONE_MESSAGE)
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return error_response(500, "Internal server error")
@@ -304,30 +310,41 @@ class HttpInferenceApi:
         return await self._stream(request, self.core.stream(name, version, inputs, headers))
 
     async def _inputs(self, request: web.Request) -> dict[str, bytes]:
-        """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``."""
+        """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``.
+
+        Raises:
+            InvalidArgument: (400) more than ``max_request_parts`` parts or form fields, a
+                malformed multipart body.
+            web.HTTPRequestEntityTooLarge: (413) a body above ``max_request_size``.
+        """
         declared = request.content_length
         if declared is not None and declared > self.max_request_size:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=declared)
         if request.content_type.startswith("multipart/"):
             return await self._multipart(request)
         if request.content_type == _FORM:
-            form = await request.post()  # url-encoded: every value is text
-            return {key: str(value).encode("utf-8") for key, value in form.items()}
+            return await form_fields(request, self.core.settings.max_request_parts)
         return {"body": await request.read()}
 
     async def _multipart(self, request: web.Request) -> dict[str, bytes]:
         """The parts of a ``multipart/*`` body by name (``body`` for an unnamed part).
 
+        At most ``max_request_parts`` parts are read; the loop is handed back every
+        :data:`~inference_service.frontends.http.limits.PARTS_PER_TURN` parts.
+
         Raises:
-            InvalidArgument: (400) a nested multipart, or a body that does not parse as multipart
-                (no or wrong boundary, truncated, bad part headers): "malformed multipart body: ...".
+            InvalidArgument: (400) a nested multipart, more than ``max_request_parts`` parts, or a
+                body that does not parse as multipart (no or wrong boundary, truncated, bad part
+                headers): "malformed multipart body: ...".
             web.HTTPRequestEntityTooLarge: (413) the parts exceed ``max_request_size`` bytes.
         """
         inputs: dict[str, bytes] = {}
         total = 0
+        parts = PartCounter(self.core.settings.max_request_parts)
         try:
             reader = await request.multipart()
             while (part := await reader.next()) is not None:
+                await parts.next()
                 if not isinstance(part, BodyPartReader):  # a nested multipart: not something TorchServe reads
                     raise InvalidArgument("nested multipart bodies are not supported")
                 data = bytearray()

@@ -58,6 +58,7 @@ from aiohttp import web
 from inference_service.config import Settings
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.frontends.http.inference import (
+    CLIENT_GONE_MESSAGE,
     NOT_FOUND_MESSAGE,
     TOKEN_MESSAGE,
     error_response,
@@ -65,6 +66,7 @@ from inference_service.frontends.http.inference import (
     serve_app,
     tls_context,
 )
+from inference_service.frontends.limits import off_loop, parse_json
 from inference_service.frontends.torchserve_json import (
     PROCESSING,
     describe_json,
@@ -94,6 +96,8 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT32 = range(-(2**31), 2**31)
 # TorchServe's error "type" (its exception class names) for statuses the HTTP inference API does not answer.
 _ERROR_TYPE = {403: "ForbiddenException", 409: "ConflictStatusException"}
+#: The application's key of ``max_json_depth`` (set from the core's settings).
+MAX_JSON_DEPTH = web.AppKey("max_json_depth", int)
 _REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
 
 
@@ -179,6 +183,7 @@ class HttpManagementApi:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.app = web.Application(client_max_size=max_request_size,
                                    middlewares=[_answer_errors, self._auth_middleware])
+        self.app[MAX_JSON_DEPTH] = core.settings.max_json_depth
         router = self.app.router
         router.add_get("/models", self.list_models, allow_head=False)
         router.add_post("/models", self.register)
@@ -338,6 +343,9 @@ async def _answer_errors(request: web.Request,
         not_found = exc.status == 404
         return error_response(exc.status, NOT_FOUND_MESSAGE if not_found else exc.reason,
                               error_type="ResourceNotFoundException" if not_found else None)
+    except ConnectionResetError:  # aiohttp's "Connection lost" while the body was being read
+        log.info("HTTP %s %s: %s", request.method, request.path, CLIENT_GONE_MESSAGE)
+        return error_response(400, CLIENT_GONE_MESSAGE)
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "Internal server error")
@@ -360,14 +368,13 @@ async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
     TorchServe's ``RegisterModelRequest``).
 
     Raises:
-        InvalidArgument: a JSON body that is not an object.
+        InvalidArgument: a JSON body that is not an object, not JSON, or nested deeper than
+            ``max_json_depth``.
     """
     if request.content_type != "application/json":
         return dict(request.query), True
-    try:
-        body: Any = json.loads(await request.text())
-    except ValueError as exc:
-        raise InvalidArgument(f"the request body is not JSON: {exc}") from None
+    raw = await request.read()
+    body: Any = await off_loop(parse_json, raw, request.app[MAX_JSON_DEPTH], size=len(raw))
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return {key: (str(value).lower() if isinstance(value, bool) else str(value))

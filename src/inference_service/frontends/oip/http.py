@@ -36,18 +36,21 @@ serves (``GET /v2/models``, ``GET .../infer``) keeps the HTTP API's 404/405 and 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from inference_service.errors import HandlerError, InvalidArgument
+from inference_service.frontends.limits import JsonWriter, parse_json
 from inference_service.frontends.oip.protocol import (
     InferRequest,
     InferResponse,
     RequestedOutput,
     convert,
     element_total,
+    elements_json,
     infer,
     make_input,
     model_metadata,
@@ -55,7 +58,14 @@ from inference_service.frontends.oip.protocol import (
     server_metadata,
     server_ready,
 )
-from inference_service.frontends.oip.tensors import DATATYPES, datatype, decode_raw, element_count, encode_raw, flatten
+from inference_service.frontends.oip.tensors import (
+    DATATYPES,
+    datatype,
+    element_count,
+    encode_raw,
+    flatten,
+    raw_elements,
+)
 from inference_service.serving.core import InferenceCore
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -101,11 +111,16 @@ async def open_inference_errors(request: web.Request, handler: _Handler) -> web.
     return web.json_response({"error": str(body["message"])}, status=response.status, headers=headers)
 
 
-def request_from_http(body: bytes, header_length: str | None, name: str, version: str) -> InferRequest:
+def request_from_http(body: bytes, header_length: str | None, name: str, version: str,
+                      max_depth: int = 64) -> InferRequest:
     """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`.
 
+    Binary inputs of fixed-size types stay raw bytes
+    (:class:`~inference_service.frontends.oip.tensors.RawElements`) until the handler's body is written.
+
     Raises:
-        InvalidArgument: the JSON does not parse or is not an object, ``inputs`` is not a list,
+        InvalidArgument: the JSON does not parse, nests deeper than ``max_depth``
+            (``max_json_depth``) or is not an object, ``inputs`` is not a list,
             a bad ``Inference-Header-Content-Length``, binary data sizes that do not add up to
             the bytes after the JSON, or an input that :func:`make_input` refuses.
     """
@@ -119,10 +134,7 @@ def request_from_http(body: bytes, header_length: str | None, name: str, version
             raise InvalidArgument(f"{HEADER_LENGTH} {header_length!r} is not a length within the body "
                                   f"({len(body)} bytes)")
         body, binary = body[:length], body[length:]
-    try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidArgument(f"the request body is not JSON: {exc}") from exc
+    obj = parse_json(body, max_depth)
     if not isinstance(obj, dict):
         raise InvalidArgument("the request body is not a JSON object")
     raw_inputs = obj.get("inputs")
@@ -143,7 +155,7 @@ def request_from_http(body: bytes, header_length: str | None, name: str, version
             dtype = datatype(str(item.get("datatype")), InvalidArgument, what)
             shape = item.get("shape")
             count = element_count(shape if isinstance(shape, list) else [], InvalidArgument, what)
-            data = decode_raw(dtype, binary[offset:offset + size], count, what, InvalidArgument)
+            data = raw_elements(dtype, binary[offset:offset + size], count, what, InvalidArgument)
             offset += size
             typed = True
         elif "data" in item:
@@ -190,10 +202,26 @@ def response_to_http(request: InferRequest, response: InferResponse) -> web.Resp
     Raises:
         HandlerError: an output value that does not fit its data type in binary form.
     """
-    outputs = []
+    out = JsonWriter(sys.maxsize, "the v2 answer")
     blobs: list[bytes] = []
-    for tensor in response.outputs:
-        out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+    out.write(b'{"model_name":')
+    out.value(response.model_name)
+    out.write(b',"model_version":')
+    out.value(response.model_version)
+    if response.id:
+        out.write(b',"id":')
+        out.value(response.id)
+    if response.parameters:
+        out.write(b',"parameters":')
+        out.value(response.parameters)
+    out.write(b',"outputs":[')
+    for index, tensor in enumerate(response.outputs):
+        out.write(b',{"name":' if index else b'{"name":')
+        out.value(tensor.name)
+        out.write(b',"datatype":')
+        out.value(tensor.datatype)
+        out.write(b',"shape":')
+        out.value(tensor.shape)
         parameters = dict(tensor.parameters)
         if _wants_binary(request, tensor.name):
             blob = encode_raw(DATATYPES[tensor.datatype], tensor.data, f"the handler's output {tensor.name!r}",
@@ -201,17 +229,14 @@ def response_to_http(request: InferRequest, response: InferResponse) -> web.Resp
             parameters["binary_data_size"] = len(blob)
             blobs.append(blob)
         else:
-            out["data"] = tensor.data
+            out.write(b',"data":')
+            elements_json(out, tensor)
         if parameters:
-            out["parameters"] = parameters
-        outputs.append(out)
-    body: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
-    if response.id:
-        body["id"] = response.id
-    if response.parameters:
-        body["parameters"] = response.parameters
-    body["outputs"] = outputs
-    head = json.dumps(body).encode("utf-8")
+            out.write(b',"parameters":')
+            out.value(parameters)
+        out.write(b"}")
+    out.write(b"]}")
+    head = out.getvalue()
     if not blobs:
         return web.Response(body=head, content_type="application/json")
     return web.Response(body=head + b"".join(blobs), content_type="application/octet-stream",
@@ -265,7 +290,7 @@ class OpenInferenceRoutes:
         self.core.get(name, version)
         body = await request.read()
         infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
-                                      size=len(body))
+                                      self.core.settings.max_json_depth, size=len(body))
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
         response = await infer(self.core, infer_request, headers)
         return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))

@@ -31,22 +31,31 @@ The health and metadata answers are here too, so both transports give the same o
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import inference_service
-from inference_service.errors import HandlerError, InvalidArgument
-from inference_service.frontends.oip.tensors import check_count, check_values, datatype, element_count, flatten
+from inference_service.errors import HandlerError, InvalidArgument, ResourceExhausted
+from inference_service.frontends.limits import OFFLOAD_BYTES, JsonWriter, loads_sliced, off_loop
+from inference_service.frontends.oip.tensors import (
+    DATATYPES,
+    RawElements,
+    check_count,
+    check_values,
+    datatype,
+    element_count,
+    flatten,
+)
 from inference_service.serving.core import InferenceCore
 
 #: Parameters that belong to HTTP's binary tensor data extension, not to the model.
 TRANSPORT_PARAMETERS = frozenset({"binary_data", "binary_data_size", "binary_data_output"})
 #: Conversions of more than this many bytes (or tensor elements) run in a worker thread.
-OFFLOAD_SIZE = 64 * 1024
+OFFLOAD_SIZE = OFFLOAD_BYTES
 T = TypeVar("T")
 
 
@@ -59,14 +68,15 @@ class Tensor:
         datatype: protocol data type name (``FP32``...).
         shape: dimensions.
         data: the elements, flattened row-major: bools, ints, floats, or for BYTES ``bytes``
-            (arrived as bytes) / ``str`` (arrived as JSON text).
+            (arrived as bytes) / ``str`` (arrived as JSON text); raw fixed-size inputs stay raw
+            bytes until written out (:class:`~inference_service.frontends.oip.tensors.RawElements`).
         parameters: the tensor's parameters (plain JSON values).
     """
 
     name: str
     datatype: str
     shape: list[int]
-    data: list[Any]
+    data: list[Any] | RawElements
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,16 +107,34 @@ class InferRequest:
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
 
-    def handler_body(self) -> bytes:
-        """The JSON body the handler gets as input ``body`` (see the module docstring)."""
-        body: dict[str, Any] = {"id": self.id, "model_name": self.model_name,
-                                "inputs": [_input_json(t) for t in self.inputs]}
+    def handler_body(self, limit: int | None = None) -> bytes:
+        """The JSON body the handler gets as input ``body`` (see the module docstring), written
+        slice by slice (:class:`~inference_service.frontends.limits.JsonWriter`).
+
+        Raises:
+            ResourceExhausted: (REQUEST_TOO_LARGE, HTTP 413) the body passes ``limit`` bytes
+                (``max_request_size``), raised as soon as it does.
+        """
+        out = JsonWriter(sys.maxsize if limit is None else limit, "the request as the handler's JSON body")
+        out.write(b'{"id":')
+        out.value(self.id)
+        out.write(b',"model_name":')
+        out.value(self.model_name)
+        out.write(b',"inputs":[')
+        for index, tensor in enumerate(self.inputs):
+            if index:
+                out.write(b",")
+            _write_input(out, tensor)
+        out.write(b"]")
         parameters = model_parameters(self.parameters)
         if parameters:
-            body["parameters"] = parameters
+            out.write(b',"parameters":')
+            out.value(parameters)
         if self.outputs:
-            body["outputs"] = [_output_request_json(o) for o in self.outputs]
-        return json.dumps(body, separators=(",", ":")).encode("utf-8")
+            out.write(b',"outputs":')
+            out.value([_output_request_json(o) for o in self.outputs])
+        out.write(b"}")
+        return out.getvalue()
 
 
 @dataclass
@@ -127,11 +155,9 @@ def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
 
 async def convert(fn: Callable[..., T], *args: Any, size: int) -> T:
     """``fn(*args)``, in a worker thread when ``size`` (bytes or elements converted) is at least
-    :data:`OFFLOAD_SIZE`, so that a large tensor does not hold the event loop (a 1 MB FP32 tensor
-    takes about 0.1 s to turn into JSON, its answer as long back) while other requests wait."""
-    if size < OFFLOAD_SIZE:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    :data:`OFFLOAD_SIZE` (:func:`~inference_service.frontends.limits.off_loop`), so that a large
+    tensor does not hold the event loop while other requests wait."""
+    return await off_loop(fn, *args, size=size)
 
 
 def element_total(tensors: list[Tensor]) -> int:
@@ -139,15 +165,49 @@ def element_total(tensors: list[Tensor]) -> int:
     return sum(len(t.data) for t in tensors)
 
 
-def _input_json(tensor: Tensor) -> dict[str, Any]:
+# The fewest JSON bytes one element takes, its comma included ("0.0," "0," "true," '"",').
+_JSON_FLOOR = {"float": 4, "int": 2, "bool": 5, "bytes": 3}
+
+
+def check_json_floor(tensors: list[Tensor], limit: int) -> None:
+    """Refuse, before any conversion, tensors whose JSON cannot fit ``limit`` bytes.
+
+    Raises:
+        ResourceExhausted: (REQUEST_TOO_LARGE, HTTP 413) the elements take more than ``limit``
+            bytes as JSON even at their shortest.
+    """
+    floor = sum(len(t.data) * _JSON_FLOOR[DATATYPES[t.datatype].kind] for t in tensors)
+    if floor > limit:
+        raise ResourceExhausted(f"{element_total(tensors)} tensor elements take at least {floor} bytes as the "
+                                f"handler's JSON body, above max_request_size={limit} bytes",
+                                reason="REQUEST_TOO_LARGE")
+
+
+def elements_json(out: JsonWriter, tensor: Tensor) -> None:
+    """Write the elements of ``tensor`` as a JSON array, slice by slice (BYTES elements that
+    are ``bytes`` as base64 strings)."""
     data = tensor.data
     if tensor.datatype == "BYTES":
-        data = [base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v for v in data]
-    out: dict[str, Any] = {"name": tensor.name, "shape": tensor.shape, "datatype": tensor.datatype, "data": data}
+        out.values(len(data), lambda start, stop: [base64.b64encode(v).decode("ascii") if isinstance(v, bytes)
+                                                   else v for v in data[start:stop]])
+    else:
+        out.values(len(data), lambda start, stop: data[start:stop])
+
+
+def _write_input(out: JsonWriter, tensor: Tensor) -> None:
+    out.write(b'{"name":')
+    out.value(tensor.name)
+    out.write(b',"shape":')
+    out.value(tensor.shape)
+    out.write(b',"datatype":')
+    out.value(tensor.datatype)
+    out.write(b',"data":')
+    elements_json(out, tensor)
     parameters = model_parameters(tensor.parameters)
     if parameters:
-        out["parameters"] = parameters
-    return out
+        out.write(b',"parameters":')
+        out.value(parameters)
+    out.write(b"}")
 
 
 def _output_request_json(output: RequestedOutput) -> dict[str, Any]:
@@ -158,7 +218,7 @@ def _output_request_json(output: RequestedOutput) -> dict[str, Any]:
     return out
 
 
-def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any], *, typed: bool,
+def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any] | RawElements, *, typed: bool,
                parameters: dict[str, Any] | None = None, index: int = 0) -> Tensor:
     """An input :class:`Tensor`, checked: INVALID_ARGUMENT unless the data fill the shape.
 
@@ -185,7 +245,9 @@ def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any], *, typed
         raise InvalidArgument(f"{what} has no shape")
     count = element_count(shape, InvalidArgument, what)
     check_count(len(data), count, InvalidArgument, what, shape)
-    if not typed:
+    if isinstance(data, RawElements):
+        pass  # raw bytes of the declared type always fit it
+    elif not typed:
         data = check_values(dtype, data, InvalidArgument, what)
     elif dtype.kind == "int":  # typed int32/uint32 fields carry the narrower types too
         bad = next((v for v in data if not dtype.low <= v <= dtype.high), None)
@@ -208,7 +270,9 @@ def parse_answer(payload: bytes, request: InferRequest, served_version: str) -> 
             type, elements that do not fill the shape or do not fit the data type.
     """
     try:
-        answer = json.loads(payload)
+        answer = loads_sliced(payload)  # a tensor's numbers a slice per call: the loop gets the interpreter back
+    except RecursionError:
+        raise HandlerError("the handler's answer is not a v2 inference response: JSON nested too deep") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise HandlerError(f"the handler's answer is not a v2 inference response: not JSON ({exc})") from exc
     if not isinstance(answer, dict) or not isinstance(answer.get("outputs"), list):
@@ -328,7 +392,9 @@ async def infer(core: InferenceCore, request: InferRequest, headers: dict[str, s
        (dynamic batching as for ``Predictions``; the body counts against ``max_request_size``).
     3. Check its answer (:func:`parse_answer`) and keep the outputs asked for (:func:`select_outputs`).
 
-    Large bodies and answers are converted off the event loop (:func:`convert`).
+    Large bodies and answers are converted off the event loop (:func:`convert`); a body that
+    cannot fit ``max_request_size`` is refused before (:func:`check_json_floor`) or as soon as
+    it passes it (413), never built whole.
 
     Raises:
         InferenceError: the core's errors (NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
@@ -336,7 +402,9 @@ async def infer(core: InferenceCore, request: InferRequest, headers: dict[str, s
             InvalidArgument for a requested output the model did not produce.
     """
     model = core.get(request.model_name, request.model_version)
-    body = await convert(request.handler_body, size=element_total(request.inputs))
+    limit = core.settings.max_request_size
+    check_json_floor(request.inputs, limit)
+    body = await convert(request.handler_body, limit, size=element_total(request.inputs))
     payload = await core.predict(request.model_name, request.model_version, {"body": body}, headers, time_remaining)
     response = await convert(parse_answer, payload, request, model.version, size=len(payload))
     response.outputs = select_outputs(response, request.outputs)

@@ -22,7 +22,7 @@ Quick start::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +185,63 @@ def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[I
     return list(struct.unpack(f"<{count}{dtype.fmt}", raw))
 
 
+class RawElements:
+    """The elements of a fixed-size data type kept as raw tensor bytes, decoded slice by slice
+    when they are written out, so that a request holds its raw size, not a list of Python
+    numbers (eight times more for FP32).
+
+    ``len()`` is the element count; ``elements[start:stop]`` decodes that slice to a list (as
+    :func:`decode_raw`); iterating decodes it all.
+
+    Args:
+        dtype: a data type other than BYTES.
+        raw: exactly ``count * dtype.itemsize`` bytes (checked by :func:`raw_elements`).
+        count: the number of elements.
+    """
+
+    def __init__(self, dtype: DataType, raw: bytes, count: int) -> None:
+        self.dtype = dtype
+        self.raw = raw
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: slice) -> list[Any]:
+        start, stop, step = index.indices(self.count)
+        if step != 1:
+            raise ValueError("RawElements slices take step 1")
+        size = self.dtype.itemsize
+        return decode_raw(self.dtype, self.raw[start * size:max(start, stop) * size], max(0, stop - start), "",
+                          InferenceError)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self[:])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RawElements):
+            return self.dtype == other.dtype and self.raw == other.raw
+        return isinstance(other, list) and self[:] == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def raw_elements(dtype: DataType, raw: bytes, count: int, what: str,
+                 error: type[InferenceError]) -> RawElements | list[Any]:
+    """The ``count`` elements of raw tensor bytes: a :class:`RawElements` view for fixed-size
+    types (nothing decoded yet), a list of ``bytes`` for BYTES (as :func:`decode_raw`).
+
+    Raises:
+        error: ``raw`` does not hold exactly ``count`` elements.
+    """
+    if dtype.name == "BYTES":
+        return _decode_bytes(raw, count, what, error)
+    if len(raw) != count * dtype.itemsize:
+        raise error(f"{what}: {len(raw)} raw bytes do not hold {count} {dtype.name} elements "
+                    f"({count * dtype.itemsize} bytes expected)")
+    return RawElements(dtype, raw, count)
+
+
 def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
     out: list[bytes] = []
     view = memoryview(raw)
@@ -204,7 +261,7 @@ def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]
     return out
 
 
-def encode_raw(dtype: DataType, values: list[Any], what: str, error: type[InferenceError]) -> bytes:
+def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, error: type[InferenceError]) -> bytes:
     """Raw tensor bytes of ``values`` (elements already checked with :func:`check_values`).
 
     BYTES elements may be ``bytes`` or ``str`` (UTF-8 encoded).

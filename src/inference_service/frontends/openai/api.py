@@ -66,6 +66,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from inference_service.errors import InferenceError
+from inference_service.frontends.limits import off_loop
 from inference_service.frontends.openai.format import (
     AnswerFormat,
     ChatFormat,
@@ -206,6 +207,10 @@ class OpenAIApi:
             return openai_error_response(404, f"Invalid URL ({request.method} {request.path})", code="unknown_url")
         except web.HTTPException as exc:
             return openai_error_response(exc.status, exc.reason)
+        except ConnectionResetError:  # aiohttp's "Connection lost" while the body was being read
+            log.info("HTTP %s %s: the connection closed before the whole request body arrived",
+                     request.method, request.path)
+            return openai_error_response(400, "the connection closed before the whole request body arrived")
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return openai_error_response(500, "Internal server error")
@@ -269,8 +274,8 @@ class OpenAIApi:
             web.HTTPRequestEntityTooLarge: the body exceeds ``max_request_size``.
         """
         raw = await request.read()
-        try:
-            return schema.model_validate_json(raw)
+        try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
+            return await off_loop(schema.model_validate_json, raw, size=len(raw))
         except ValidationError as exc:
             param, message = validation_error_param(exc)
             raise OpenAIError(400, message, param=param) from None

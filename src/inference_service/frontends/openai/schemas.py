@@ -69,8 +69,9 @@ def _text_of_parts(parts: list[Any]) -> str:
     for part in parts:
         if not isinstance(part, dict) or part.get("type") != "text":
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise PydanticCustomError("unsupported", "only text content parts are supported, got {kind!r}",
-                                      {"kind": kind})
+            # pydantic fills {name} placeholders from the context: no conversions such as !r
+            raise PydanticCustomError("unsupported", "only text content parts are supported, got {kind}",
+                                      {"kind": repr(kind)})
         text = part.get("text")
         if not isinstance(text, str):
             raise PydanticCustomError("string_type", "a text content part needs a string 'text'")

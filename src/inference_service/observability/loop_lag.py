@@ -1,0 +1,155 @@
+"""Event-loop lag: how late the frontend's event loop runs what is due, and who held it.
+
+Every API, the health service and the token checks share one event loop, so a callback that
+keeps it busy delays them all. :class:`LoopLagMonitor` measures that delay two ways:
+
+- a heartbeat scheduled on the loop every ``interval_s`` (50 ms) records how late it ran in
+  the histogram ``inference_service_event_loop_lag_seconds`` (on ``/metrics``);
+- a watchdog thread notices a heartbeat overdue by more than ``warn_s`` (100 ms) while the
+  loop is still held and logs a warning naming the request that holds it: the HTTP route
+  (``POST /predictions/{model_name}``, recorded by :meth:`LoopLagMonitor.middleware`) or the
+  gRPC method (gRPC names each RPC's task after it); when the loop comes back the heartbeat
+  logs how long it was held in all.
+
+A loop that is late without any callback of its own running (the interpreter held by another
+thread) is reported as "no request running".
+
+Quick start::
+
+    monitor = LoopLagMonitor(registry)        # a prometheus_client CollectorRegistry, or None
+    app.middlewares.insert(0, monitor.middleware)
+    monitor.start()                           # in the running loop
+    ...
+    monitor.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+
+log = logging.getLogger("inference_service.loop_lag")
+
+METRIC = "inference_service_event_loop_lag_seconds"
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class LoopLagMonitor:
+    """Measures the lag of the running event loop and names who holds it (see the module docstring).
+
+    Args:
+        registry: where the histogram is registered (``None``: not exported, still logged).
+        interval_s: heartbeat period (s).
+        warn_s: a loop held longer than this (s) is logged as a warning.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None, interval_s: float = 0.05, warn_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.warn_s = warn_s
+        self.histogram = Histogram(METRIC, "How late the frontend's event loop ran a callback due at a "
+                                   "given time (s): the time every request waits behind the one holding it",
+                                   registry=registry, buckets=BUCKETS) if registry is not None else None
+        self._routes: weakref.WeakKeyDictionary[asyncio.Task[object], str] = weakref.WeakKeyDictionary()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0  # loop.time() the next heartbeat is due
+        self._beat = 0.0  # time.monotonic() of the last heartbeat
+        self._holder: str | None = None  # what the watchdog saw holding the loop during this stall
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the heartbeat on the running loop and the watchdog thread."""
+        self._loop = asyncio.get_running_loop()
+        self._beat = time.monotonic()
+        self._schedule()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="loop-lag-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat and the watchdog (waits for its thread, at most one period)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    def name_current_task(self, route: str) -> None:
+        """Name the running task's request ``route`` in warnings about the loop (until it ends)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._routes[task] = route
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """aiohttp middleware naming the request's route (``POST /predictions/{model_name}``)."""
+        resource = request.match_info.route.resource
+        task = asyncio.current_task()
+        if task is None:
+            return await handler(request)
+        self._routes[task] = f"{request.method} {resource.canonical if resource is not None else request.path}"
+        try:
+            return await handler(request)
+        finally:
+            self._routes.pop(task, None)
+
+    # ---------------------------------------------------------------- heartbeat (loop thread)
+    def _schedule(self) -> None:
+        assert self._loop is not None
+        self._due = self._loop.time() + self.interval_s
+        self._handle = self._loop.call_at(self._due, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        assert self._loop is not None
+        lag = max(0.0, self._loop.time() - self._due)
+        if self.histogram is not None:
+            self.histogram.observe(lag)
+        if lag > self.warn_s:
+            log.warning("the event loop was held %.0f ms (%s)", lag * 1000, self._holder or "no request running")
+        self._holder = None
+        self._beat = time.monotonic()
+        self._schedule()
+
+    # ---------------------------------------------------------------- watchdog (its own thread)
+    def _watch(self) -> None:
+        period = self.interval_s / 2
+        reported = 0.0  # the heartbeat time of the stall already reported
+        while not self._stop.wait(period):
+            beat = self._beat
+            held = time.monotonic() - beat - self.interval_s
+            if held <= self.warn_s or beat == reported:
+                continue
+            holder = self._holding()
+            self._holder = holder
+            reported = beat
+            log.warning("the event loop has been held %.0f ms so far by %s", held * 1000, holder)
+
+    def _holding(self) -> str:
+        """The request whose task runs on the loop now ("no request running" when none does)."""
+        loop = self._loop
+        if loop is None:
+            return "no request running"
+        try:
+            task = asyncio.current_task(loop)
+        except RuntimeError:
+            task = None
+        if task is None:
+            return "no request running"
+        route = self._routes.get(task)
+        if route is not None:
+            return route
+        name = task.get_name()
+        if name.startswith("HandleExceptions[") and name.endswith("]"):
+            return f"gRPC {name[len('HandleExceptions['):-1]}"  # grpc.aio names an RPC's task after its method
+        return f"task {name}"
