@@ -366,9 +366,10 @@ def run_child(system: str, scenarios: list[Scenario], max_new_tokens: int, workd
 
 
 # --------------------------------------------------------------------------- archives and servers
-def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = ()) -> Path:
+def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = (),
+                  handler: dict[str, Any] | None = None) -> Path:
     """``scripts/build_llm_archive`` into ``store``, then its model-config.yaml updated with ``config``
-    (keys in ``drop`` removed). Returns the archive path."""
+    (keys in ``drop`` removed) and its ``handler`` section with ``handler``. Returns the archive path."""
     import yaml
 
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
@@ -382,6 +383,8 @@ def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = (
     for key in drop:
         model_config.pop(key, None)
     model_config.update(config)
+    if handler:
+        model_config["handler"] = {**(model_config.get("handler") or {}), **handler}
     entries[config_name] = ("# scripts/build_llm_archive's config as set by benchmarks/llm_concurrency.py\n"
                             + yaml.safe_dump(model_config, sort_keys=False)).encode()
     tmp = archive.with_suffix(".mar.tmp")
@@ -716,7 +719,7 @@ def run_server_system(name: str, scenarios: list[Scenario], args: argparse.Names
         build_archive(store, CB_CONFIG)
         server = start_torchserve(store, workdir, args.ts_api)
     else:
-        build_archive(store, CB_CONFIG)
+        build_archive(store, CB_CONFIG, handler=dict(args.handler_config))
         server = start_ours(name, store, workdir)
     try:
         return asyncio.run(measure_server(server, scenarios, args))
@@ -931,8 +934,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rpc-timeout", type=float, default=None,
                         help="seconds per request (default 60 + N x tokens / 2)")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to serve the model")
+    parser.add_argument("--handler-config", action="append", default=[], metavar="KEY=INT",
+                        help="set a handler config key of ours' archive, e.g. max_num_batched_tokens=64 (repeatable)")
     parser.add_argument("--child", choices=("hf_cb", "static"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        args.handler_config = [(k, int(v)) for k, v in (item.split("=", 1) for item in args.handler_config)]
+    except ValueError:
+        parser.error("--handler-config takes KEY=INT")
     args.concurrency = [int(n) for n in (args.concurrency or ("1,2" if args.quick else "1,2,4,8")).split(",")]
     if args.max_new_tokens is None:
         args.max_new_tokens = 16 if args.quick else 64

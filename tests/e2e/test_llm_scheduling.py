@@ -163,3 +163,30 @@ def test_chunked_prefill_gives_the_text_of_a_whole_prefill(sched_server):
     chunked = _text(sched_server.stream("paused", body, timeout=60))
     whole = _text(sched_server.stream("whole", body, timeout=60))
     assert chunked == whole and chunked[1]["usage"]["prompt_tokens"] > 200
+
+
+@pytest.fixture(scope="module")
+def smol_server(tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("smol_store")
+    for name, budget in (("chunked", 16), ("whole", 100000)):
+        _build(store, "--name", name)
+        _with_config(store / f"{name}.mar", handler=f"  max_num_batched_tokens: {budget}\n")
+    srv = ServerProcess(tmp_path_factory.mktemp("smol_work"), store,
+                        ["--models", "chunked=chunked.mar", "whole=whole.mar"])
+    try:
+        for name in ("chunked", "whole"):
+            srv.wait_workers(name, 1, timeout=600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_real_model_greedy_text_is_the_same_with_and_without_chunked_prefill(smol_server):
+    body = json.dumps({"messages": [{"role": "user", "content": (
+        "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
+        "lemon, mango, nectarine, orange, papaya, quince, raspberry, strawberry, tangerine. "
+        "Which of them are yellow? Answer in one sentence.")}], "max_new_tokens": 48, "include_usage": True})
+    chunked = _text(smol_server.stream("chunked", body, timeout=120))
+    whole = _text(smol_server.stream("whole", body, timeout=120))
+    assert chunked[1]["usage"]["prompt_tokens"] > 4 * 16  # the chunked prompt took several steps
+    assert chunked == whole

@@ -63,7 +63,16 @@ section:
 - ``torch_threads``: ``torch.set_num_threads`` for this worker;
 - ``max_prefill_requests`` (default 2): most newly arrived requests prefilled in one
   step; the rest join at the following steps (see
-  :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``).
+  :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``);
+- ``max_num_batched_tokens`` (default 64; continuous batching): most tokens per step, one
+  per decoding request plus prompt-chunk tokens (vLLM's name): a longer prompt is
+  prefilled in chunks over several steps while the running requests keep decoding.
+
+A prompt with more characters than the context length times the longest vocabulary entry
+is refused (400) before tokenization. Continuous batching: a body above 16 KiB is parsed
+and tokenized on a thread beside the step loop. :meth:`LLMHandler.preempt_requests` (called by the worker for
+a stream whose client stopped reading) drops a request's KV cache; it is recomputed when
+the request is in a call again.
 
 The model is loaded once per worker, in :meth:`LLMHandler.initialize`. Each finished
 request is logged with its token counts and tokens/s; ``HandlerTime`` (ms) is recorded
@@ -105,6 +114,15 @@ DEFAULT_MAX_PREFILL = 2
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 64
 #: How long a continuous-batching call waits for a tokenization when it has nothing else to run.
 _PREPARE_WAIT_S = 0.05
+#: Request bodies up to this many bytes are parsed and tokenized in the step itself (well
+#: under a millisecond); larger ones on a thread, so the running streams do not wait for them.
+_INLINE_BODY_BYTES = 16384
+
+
+def _body_size(row: Any) -> int:
+    """The size of a request's raw body (0 when it is not bytes or text)."""
+    body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
 
 
 def continuous_batching(context: Context) -> bool:
@@ -431,10 +449,15 @@ class LLMHandler(BaseHandler):
 
     def _prepared(self, key: str, row: Any) -> tuple[GenerationRequest, list[int]] | BaseException | None:
         """The parsed, tokenized request ``key``, its error, or ``None`` while a thread still
-        tokenizes it: tokenization runs off the step loop, so a long prompt does not stall
-        the running streams."""
+        tokenizes it: a body above :data:`_INLINE_BODY_BYTES` is parsed and tokenized off the
+        step loop, so a long prompt does not stall the running streams."""
         future = self._preparing.get(key)
         if future is None:
+            if _body_size(row) <= _INLINE_BODY_BYTES:
+                try:
+                    return self._tokenize(row)
+                except InvalidRequest as exc:
+                    return exc
             if self._prepare_pool is None:
                 self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-tokenize")
             future = self._preparing[key] = self._prepare_pool.submit(self._tokenize, row)
