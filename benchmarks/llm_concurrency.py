@@ -94,8 +94,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rpc-timeout", type=float, default=None,
                         help="seconds per request (default 60 + N x tokens / 2)")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to serve the model")
+    parser.add_argument("--handler-config", action="append", default=[], metavar="KEY=INT",
+                        help="set a handler config key of ours' archive, e.g. max_num_batched_tokens=64 (repeatable)")
     parser.add_argument("--child", choices=("hf_cb", "static"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        args.handler_config = [(k, int(v)) for k, v in (item.split("=", 1) for item in args.handler_config)]
+    except ValueError:
+        parser.error("--handler-config takes KEY=INT")
     args.concurrency = [int(n) for n in (args.concurrency or ("1,2" if args.quick else "1,2,4,8")).split(",")]
     if args.max_new_tokens is None:
         args.max_new_tokens = 16 if args.quick else 64

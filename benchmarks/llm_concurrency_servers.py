@@ -29,9 +29,10 @@ from common import (
 from llm_concurrency_plan import CB_CONFIG, MODEL, Scenario, figures, request_body, token_count
 
 
-def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = ()) -> Path:
+def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = (),
+                  handler: dict[str, Any] | None = None) -> Path:
     """``scripts/build_llm_archive`` into ``store``, then its model-config.yaml updated with ``config``
-    (keys in ``drop`` removed). Returns the archive path."""
+    (keys in ``drop`` removed) and its ``handler`` section with ``handler``. Returns the archive path."""
     import yaml
 
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
@@ -45,6 +46,8 @@ def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = (
     for key in drop:
         model_config.pop(key, None)
     model_config.update(config)
+    if handler:
+        model_config["handler"] = {**(model_config.get("handler") or {}), **handler}
     entries[config_name] = ("# scripts/build_llm_archive's config as set by benchmarks/llm_concurrency.py\n"
                             + yaml.safe_dump(model_config, sort_keys=False)).encode()
     tmp = archive.with_suffix(".mar.tmp")
@@ -305,7 +308,7 @@ def run_server_system(name: str, scenarios: list[Scenario], args: argparse.Names
         build_archive(store, CB_CONFIG)
         server = start_ts(store, workdir, args.ts_api)
     else:
-        build_archive(store, CB_CONFIG)
+        build_archive(store, CB_CONFIG, handler=dict(args.handler_config))
         server = start_ours(name, store, workdir)
     try:
         return asyncio.run(measure_server(server, scenarios, args))

@@ -274,7 +274,7 @@ def test_memory_freed_and_padding_trimmed(model: Any, tokenizer: Any, prompts: d
     assert engine.cache_shape == (1, 4 + 2)
     drain(engine)
     assert len(engine) == 0 and engine.keys() == [] and engine.cache_shape == (0, 0)
-    assert engine._cache is None and engine._mask is None  # the KV cache itself is released
+    assert engine.runner._cache is None and engine.runner._mask is None  # the KV cache itself is released
 
 
 def test_close_drops_everything(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
@@ -373,3 +373,72 @@ def test_add_rejects_bad_requests(model: Any, tokenizer: Any, prompts: dict[int,
     with pytest.raises(ValueError, match="empty"):
         engine.add("b", [], greedy(2))
     assert engine.keys() == ["a"] and "a" in engine and engine.has("a") and not engine.has("b")
+
+
+def test_stats_count_running_waiting_and_cache(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer, max_prefill=1, max_num_seqs=4)
+    assert engine.stats() == {"running": 0, "waiting": 0, "preempted_total": 0, "kv_cache_used_tokens": 0,
+                              "kv_cache_capacity_tokens": 4 * 512}  # 512: the model's max_position_embeddings
+    params = GenerationParams(max_new_tokens=5, ignore_eos=True)
+    engine.add("a", prompts[9], params)
+    engine.add("b", prompts[4], params)
+    assert engine.stats()["waiting"] == 2
+    engine.step()  # "a" prefilled (9 tokens in its cache), "b" waits
+    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+        {"running": 1, "waiting": 1, "kv_cache_used_tokens": 9}
+    engine.step()  # "a" decodes one token (10), "b" prefilled (4)
+    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+        {"running": 2, "waiting": 0, "kv_cache_used_tokens": 14}
+    drain(engine)
+    assert engine.stats()["running"] == 0 and engine.stats()["kv_cache_used_tokens"] == 0
+    assert GenerationEngine(model, tokenizer, max_model_len=100, max_num_seqs=2).stats()[
+        "kv_cache_capacity_tokens"] == 200
+    assert GenerationEngine(model, tokenizer).stats()["kv_cache_capacity_tokens"] == 0  # no max_num_seqs
+    with pytest.raises(ValueError):
+        GenerationEngine(model, tokenizer, max_num_seqs=0)
+
+
+# --------------------------------------------------------------------------------------
+# chunked prefill, preemption
+# --------------------------------------------------------------------------------------
+def test_chunked_prefill_gives_the_same_tokens(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer, max_num_batched_tokens=8)
+    engine.add("run", prompts[4], greedy(12))
+    assert set(engine.step()) == {"run"}
+    engine.add("long", prompts[57], greedy(6))
+    steps_without_long = 0
+    seen: dict[str, list[StepOutput]] = {}
+    while engine.has("long") and not seen.get("long"):
+        outputs = engine.step()
+        assert "run" in outputs  # the running request gets a token every step
+        steps_without_long += "long" not in outputs
+        for key, out in outputs.items():
+            seen.setdefault(key, []).append(out)
+    # 57 prompt tokens, 7 per step beside the decode row: the first token comes with the 9th chunk
+    assert steps_without_long == 8
+    for key, outs in drain(engine).items():
+        seen.setdefault(key, []).extend(outs)
+    assert_greedy_equal(model, prompts[57], final(seen["long"]).token_ids, reference(model, prompts[57], 6))
+    assert_greedy_equal(model, prompts[4], final(seen["run"]).token_ids, reference(model, prompts[4], 12))
+    with pytest.raises(ValueError):
+        GenerationEngine(model, tokenizer, max_num_batched_tokens=0)
+
+
+def test_preempt_then_recompute_same_tokens(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer, max_num_batched_tokens=16)
+    engine.add("a", prompts[23], greedy(15))
+    engine.add("b", prompts[9], greedy(15))
+    for _ in range(5):
+        engine.step()
+    assert engine.preempt("a") and not engine.preempt("a") and not engine.preempt("unknown")
+    assert engine.stats()["preempted_total"] == 1 and engine.stats()["waiting"] == 1
+    assert engine.cache_shape[0] == 1  # "a"'s row is gone at once
+    for _ in range(3):  # "a" stays out: nothing recomputed while it is not active
+        assert set(engine.step(["b"])) == {"b"}
+    assert engine.stats()["waiting"] == 1
+    seen = drain(engine)
+    for key, n in (("a", 23), ("b", 9)):
+        result = final(seen[key])
+        assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], 15))
+        assert result.completion_tokens == 15
+    assert engine.stats()["preempted_total"] == 1

@@ -103,6 +103,7 @@ class WorkerProcess:
         self._ready: asyncio.Future[str | None] | None = None
         self.on_free: Callable[[WorkerProcess], None] | None = None  # called when the worker has room again
         self._last_progress = 0.0  # time.monotonic() of the last frame of the running batch
+        self._preempted: set[str] = set()  # continuous: requests that gave their place back (PREEMPTED)
         self._response_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._batch_running = False
@@ -130,7 +131,10 @@ class WorkerProcess:
         if self._closed:
             return 0
         if self.concurrent:
-            return max(0, self.spec.max_running - len(self._jobs))
+            preempted = self._preempted
+            if preempted:
+                preempted.intersection_update(self._jobs)
+            return max(0, self.spec.max_running - len(self._jobs) + len(preempted))
         return 0 if self._batch_running else 1
 
     async def start(self, startup_timeout: float) -> None:
@@ -255,6 +259,15 @@ class WorkerProcess:
             if job is not None:
                 job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message, http_status or None))
                 self._request_ended()
+        elif kind == protocol.PREEMPTED or kind == protocol.RESUMED:
+            if not channel.answers:
+                return
+            rid = body.decode()
+            if kind == protocol.RESUMED:
+                self._preempted.discard(rid)
+            elif rid in self._jobs:
+                self._preempted.add(rid)
+                self._request_ended()  # its place is free: the dispatcher may send another request
         elif kind == protocol.METRIC:
             sink = self.metrics_sink
             if sink is not None and channel.answers:

@@ -63,7 +63,16 @@ section:
 - ``torch_threads``: ``torch.set_num_threads`` for this worker;
 - ``max_prefill_requests`` (default 2): most newly arrived requests prefilled in one
   step; the rest join at the following steps (see
-  :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``).
+  :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``);
+- ``max_num_batched_tokens`` (default 64; continuous batching): most tokens per step, one
+  per decoding request plus prompt-chunk tokens (vLLM's name): a longer prompt is
+  prefilled in chunks over several steps while the running requests keep decoding.
+
+A prompt with more characters than the context length times the longest vocabulary entry
+is refused (400) before tokenization. Continuous batching: a body above 16 KiB is parsed
+and tokenized on a thread beside the step loop. :meth:`LLMHandler.preempt_requests` (called by the worker for
+a stream whose client stopped reading) drops a request's KV cache; it is recomputed when
+the request is in a call again.
 
 The model is loaded once per worker, in :meth:`LLMHandler.initialize`. Each finished
 request is logged with its token counts and tokens/s; ``HandlerTime`` (ms) is recorded
@@ -75,6 +84,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +93,14 @@ from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
 from inference_service.llm.model import load_model, resolve_model_dir, warm_up
 from inference_service.llm.params import GenerationParams, GenerationResult
-from inference_service.llm.requests import GenerationRequest, InvalidRequest, params_from_config, parse_input_row
+from inference_service.llm.requests import (
+    GenerationRequest,
+    InvalidRequest,
+    check_prompt_size,
+    max_token_chars,
+    params_from_config,
+    parse_input_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +108,21 @@ log = logging.getLogger(__name__)
 #: tokens about twice as early at the median than with all 8 prefilled in one step, at the same
 #: throughput (benchmarks/README.md, "LLM concurrency").
 DEFAULT_MAX_PREFILL = 2
+#: Tokens per continuous-batching step by default (vLLM's ``max_num_batched_tokens``): one per
+#: decoding request plus prompt-chunk tokens; chosen by measurement (benchmarks/RESULTS.md,
+#: "Issue 25: scheduler").
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 64
+#: How long a continuous-batching call waits for a tokenization when it has nothing else to run.
+_PREPARE_WAIT_S = 0.05
+#: Request bodies up to this many bytes are parsed and tokenized in the step itself (well
+#: under a millisecond); larger ones on a thread, so the running streams do not wait for them.
+_INLINE_BODY_BYTES = 16384
+
+
+def _body_size(row: Any) -> int:
+    """The size of a request's raw body (0 when it is not bytes or text)."""
+    body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
 
 
 def continuous_batching(context: Context) -> bool:
@@ -141,6 +173,9 @@ class LLMHandler(BaseHandler):
         self.context_length: int | None = None
         self.model_path: str | None = None
         self._jobs: dict[str, _ActiveRequest] = {}  # continuous mode: request id -> job
+        self._preparing: dict[str, Future[tuple[GenerationRequest, list[int]]]] = {}  # continuous: tokenizing
+        self._prepare_pool: ThreadPoolExecutor | None = None
+        self.max_prompt_chars: int | None = None
         self._batches = 0  # static mode: batch counter, makes engine keys unique
 
     def initialize(self, context: Context) -> None:
@@ -151,7 +186,8 @@ class LLMHandler(BaseHandler):
                 default in the config is invalid.
             inference_service.llm.model.ModelPreparationError: the model cannot
                 be located, converted or loaded.
-            ValueError: ``torch_threads`` or ``max_prefill_requests`` is not a positive integer.
+            ValueError: ``torch_threads``, ``max_prefill_requests`` or ``max_num_batched_tokens``
+                is not a positive integer.
         """
         import torch
 
@@ -172,7 +208,19 @@ class LLMHandler(BaseHandler):
         max_prefill = config.get("max_prefill_requests", DEFAULT_MAX_PREFILL)
         if isinstance(max_prefill, bool) or not isinstance(max_prefill, int) or max_prefill < 1:
             raise ValueError(f"handler config: 'max_prefill_requests' must be a positive integer, got {max_prefill!r}")
-        self.engine = GenerationEngine(self.model, self.tokenizer, max_prefill=max_prefill)
+        budget = config.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"handler config: 'max_num_batched_tokens' must be a positive integer, got {budget!r}")
+        batch_size = (context.system_properties or {}).get("batch_size")
+        self.engine = GenerationEngine(
+            self.model, self.tokenizer, max_prefill=max_prefill,
+            max_num_seqs=batch_size if isinstance(batch_size, int) and batch_size > 0 else None,
+            max_model_len=self.context_length,
+            max_num_batched_tokens=budget if continuous_batching(context) else None,
+        )
+        self.max_prompt_chars = (
+            self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
+        )
         self._jobs.clear()
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
@@ -187,11 +235,21 @@ class LLMHandler(BaseHandler):
         """Parse and tokenize request ``idx``: ``(request, prompt ids)``, or on bad input the
         error message, after setting status 400 for that request."""
         try:
-            request = parse_input_row(row, self.defaults)
-            return request, build_prompt_ids(self.tokenizer, request, self.context_length)
+            return self._tokenize(row)
         except InvalidRequest as exc:
             context.set_response_status(400, str(exc), idx)
             return str(exc)
+
+    def _tokenize(self, row: Any) -> tuple[GenerationRequest, list[int]]:
+        """Parse request ``row``, refuse a prompt that cannot fit the context before
+        tokenizing it (:func:`~inference_service.llm.requests.check_prompt_size`), tokenize.
+
+        Raises:
+            InvalidRequest: the request is malformed or its prompt too long.
+        """
+        request = parse_input_row(row, self.defaults)
+        check_prompt_size(request, self.max_prompt_chars)
+        return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 
     def _finish(self, job: _ActiveRequest, result: GenerationResult) -> str | dict[str, Any]:
         """Log the request's token counts and speed; return its final message."""
@@ -353,15 +411,22 @@ class LLMHandler(BaseHandler):
             request_id = context.request_ids.get(idx)
             key = request_id if request_id is not None else f"#{idx}"
             if key not in self._jobs:
-                prepared = self._prepare(row, idx, context)
-                if isinstance(prepared, str):
-                    results[idx] = prepared
+                prepared = self._prepared(key, row)
+                if prepared is None:
+                    continue  # still tokenizing
+                if isinstance(prepared, BaseException):
+                    status = 400 if isinstance(prepared, InvalidRequest) else 500
+                    message = str(prepared) or type(prepared).__name__
+                    context.set_response_status(status, message, idx)
+                    results[idx] = message
                     finished[idx] = True
                     continue
                 request, prompt_ids = prepared
                 engine.add(key, prompt_ids, request.params)
                 self._jobs[key] = _ActiveRequest(key, request, request_id, time.perf_counter())
             keys[idx] = key
+        if not keys and self._preparing:  # nothing to run until a tokenization ends: do not spin
+            wait(list(self._preparing.values()), timeout=_PREPARE_WAIT_S, return_when=FIRST_COMPLETED)
         try:
             outputs = engine.step(list(keys.values())) if keys else {}
         except BaseException:
@@ -382,6 +447,39 @@ class LLMHandler(BaseHandler):
         context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
         return results
 
+    def _prepared(self, key: str, row: Any) -> tuple[GenerationRequest, list[int]] | BaseException | None:
+        """The parsed, tokenized request ``key``, its error, or ``None`` while a thread still
+        tokenizes it: a body above :data:`_INLINE_BODY_BYTES` is parsed and tokenized off the
+        step loop, so a long prompt does not stall the running streams."""
+        future = self._preparing.get(key)
+        if future is None:
+            if _body_size(row) <= _INLINE_BODY_BYTES:
+                try:
+                    return self._tokenize(row)
+                except InvalidRequest as exc:
+                    return exc
+            if self._prepare_pool is None:
+                self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-tokenize")
+            future = self._preparing[key] = self._prepare_pool.submit(self._tokenize, row)
+        if not future.done():
+            return None
+        del self._preparing[key]
+        error = future.exception()
+        return error if error is not None else future.result()
+
+    def preempt_requests(self, request_ids: list[str]) -> None:
+        """Drop the KV cache of running requests whose clients stopped reading (vLLM's
+        recompute preemption): each keeps its state and, when it is in a call again, its
+        prompt and generated tokens are recomputed before its next token. Unknown ids are
+        ignored.
+
+        Called by this server's worker in continuous batching (an addition, as
+        :meth:`drop_requests`)."""
+        engine = self._engine()
+        for request_id in request_ids:
+            if engine.preempt(request_id):
+                log.info("request %s preempted: its client stopped reading", request_id)
+
     def drop_requests(self, request_ids: list[str]) -> None:
         """Forget requests that are gone for good (client cancelled, deadline passed): their
         engine state and KV cache rows are freed at once. Unknown ids are ignored.
@@ -390,6 +488,9 @@ class LLMHandler(BaseHandler):
         """
         engine = self._engine()
         for request_id in request_ids:
+            future = self._preparing.pop(request_id, None)
+            if future is not None:
+                future.cancel()
             job = self._jobs.pop(request_id, None)
             result = engine.cancel(request_id)
             if job is not None and result is not None:

@@ -51,6 +51,10 @@ class RequestState:
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self.last_token = 0  # the token the next decode step feeds
 
+    def all_tokens(self) -> list[int]:
+        """The prompt ids followed by the generated ids: what a recompute after preemption feeds."""
+        return self.prompt_ids + self.result.token_ids
+
     def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
         """Take one sampled token: ``(released text, finish reason or None while running)``."""
         self.result.token_ids.append(token)

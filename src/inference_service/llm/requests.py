@@ -42,6 +42,8 @@ __all__ = [
     "REQUEST_FIELDS",
     "GenerationRequest",
     "InvalidRequest",
+    "check_prompt_size",
+    "max_token_chars",
     "params_from_config",
     "parse_input_row",
     "parse_request",
@@ -292,3 +294,37 @@ def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -
     else:
         body = row
     return parse_request(body, defaults)
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token of ``tokenizer`` can stand for: the longest
+    entry of its vocabulary (byte-level BPE spells every byte as one character, so the length
+    of an entry bounds the characters it decodes to)."""
+    vocab = tokenizer.get_vocab()
+    return max((len(piece) for piece in vocab), default=1) or 1
+
+
+def check_prompt_size(request: GenerationRequest, max_chars: int | None) -> None:
+    """Refuse, before tokenization, a prompt that cannot fit the model's context.
+
+    Args:
+        request: the parsed request; its prompt, or the sum of its messages' contents, is
+            measured in characters (a length, no pass over the text).
+        max_chars: the model's context length times :func:`max_token_chars`; ``None``
+            checks nothing.
+
+    Raises:
+        InvalidRequest: the text has more characters than ``max_chars``: even at the longest
+            token it would encode to more tokens than the context holds.
+    """
+    if max_chars is None:
+        return
+    if request.prompt is not None:
+        size = len(request.prompt)
+    else:
+        size = sum(len(m["content"]) for m in request.messages or ())
+    if size > max_chars:
+        raise InvalidRequest(
+            f"prompt too long: {size} characters cannot fit the model's context "
+            f"(at most {max_chars} characters)"
+        )

@@ -17,7 +17,9 @@ class ModelConfig:
     Defaults are TorchServe's: batch_size 1, max_batch_delay 100 ms,
     response_timeout 120 s, startup_timeout 120 s, no workers,
     maxRetryTimeoutInSec 300 s, job queue 100, continuousBatching and
-    asyncCommunication off.
+    asyncCommunication off. Continuous batching: a stream out of flow-control credit is
+    preempted after ``streamPausePreemptMSec`` (1 s) and ended after ``streamPauseAbortMSec``
+    (60 s); 0 turns either off (read by the worker, see ``worker/continuous.py``).
     """
 
     batch_size: int = 1
@@ -38,6 +40,8 @@ class ModelConfig:
     worker_threads: int = 0
     continuous_batching: bool = False
     async_communication: bool = False
+    stream_pause_preempt_ms: int = 1000
+    stream_pause_abort_ms: int = 60_000
 
     # model-config.yaml key -> field
     YAML_KEYS = {
@@ -57,6 +61,8 @@ class ModelConfig:
         "sequenceTimeoutMSec": "sequence_timeout_ms",
         "continuousBatching": "continuous_batching",
         "asyncCommunication": "async_communication",
+        "streamPausePreemptMSec": "stream_pause_preempt_ms",
+        "streamPauseAbortMSec": "stream_pause_abort_ms",
     }
     LIMITS = {
         "batch_size": (1, 1024),
@@ -71,6 +77,8 @@ class ModelConfig:
         "max_sequence_job_queue_size": (1, 1_000_000),
         "sequence_max_idle_ms": (0, 86_400_000),
         "sequence_timeout_ms": (0, 86_400_000),
+        "stream_pause_preempt_ms": (0, 86_400_000),
+        "stream_pause_abort_ms": (0, 86_400_000),
     }
 
     @property

@@ -3,6 +3,7 @@ the main thread, the cancel set and the per-request credits of flow control."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -128,9 +129,9 @@ class WorkerChannel:
         item = self._pending.popleft()
         return item if item is not None else (0, b"")
 
-    def wait_input(self) -> None:
-        """Block until at least one more frame arrived (or the channel closed), then take
-        every frame that is complete as :meth:`poll` does."""
+    def wait_input(self, timeout: float | None = None) -> None:
+        """Block until at least one more frame arrived (or the channel closed, or ``timeout``
+        seconds passed), then take every frame that is complete as :meth:`poll` does."""
         with self._reading:
             if self._eof or self._pending:
                 return
@@ -138,6 +139,10 @@ class WorkerChannel:
                 self._poll()
                 return
             try:
+                if timeout is not None:
+                    readable, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
+                    if not readable:
+                        return
                 self._receive()
             except OSError:
                 self._eof = True
@@ -150,6 +155,10 @@ class WorkerChannel:
             return False
         length, _ = protocol.HEADER.unpack_from(buf, 0)
         return len(buf) >= 4 + length
+
+    def credit(self, request_id: str) -> int | None:
+        """Intermediate responses ``request_id`` may still send (``None``: not flow-controlled)."""
+        return self._credit.get(request_id)
 
     def has_credit(self, request_id: str) -> bool:
         """Whether ``request_id`` may send an intermediate response now without waiting."""

@@ -22,6 +22,17 @@ Requests that are not in a call although running:
 - a request whose client is slower than the stream (its flow-control window is used
   up) *pauses*: it stays out of the calls until its client takes more, and the others
   go on (its handler state must be kept);
+- a request paused for longer than ``streamPausePreemptMSec`` (model config, default
+  1000 ms; 0: never) is *preempted*: it gives its place back, so a waiting request can
+  start, and if the handler has a ``preempt_requests(request_ids)`` method (an addition;
+  the bundled LLM handler drops the KV cache, to be recomputed) it is called. When its
+  client takes more, the request queues again ahead of the new ones and, once it has a
+  place, is in the calls again with ``{}`` as before. ``PREEMPTED`` / ``RESUMED`` frames tell
+  the frontend, which counts a preempted request out of the worker's ``batch_size``;
+- a request paused for longer than ``streamPauseAbortMSec`` (default 60000 ms; 0: never)
+  ends with RESOURCE_EXHAUSTED (HTTP 429) "stream paused ... ended", as if cancelled in
+  the handler (``drop_requests``). Keep it below the model's ``responseTimeout``: a worker
+  whose every request is paused sends nothing;
 - a cancelled request (client gone, deadline) leaves at the next call and is answered
   CANCELLED; if the handler has a ``drop_requests(request_ids)`` method (an addition,
   e.g. to free a KV cache at once) it is called with the ids that left that way.
@@ -30,6 +41,7 @@ Requests that are not in a call although running:
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,6 +56,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inference_service.worker")
 
+_RESOURCE_EXHAUSTED = 8  # grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _ms_setting(config: dict[str, Any], key: str, default: int) -> float | None:
+    """A model-config duration in ms (range-checked by the server) as seconds; ``None`` for 0."""
+    value = config.get(key)
+    ms = default if value is None or isinstance(value, bool) else int(value)
+    return ms / 1000 if ms > 0 else None
+
 
 @dataclass(eq=False)
 class _Running:
@@ -53,6 +74,7 @@ class _Running:
     sequence_id: str | None
     headers: dict[str, str]
     inputs: dict[str, Any] | None = field(default=None)
+    resumed: bool = False  # preempted earlier: its flow-control credit is kept, not reset
 
 
 class ContinuousRunner:
@@ -68,12 +90,17 @@ class ContinuousRunner:
         self.max_running = max(1, worker.spec.max_running)
         self.waiting: deque[_Running] = deque()
         self.running: dict[str, _Running] = {}
+        self.preempted: dict[str, _Running] = {}  # paused too long: no place until its client reads
+        self._blocked_since: dict[str, float] = {}  # request -> time.monotonic() it ran out of credit
+        config = worker.spec.model_yaml_config or {}
+        self.preempt_after_s = _ms_setting(config, "streamPausePreemptMSec", 1000)
+        self.abort_after_s = _ms_setting(config, "streamPauseAbortMSec", 60_000)
 
     def serve(self) -> None:
         """Run until ``STOP`` or the channel closes."""
         channel = self.channel
         while True:
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting and not self.preempted:
                 item = channel.read_frame()
                 if item is None or not self._take(item):
                     return
@@ -82,15 +109,70 @@ class ContinuousRunner:
                 if not self._take(item):
                     return
             self._drop_cancelled()
+            timeout = self._check_paused(time.monotonic())
             while self.waiting and len(self.running) < self.max_running:
                 request = self.waiting.popleft()
                 self.running[request.request_id] = request
-                channel.begin([request.request_id])
+                if not request.resumed:
+                    channel.begin([request.request_id])
             active = [r for r in self.running.values() if channel.has_credit(r.request_id)]
             if active:
                 self._step(active)
-            elif self.running:
-                channel.wait_input()  # every running request waits for its client: wait for a frame
+            elif self.running or self.preempted:
+                channel.wait_input(timeout)  # every request waits for its client: wait for a frame
+
+    def _check_paused(self, now: float) -> float | None:
+        """Preempt or end the requests out of credit for too long, queue again the preempted
+        ones whose client read; return the seconds until the next such bound (``None``: none)."""
+        channel = self.channel
+        blocked = self._blocked_since
+        to_preempt: list[str] = []
+        to_end: list[str] = []
+        due: float | None = None
+        for group in (self.running, self.preempted):
+            for rid in group:
+                if channel.has_credit(rid):
+                    blocked.pop(rid, None)
+                    continue
+                since = blocked.setdefault(rid, now)
+                bounds = [self.abort_after_s] + ([self.preempt_after_s] if group is self.running else [])
+                if self.abort_after_s is not None and now - since >= self.abort_after_s:
+                    to_end.append(rid)
+                elif group is self.running and self.preempt_after_s is not None and now - since >= self.preempt_after_s:
+                    to_preempt.append(rid)
+                for bound in bounds:
+                    if bound is None:
+                        continue
+                    left = since + bound - now
+                    if left > 0:
+                        due = left if due is None else min(due, left)
+        notes = []
+        for rid in [rid for rid in self.preempted if channel.has_credit(rid)]:
+            request = self.preempted.pop(rid)
+            request.resumed = True
+            self.waiting.appendleft(request)  # ahead of the new requests, as vLLM's preempted
+            notes.append(protocol.frame(protocol.RESUMED, rid.encode()))
+        if to_preempt:
+            for rid in to_preempt:
+                self.preempted[rid] = self.running.pop(rid)
+                notes.append(protocol.frame(protocol.PREEMPTED, rid.encode()))
+            self._call_handler("preempt_requests", to_preempt)
+        if notes:
+            channel.send(b"".join(notes))
+        if to_end:
+            frames = []
+            for rid in to_end:
+                self.running.pop(rid, None)
+                self.preempted.pop(rid, None)
+                blocked.pop(rid, None)
+                frames.append(protocol.encode_error(
+                    rid, _RESOURCE_EXHAUSTED,
+                    f"stream paused (client not reading) for more than {self.abort_after_s:g} s; ended to free "
+                    "its place (streamPauseAbortMSec)", 429))
+            self.channel.end(to_end)
+            self._drop_in_handler(to_end)
+            self.channel.send(b"".join(frames))
+        return due
 
     def _take(self, item: tuple[int, bytes]) -> bool:
         """Handle one frame; False on ``STOP`` or the end of the channel."""
@@ -110,13 +192,19 @@ class ContinuousRunner:
         if not cancelled:
             return
         frames = []
+        known = []  # requests the handler has seen: it frees their state
         for request in [r for r in self.waiting if r.request_id in cancelled]:
             self.waiting.remove(request)
             frames.append(answers.cancelled(request.request_id))
-        gone = [rid for rid in self.running if rid in cancelled]
+            if request.resumed:
+                known.append(request.request_id)
+        gone = [rid for rid in [*self.running, *self.preempted] if rid in cancelled] + known
         for rid in gone:
-            del self.running[rid]
-            frames.append(answers.cancelled(rid))
+            self.running.pop(rid, None)
+            self.preempted.pop(rid, None)
+            self._blocked_since.pop(rid, None)
+            if rid not in known:  # a resumed waiting request got its frame above
+                frames.append(answers.cancelled(rid))
         if gone:
             self.channel.end(gone)
             self._drop_in_handler(gone)
@@ -125,12 +213,16 @@ class ContinuousRunner:
             self.channel.send(b"".join(frames))
 
     def _drop_in_handler(self, request_ids: list[str]) -> None:
-        drop = getattr(self.worker.handler_object, "drop_requests", None)
-        if callable(drop):
+        self._call_handler("drop_requests", request_ids)
+
+    def _call_handler(self, method: str, request_ids: list[str]) -> None:
+        """Call the handler's optional ``method(request_ids)`` (``drop_requests``, ``preempt_requests``)."""
+        call = getattr(self.worker.handler_object, method, None)
+        if callable(call):
             try:
-                drop(list(request_ids))
+                call(list(request_ids))
             except Exception:  # noqa: BLE001 - the handler's cleanup must not stop the worker
-                log.error("handler drop_requests(%s) failed:\n%s", request_ids, traceback.format_exc())
+                log.error("handler %s(%s) failed:\n%s", method, request_ids, traceback.format_exc())
 
     def _step(self, active: list[_Running]) -> None:
         """One handler call over ``active``; answer or keep each request."""
@@ -178,6 +270,7 @@ class ContinuousRunner:
             self._drop_in_handler(ids)
         for rid in ended:
             self.running.pop(rid, None)
+            self._blocked_since.pop(rid, None)
         if ended:
             self.channel.end(ended)
         metrics = self.channel.metrics

@@ -43,6 +43,11 @@ FINAL = 13
 ERROR = 14
 DONE = 15
 METRIC = 16
+#: continuous batching: the request (body: its id) gave its place back (its client stopped
+#: reading); the frontend may send one more request. It still runs and answers as before.
+PREEMPTED = 17
+#: continuous batching: the preempted request (body: its id) takes a place again.
+RESUMED = 18
 
 #: Intermediate responses a request may have in flight beyond the frontend's credits.
 STREAM_WINDOW = 64

@@ -1,0 +1,192 @@
+"""The continuous-batching scheduler through the real server and worker, with the tiny random Llama:
+a client that stops reading gives its place back (preemption, then the full text when it reads
+again) or, past the second bound, is ended; a prompt too long for the context is refused at once
+on gRPC and /v1; a prompt prefilled in chunks gives the same text as in one piece."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import grpc
+import pytest
+from test_llm_server import _build, _tiny_model_dir
+
+from conftest import BearerAuth, ServerProcess, read_key
+from inference_service._proto import inference_pb2, inference_pb2_grpc
+
+pytestmark = pytest.mark.llm
+
+# A client channel with a small HTTP/2 window and no window growth: a client that stops reading
+# fills it after a few hundred bytes, so the server's writes (then the worker's credits) stop.
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 256)]
+LONG = 1500  # tokens of a paused stream: far beyond the worker's window of 64 messages plus the buffers
+
+
+def _with_config(mar: Path, top: str = "", handler: str = "") -> None:
+    """Rewrite the archive's model-config.yaml: ``handler`` lines go under ``handler:``, ``top`` after."""
+    with zipfile.ZipFile(mar) as archive:
+        entries = {info.filename: archive.read(info.filename) for info in archive.infolist()}
+    config = entries["model-config.yaml"].decode()
+    assert config.rstrip().splitlines()[-1].startswith("  "), config  # the handler section is last
+    entries["model-config.yaml"] = (config + handler + top).encode()
+    with zipfile.ZipFile(mar, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+@pytest.fixture(scope="module")
+def sched_server(tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("sched_store")
+    from inference_service.llm.model import converted_model_dir, find_default_gguf
+
+    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
+    # "paused": 2 places, a paused stream preempted after 0.3 s, ended after 60 s;
+    # "abort": ended after 1.5 s; "whole": prompts prefilled in one piece (no chunking)
+    for name, top, handler in (
+        ("paused", "streamPausePreemptMSec: 300\nstreamPauseAbortMSec: 60000\n", "  max_num_batched_tokens: 16\n"),
+        ("abort", "streamPausePreemptMSec: 0\nstreamPauseAbortMSec: 1500\n", ""),
+        ("whole", "", "  max_num_batched_tokens: 100000\n"),
+    ):
+        _build(store, "--model-path", str(tiny), "--name", name, "--batch-size", "2")
+        _with_config(store / f"{name}.mar", top, handler)
+    srv = ServerProcess(tmp_path_factory.mktemp("sched_work"), store,
+                        ["--models", "paused=paused.mar", "abort=abort.mar", "whole=whole.mar"])
+    try:
+        for name in ("paused", "abort", "whole"):
+            srv.wait_workers(name, 1, timeout=600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def _request(model: str, body: dict | bytes) -> inference_pb2.PredictionsRequest:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return inference_pb2.PredictionsRequest(model_name=model, input={"data": data})
+
+
+def _small_window_stub(srv: ServerProcess) -> tuple[grpc.Channel, inference_pb2_grpc.InferenceAPIsServiceStub]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{srv.inference_port}", options=SMALL_WINDOW)
+    authorized = grpc.intercept_channel(channel, BearerAuth(srv.key_file, "inference"))
+    return channel, inference_pb2_grpc.InferenceAPIsServiceStub(authorized)
+
+
+def _text(messages: list[bytes]) -> tuple[str, dict]:
+    final = json.loads(messages[-1])
+    return "".join(m.decode() for m in messages[:-1]) + final["text"], final
+
+
+def _body(prompt: str, tokens: int) -> dict:
+    return {"prompt": prompt, "max_new_tokens": tokens, "ignore_eos": True, "include_usage": True}
+
+
+def test_paused_readers_give_their_place_back_and_resume_with_the_full_text(sched_server):
+    bodies = [_body("A slow reader", LONG), _body("Another slow reader", LONG)]
+    want = [_text(sched_server.stream("paused", json.dumps(b), timeout=120))[0] for b in bodies]
+    channel, stub = _small_window_stub(sched_server)
+    try:
+        calls = [stub.StreamPredictions(_request("paused", b), timeout=120) for b in bodies]
+        firsts = [next(c).prediction for c in calls]  # both run; then their clients stop reading
+        # both places are held by paused streams: a third request is served once they are preempted
+        start = time.monotonic()
+        text, final = _text(sched_server.stream("paused", json.dumps(_body("Third", 8)), timeout=20))
+        assert final["usage"]["completion_tokens"] == 8 and time.monotonic() - start < 10
+        # the paused clients read again: their streams are recomputed and go on to the end
+        got = [_text([first] + [r.prediction for r in call])[0] for first, call in zip(firsts, calls, strict=True)]
+    finally:
+        channel.close()
+    assert got == want
+    assert "preempted: its client stopped reading" in sched_server.log()
+
+
+def test_a_stream_paused_past_the_second_bound_ends_resource_exhausted(sched_server):
+    channel, stub = _small_window_stub(sched_server)
+    try:
+        call = stub.StreamPredictions(_request("abort", _body("Never read", LONG)), timeout=120)
+        next(call)
+        start = time.monotonic()
+        time.sleep(4)  # the client does not read: the scenario under test, not a wait for the server
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+        assert "streamPauseAbortMSec" in (err.value.details() or "")
+        assert time.monotonic() - start < 30
+    finally:
+        channel.close()
+    # the worker serves on, the same process
+    after = _text(sched_server.stream("abort", json.dumps(_body("after", 4)), timeout=30))
+    assert after[1]["finish_reason"] == "length"
+
+
+def _http(srv: ServerProcess, path: str, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=30)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if srv.key_file.exists():
+            headers["Authorization"] = f"Bearer {read_key(srv.key_file, 'inference')}"
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_a_prompt_that_cannot_fit_is_refused_within_a_second(sched_server):
+    prompt = "word " * 1_200_000  # 6 MB
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        sched_server.stream("paused", json.dumps({"prompt": prompt}), timeout=30)
+    elapsed = time.monotonic() - start
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt too long" in (err.value.details() or "")
+    assert elapsed < 1.0, elapsed
+    body = json.dumps({"model": "paused", "prompt": prompt, "max_tokens": 4}).encode()
+    start = time.monotonic()
+    status, answer = _http(sched_server, "/v1/completions", body)
+    elapsed = time.monotonic() - start
+    error = json.loads(answer)["error"]
+    assert status == 400 and error["type"] == "invalid_request_error" and "prompt too long" in error["message"]
+    assert elapsed < 1.0, elapsed
+    # a prompt within the character bound but over the context in tokens: refused after tokenizing
+    with pytest.raises(grpc.RpcError) as err:
+        sched_server.stream("paused", json.dumps({"prompt": "word " * 5000}), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exceeds the model's context length" in (err.value.details() or "")
+
+
+def test_chunked_prefill_gives_the_text_of_a_whole_prefill(sched_server):
+    prompt = " ".join(f"item {i}," for i in range(120))  # a few hundred tokens: many 16-token chunks
+    body = json.dumps(_body(prompt, 24))
+    chunked = _text(sched_server.stream("paused", body, timeout=60))
+    whole = _text(sched_server.stream("whole", body, timeout=60))
+    assert chunked == whole and chunked[1]["usage"]["prompt_tokens"] > 200
+
+
+@pytest.fixture(scope="module")
+def smol_server(tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("smol_store")
+    for name, budget in (("chunked", 16), ("whole", 100000)):
+        _build(store, "--name", name)
+        _with_config(store / f"{name}.mar", handler=f"  max_num_batched_tokens: {budget}\n")
+    srv = ServerProcess(tmp_path_factory.mktemp("smol_work"), store,
+                        ["--models", "chunked=chunked.mar", "whole=whole.mar"])
+    try:
+        for name in ("chunked", "whole"):
+            srv.wait_workers(name, 1, timeout=600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_real_model_greedy_text_is_the_same_with_and_without_chunked_prefill(smol_server):
+    body = json.dumps({"messages": [{"role": "user", "content": (
+        "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
+        "lemon, mango, nectarine, orange, papaya, quince, raspberry, strawberry, tangerine. "
+        "Which of them are yellow? Answer in one sentence.")}], "max_new_tokens": 48, "include_usage": True})
+    chunked = _text(smol_server.stream("chunked", body, timeout=120))
+    whole = _text(smol_server.stream("whole", body, timeout=120))
+    assert chunked[1]["usage"]["prompt_tokens"] > 4 * 16  # the chunked prompt took several steps
+    assert chunked == whole
