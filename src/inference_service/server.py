@@ -126,7 +126,8 @@ class Server:
             self.core.on_models_changed = self._save_snapshot
         self.auth = None if settings.disable_token_auth else TokenAuthorization(
             settings.files_dir / KEY_FILE_NAME, settings.token_expiration_min,
-            fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
+            fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""},
+            status_codes=settings.grpc_status_codes)
         self.servers: list[grpc.aio.Server] = []
         self.http_api: HttpInferenceApi | None = None
         self.http_management: HttpManagementApi | None = None
@@ -207,9 +208,9 @@ class Server:
             interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
             options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
-                    InferenceServicer(self.core, self.telemetry))
+                    InferenceServicer(self.core, self.telemetry, s.grpc_status_codes))
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
-                    ManagementServicer(self.core, s.enable_model_api, self.telemetry))
+                    ManagementServicer(self.core, s.enable_model_api, self.telemetry, s.grpc_status_codes))
         # the Open Inference Protocol (KServe v2) under KServe's and TorchServe's package names
         open_inference = []
         for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
