@@ -253,7 +253,8 @@ class Server:
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
-                                             max_request_size=s.max_request_size, ssl_context=ssl_context)
+                                             max_request_size=s.max_request_size, ssl_context=ssl_context,
+                                             access_log=self.telemetry.access_log)
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
@@ -261,7 +262,8 @@ class Server:
             ssl_context = management_ssl_context(s)
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
-                max_request_size=s.max_request_size, ssl_context=ssl_context)
+                max_request_size=s.max_request_size, ssl_context=ssl_context,
+                access_log=self.telemetry.access_log)
             self.ports["http_management"] = await self.http_management.start(s.http_management_address,
                                                                               s.http_management_port)
             log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
@@ -269,7 +271,7 @@ class Server:
         if self.metrics is not None:
             try:
                 self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
-                                                                s.metrics_port)
+                                                                s.metrics_port, self.telemetry.access_log)
             except OSError as exc:
                 raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
                               f"{exc.strerror or exc}") from exc

@@ -67,6 +67,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
 from inference_service.observability.system_metrics import SystemMetricsCollector
 
@@ -268,8 +269,9 @@ class ServerMetrics:
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
         return "".join(out).encode() + generate_latest(registry)
 
-    def serve(self, address: str, port: int) -> int:
+    def serve(self, address: str, port: int, access_log: AccessLog | None = None) -> int:
         """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
+        Each request gets an ``access_log`` line (``None``: none).
 
         Raises:
             OSError: the address cannot be bound.
@@ -278,7 +280,7 @@ class ServerMetrics:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,),
                             {"address_family": family, "daemon_threads": True})
-        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self})
+        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self, "access_log": access_log})
         self._httpd = server_class((host, port), handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
                                         name="metrics-http", daemon=True)
@@ -300,9 +302,27 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     """``GET /metrics`` (``/`` too): the exposition; anything else 404."""
 
     metrics: ServerMetrics
+    access_log: AccessLog | None = None
     server_version = "inference-service-metrics"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        start = time.perf_counter()
+        self._status = 500
+        try:
+            self._answer()
+        finally:
+            if self.access_log is not None:
+                host, port = self.client_address[0], self.client_address[1]
+                peer = f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+                self.access_log.record_http("GET", shorten(urlsplit(self.path).path), "", "", self._status, start,
+                                            1 if self._status < 400 else 0, peer)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """As ``BaseHTTPRequestHandler``'s, keeping the status for the access log."""
+        self._status = code
+        super().send_response(code, message)
+
+    def _answer(self) -> None:
         url = urlsplit(self.path)
         if url.path not in ("/metrics", "/"):
             self.send_error(404, "only /metrics is served here")
