@@ -103,12 +103,15 @@ class Server:
         self._models_written: dict[str, dict[str, Any]] = {}
         self._status_scheduled = False
         # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
-        self.metrics = ServerMetrics() if settings.enable_metrics_api else None
+        number_of_gpu = settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus()
+        # TorchServe's system metrics: on /metrics in prometheus mode only, GPUs with number_of_gpu > 0
+        self.metrics = ServerMetrics(system_metrics=settings.metrics_mode == "prometheus",
+                                     number_of_gpu=number_of_gpu) if settings.enable_metrics_api else None
         self.telemetry = Telemetry(
             self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
             settings, self.extract_dir,
-            number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
+            number_of_gpu=number_of_gpu,
             on_health_change=self._changed,
             telemetry=self.telemetry,
             # workers log at the server's level and, with metrics_mode=prometheus, forward handler

@@ -69,7 +69,7 @@ from prometheus_client.utils import floatToGoString
 
 from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
-from inference_service.observability.system_metrics import SystemMetricsCollector
+from inference_service.observability.system_metrics import SystemMetricsCollector, query_nvidia_smi
 
 if TYPE_CHECKING:
     from inference_service.observability.accesslog import AccessLog
@@ -200,9 +200,14 @@ class ServerMetrics:
 
     Args:
         hostname: the ``hostname`` label of TorchServe's counters (default: this host's name).
+        system_metrics: serve TorchServe's system metrics (TorchServe: ``metrics_mode=prometheus``
+            only; the server passes that).
+        number_of_gpu: at or below 0, no GPU system metrics (TorchServe's rule); ``None`` or above
+            0: the GPUs ``nvidia-smi`` lists.
     """
 
-    def __init__(self, hostname: str | None = None) -> None:
+    def __init__(self, hostname: str | None = None, system_metrics: bool = True,
+                 number_of_gpu: int | None = None) -> None:
         self.hostname = hostname or socket.gethostname()
         self.registry = CollectorRegistry(auto_describe=False)
         self._ttfr = Histogram(
@@ -218,7 +223,9 @@ class ServerMetrics:
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
         self.source: StatsSource | None = None
         self.registry.register(_Collector(self))
-        self.registry.register(SystemMetricsCollector(self.hostname))
+        if system_metrics:
+            gpus = None if number_of_gpu is not None and number_of_gpu <= 0 else query_nvidia_smi
+            self.registry.register(SystemMetricsCollector(self.hostname, gpus=gpus))
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -136,9 +136,8 @@ class AsyncRunner:
         if not isinstance(result, (list, tuple)) or len(result) != 1:
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
             raise TypeError(f"handler returned {got} results for a batch of 1 request")
-        status = context.get_response_status(0)
+        status, phrase = context.get_response_status(0)
         if status >= 400:
-            phrase = context.request_processor[0].get_response_status_phrase()
             return self.worker.error_frame(rid, phrase or f"handler set status {status}",
                                            self.worker.code_for_status(status))
         return protocol.encode_response(protocol.FINAL, rid, encode_response(result[0]))

@@ -153,7 +153,7 @@ class ContinuousRunner:
                 raise TypeError(f"context.stopping_criteria holds {got} entries for {len(ids)} requests")
             cancelled = self.channel.cancelled
             for idx, rid in enumerate(ids):
-                status = context.get_response_status(idx)
+                status, _phrase = context.get_response_status(idx)
                 if rid in cancelled:
                     continue  # answered by _drop_cancelled at the next turn
                 if status >= 400:

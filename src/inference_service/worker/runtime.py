@@ -149,7 +149,7 @@ class Worker:
         try:
             result = self.call_handler(data, ids)
             for idx, rid in enumerate(ids):
-                status = self.context.get_response_status(idx)
+                status, _phrase = self.context.get_response_status(idx)
                 if rid in cancelled:
                     out.append(self.cancelled_frame(rid))
                 elif status >= 400:
