@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     store = ROOT / "model_store"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
+                    "--force"], check=True, stdout=subprocess.DEVNULL)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="llm-bench-"))
     proc, port = start_server(store, workdir)
     try:
