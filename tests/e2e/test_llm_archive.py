@@ -142,3 +142,13 @@ def test_dockerfile_bakes_an_archive_that_is_served_from_another_path(tmp_path):
         assert "Paris" in _stream(srv, "smollm2")
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+def test_conversion_is_announced_only_when_it_happens(tiny, tmp_path):
+    """The bundled model is converted already (the ``tiny`` fixture's tokenizer comes from it):
+    no conversion message, and scripts/demo no longer promises one on every run."""
+    built = _run("--model-store", str(tmp_path / "store"))
+    assert built.returncode == 0, built.stderr
+    assert "converting" not in built.stderr
+    demo = (ROOT / "scripts" / "demo").read_text()
+    assert "half a minute" not in demo and "build_llm_archive --model-store model_store --force" in demo
