@@ -9,8 +9,10 @@ for the other), and the default codes are checked to stay as they were.
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,14 +42,50 @@ def ts_store(tmp_path_factory: pytest.TempPathFactory, store: Path) -> Path:
     return path
 
 
+class _ArchiveHost(http.server.BaseHTTPRequestHandler):
+    """Serves ``files`` (path -> bytes) over HTTP; 404 for anything else."""
+
+    files: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def ts_server(ts_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The option from config.properties; echo 1.0 and 2.0, zero (no worker), rt (response_timeout 1 s)."""
+def archive_host(ts_store: Path) -> Iterator[str]:
+    """A local HTTP server with echo.mar at /ok/echo.mar; its base URL."""
+    _ArchiveHost.files = {"/ok/echo.mar": (ts_store / "echo.mar").read_bytes()}
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ArchiveHost)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def ts_server(ts_store: Path, archive_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The option from config.properties; echo 1.0 and 2.0, zero (no worker), rt (response_timeout 1 s);
+    archives may be downloaded from ``archive_host``'s /ok/."""
     work = tmp_path_factory.mktemp("ts_codes")
     config = work / "config.properties"
-    config.write_text("grpc_status_codes=torchserve\nenable_model_api=true\n")
+    pattern = archive_host.replace(".", "\\\\.") + "/ok/.*"  # properties escape: \\. is the regex \.
+    config.write_text(f"grpc_status_codes=torchserve\nenable_model_api=true\nallowed_urls={pattern}\n")
     srv = ServerProcess(work, ts_store,
                         ["--ts-config", str(config), "--models", "echo=echo.mar", "--workers-per-model", "1"])
+    srv.archive_host = archive_host  # type: ignore[attr-defined]
     try:
         srv.wait_workers("echo", 1)
         srv.register("echo_two", initial_workers=1)
@@ -70,8 +108,10 @@ def ts_locked(ts_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert srv.stop() == 0, srv.log()
 
 
-def _request(row: dict[str, Any]) -> Any:
+def _request(row: dict[str, Any], archive_host: str = "") -> Any:
     fields = dict(row["request"])
+    if "url" in fields:
+        fields["url"] = fields["url"].replace("{archive_host}", archive_host)
     if row["rpc"] in MANAGEMENT_RPCS:
         return REQUESTS[row["rpc"]](**fields)
     fields["input"] = {k: v.encode() for k, v in fields.get("input", {}).items()}
@@ -80,7 +120,7 @@ def _request(row: dict[str, Any]) -> Any:
 
 def _call(srv: ServerProcess, row: dict[str, Any]) -> tuple[grpc.StatusCode, str, Any]:
     """Send the row's request; returns the call's code and message (and the one reply of a StreamPredictions2)."""
-    rpc, request = row["rpc"], _request(row)
+    rpc, request = row["rpc"], _request(row, getattr(srv, "archive_host", ""))
     management = rpc in MANAGEMENT_RPCS
     token = row.get("token")
     metadata: tuple[tuple[str, str], ...] = ()
@@ -117,7 +157,7 @@ def _check(srv: ServerProcess, row: dict[str, Any]) -> None:
         message = reply.status.message
     assert code.name == row["code"], (row["refusal"], code, message)
     if "message" in row:
-        assert message == row["message"], row["refusal"]
+        assert message == row["message"].replace("{archive_host}", getattr(srv, "archive_host", "")), row["refusal"]
     assert message.startswith(row.get("message_starts", "")), (row["refusal"], message)
     assert message.endswith(row.get("message_ends", "")), (row["refusal"], message)
 
