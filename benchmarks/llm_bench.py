@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     store = ROOT / "model_store"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
+                    "--force"], check=True, stdout=subprocess.DEVNULL)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="llm-bench-"))
     server = start_project("project", store, workdir, ["smollm2=smollm2.mar"], startup_s=60)
     try:

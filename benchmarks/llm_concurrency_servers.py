@@ -35,8 +35,8 @@ def build_archive(store: Path, config: dict[str, Any], drop: tuple[str, ...] = (
     (keys in ``drop`` removed) and its ``handler`` section with ``handler``. Returns the archive path."""
     import yaml
 
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)],
-                          check=True, capture_output=True, timeout=900)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
+                           "--force"], check=True, capture_output=True, timeout=900)
     archive = Path(done.stdout.decode().strip().splitlines()[-1])
     with zipfile.ZipFile(archive) as src:
         entries = {name: src.read(name) for name in src.namelist()}

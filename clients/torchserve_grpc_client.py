@@ -30,6 +30,12 @@ Options may be given before or after the subcommand (TorchServe's client takes
 (and ``--tls-cert`` / ``--tls-key`` for mutual TLS) connect over TLS.  Every call
 also carries TorchServe's client metadata ``protocol: gRPC`` and ``session_id``.
 
+Finding the server: without ``--inference-port`` / ``--management-port`` / ``--key-file``
+(and ``--auth-token``), the client reads them from the status file of a server started in
+the current directory, ``.inference_service/status.json`` (``--run-dir DIR`` reads
+``DIR/status.json``, the server's ``--run-dir``); with no status file there it uses
+TorchServe's defaults, 7070 / 7071 and no key.  A flag always wins over the status file.
+
 ``--timeout`` is a deadline per RPC in seconds; for the streaming subcommands it
 bounds the whole stream.  Default: no deadline (registration can load a large
 model, and a streamed LLM answer can take minutes).
@@ -106,16 +112,23 @@ def _add_common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     group.add_argument(
         "--inference-port",
         type=int,
-        default=default(7070),
+        default=default(None),
         metavar="PORT",
-        help="gRPC inference API port (default: 7070)",
+        help="gRPC inference API port (default: the run directory's status.json, else 7070)",
     )
     group.add_argument(
         "--management-port",
         type=int,
-        default=default(7071),
+        default=default(None),
         metavar="PORT",
-        help="gRPC management API port (default: 7071)",
+        help="gRPC management API port (default: the run directory's status.json, else 7071)",
+    )
+    group.add_argument(
+        "--run-dir",
+        default=default(None),
+        metavar="DIR",
+        help="the server's run directory, whose status.json gives the ports and key file "
+        "(default: .inference_service)",
     )
     group.add_argument(
         "--model-version",
@@ -143,7 +156,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         default=default(None),
         metavar="PATH",
         help="TorchServe key_file.json: its inference key is used for inference "
-        "calls, its management key for management calls",
+        "calls, its management key for management calls (default: the one the run "
+        "directory's status.json names)",
     )
     group.add_argument(
         "--tls-ca",
@@ -492,8 +506,39 @@ def infer_stream2(
     return EXIT_ERROR if failed else EXIT_OK
 
 
+DEFAULT_RUN_DIR = ".inference_service"
+DEFAULT_INFERENCE_PORT = 7070
+DEFAULT_MANAGEMENT_PORT = 7071
+
+
+def find_server(args: argparse.Namespace) -> None:
+    """Fill the ports and key file left unset on the command line from the run directory's
+    ``status.json`` (see the module docstring), else TorchServe's default ports.
+
+    Raises ClientError when ``--run-dir`` is given and has no readable status file.
+    """
+    run_dir = Path(args.run_dir or DEFAULT_RUN_DIR)
+    status_path = run_dir / "status.json"
+    try:
+        status = json.loads(status_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        if args.run_dir is not None:
+            raise ClientError(f"no server status in {status_path} ({getattr(e, 'strerror', None) or e}): "
+                              "is a server running with that --run-dir?") from e
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    if args.inference_port is None:
+        args.inference_port = status.get("inference_port") or DEFAULT_INFERENCE_PORT
+    if args.management_port is None:
+        args.management_port = status.get("management_port") or DEFAULT_MANAGEMENT_PORT
+    if args.key_file is None and not args.auth_token and status.get("key_file"):
+        args.key_file = status["key_file"]
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run the parsed subcommand; RPC and local errors propagate to the caller."""
+    find_server(args)
     credentials = tls_credentials(args.tls_ca, args.tls_cert, args.tls_key)
     if args.action in ("register", "unregister"):
         metadata = build_metadata(args.auth_token, args.key_file, "management")

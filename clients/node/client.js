@@ -15,9 +15,12 @@
 //
 // Options:
 //   --host HOST            server host (127.0.0.1)
-//   --port PORT            inference API port (7070)
+//   --port PORT            inference API port (default: the run directory's status.json, else 7070)
 //   --token KEY            send "authorization: Bearer KEY" with each call
 //   --key-file PATH        read the inference key from the server's key_file.json
+//                          (default: the key file the run directory's status.json names)
+//   --run-dir DIR          the server's run directory (.inference_service): its status.json
+//                          gives the port and key file left unset
 //   --model-version V      model version (default: the model's default version)
 //   --input-name NAME      input map key the request body goes under ("data")
 //   --timeout SECONDS      deadline of the call (for stream: of the whole stream)
@@ -44,7 +47,10 @@ const CHANNEL_OPTIONS = {
   "grpc.max_send_message_length": -1,
 };
 
-const USAGE = `usage: client.js [--host HOST] [--port PORT] [--token KEY | --key-file PATH]
+const DEFAULT_RUN_DIR = ".inference_service";
+const DEFAULT_PORT = "7070";
+
+const USAGE = `usage: client.js [--host HOST] [--port PORT] [--token KEY | --key-file PATH] [--run-dir DIR]
                  [--model-version V] [--input-name NAME] [--timeout S] [--jsonl] [--protos DIR]
                  {ping | health [SERVICE] | predict MODEL INPUT | stream MODEL INPUT}
 INPUT: text, or @PATH for a file's bytes`;
@@ -70,6 +76,26 @@ function readToken(options) {
     throw new UsageError(`${options["key-file"]} has no "inference" key`);
   }
   return keys.inference.key;
+}
+
+/**
+ * Fill --port and --key-file, when not given, from the run directory's status.json (the one
+ * the server writes in <working dir>/.inference_service, or --run-dir's); else port 7070 and
+ * no key. A --run-dir without a readable status.json is a usage error.
+ */
+function findServer(options) {
+  const statusPath = path.join(options["run-dir"] || DEFAULT_RUN_DIR, "status.json");
+  let status = {};
+  try {
+    status = JSON.parse(fs.readFileSync(statusPath, "utf8")) || {};
+  } catch (err) {
+    if (options["run-dir"]) {
+      throw new UsageError(`no server status in ${statusPath} (${err.message}): is a server running with that --run-dir?`);
+    }
+  }
+  if (options.port === undefined) options.port = String(status.inference_port || DEFAULT_PORT);
+  if (options["key-file"] === undefined && !options.token && status.key_file) options["key-file"] = status.key_file;
+  return options;
 }
 
 /** Call metadata carrying "authorization: Bearer <token>" when a token is given. */
@@ -107,7 +133,8 @@ async function run(argv, out = process.stdout) {
       allowPositionals: true,
       options: {
         host: { type: "string", default: "127.0.0.1" },
-        port: { type: "string", default: "7070" },
+        port: { type: "string" },
+        "run-dir": { type: "string" },
         token: { type: "string" },
         "key-file": { type: "string" },
         "model-version": { type: "string", default: "" },
@@ -134,6 +161,7 @@ async function run(argv, out = process.stdout) {
     throw new UsageError("--timeout must be a positive number of seconds");
   }
 
+  findServer(options);
   const services = loadServices(options.protos || DEFAULT_PROTOS);
   const target = `${options.host}:${options.port}`;
   const credentials = grpc.credentials.createInsecure();
@@ -226,7 +254,7 @@ async function main() {
   }
 }
 
-module.exports = { loadServices, readToken, authMetadata, readInput, run };
+module.exports = { loadServices, readToken, authMetadata, readInput, run, findServer };
 
 if (require.main === module) {
   main();

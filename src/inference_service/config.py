@@ -101,6 +101,10 @@ class Settings:
         event_loop: the frontend's asyncio event loop: ``"uvloop"`` (default; measured 10 to 20 %
             less frontend CPU per request and streamed message, benchmarks/README.md) or
             ``"asyncio"`` (the standard library's), key ``event_loop``, ``--event-loop``.
+        grpc_status_codes: ``"default"`` (this server's codes, which say what went wrong) or
+            ``"torchserve"`` (every refusal of the gRPC inference and management APIs carries
+            TorchServe 0.12's code and message, see :mod:`inference_service.errors`), key
+            ``grpc_status_codes``, ``--grpc-status-codes``.
     """
 
     inference_address: str = "127.0.0.1"
@@ -161,6 +165,7 @@ class Settings:
     metrics_mode: str = "log"
     service_envelope: str | None = None
     event_loop: str = "uvloop"
+    grpc_status_codes: str = "default"
 
     @property
     def instance_dir(self) -> Path:
@@ -362,6 +367,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "log_level": ("log_level", _level),
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
+    "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
 }
 
 

@@ -110,14 +110,17 @@ class Server:
         self._models_written: dict[str, dict[str, Any]] = {}
         self._status_scheduled = False
         # metrics (enable_metrics_api) and the access log (--no-access-log), see metrics.py / accesslog.py
-        self.metrics = ServerMetrics() if settings.enable_metrics_api else None
+        number_of_gpu = settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus()
+        # TorchServe's system metrics: on /metrics in prometheus mode only, GPUs with number_of_gpu > 0
+        self.metrics = ServerMetrics(system_metrics=settings.metrics_mode == "prometheus",
+                                     number_of_gpu=number_of_gpu) if settings.enable_metrics_api else None
         # event-loop lag histogram and warnings naming the request that holds the loop (loop_lag.py)
         self.loop_lag = LoopLagMonitor(self.metrics.registry if self.metrics is not None else None)
         self.telemetry = Telemetry(
             self.metrics, AccessLog(json_fields=settings.log_format == "json") if settings.access_log else None)
         self.core = InferenceCore(
             settings, self.extract_dir,
-            number_of_gpu=settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus(),
+            number_of_gpu=number_of_gpu,
             on_health_change=self._changed,
             telemetry=self.telemetry,
             # workers log at the server's level and, with metrics_mode=prometheus, forward handler
@@ -135,7 +138,8 @@ class Server:
             self.core.on_models_changed = self._save_snapshot
         self.auth = None if settings.disable_token_auth else TokenAuthorization(
             settings.files_dir / KEY_FILE_NAME, settings.token_expiration_min,
-            fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""})
+            fixed={INFERENCE: settings.inference_key or "", MANAGEMENT: settings.management_key or ""},
+            status_codes=settings.grpc_status_codes)
         self.servers: list[grpc.aio.Server] = []
         self.http_api: HttpInferenceApi | None = None
         self.http_management: HttpManagementApi | None = None
@@ -241,9 +245,9 @@ class Server:
             interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
             options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
-                    InferenceServicer(self.core, self.telemetry))
+                    InferenceServicer(self.core, self.telemetry, s.grpc_status_codes))
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
-                    ManagementServicer(self.core, s.enable_model_api, self.telemetry))
+                    ManagementServicer(self.core, s.enable_model_api, self.telemetry, s.grpc_status_codes))
         # the Open Inference Protocol (KServe v2) under KServe's and TorchServe's package names
         open_inference = []
         for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
@@ -305,7 +309,8 @@ class Server:
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
-                                             max_request_size=s.max_request_size, ssl_context=ssl_context)
+                                             max_request_size=s.max_request_size, ssl_context=ssl_context,
+                                             access_log=self.telemetry.access_log)
             self.http_api.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
@@ -314,7 +319,8 @@ class Server:
             ssl_context = management_ssl_context(s)
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
-                max_request_size=s.max_request_size, ssl_context=ssl_context)
+                max_request_size=s.max_request_size, ssl_context=ssl_context,
+                access_log=self.telemetry.access_log)
             self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
             self.ports["http_management"] = await self.http_management.start(s.http_management_address,
                                                                               s.http_management_port)
@@ -331,7 +337,7 @@ class Server:
         if self.metrics is not None:
             try:
                 self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
-                                                                s.metrics_port)
+                                                                s.metrics_port, self.telemetry.access_log)
             except OSError as exc:
                 raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
                               f"{exc.strerror or exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import uuid
@@ -12,7 +13,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
-from conftest import ServerProcess, wait_for
+from conftest import ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 
 PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) version=(\S+) status=(\w+) "
@@ -120,3 +121,83 @@ def test_switches_access_log_off_and_level_warning(store, tmp_path):
         assert "inference API listening" in off.log() and "inference_service.access" not in off.log()
     finally:
         assert off.stop() == 0, off.log()
+
+
+HTTP_LINE = re.compile(r"^\S+ \S+ INFO inference_service\.access: ([A-Z]+) (\S+) model=(\S+) version=(\S+) "
+                       r"status=(\d+) reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) "
+                       r"peer=(ipv4:127\.0\.0\.1:\d+)$")
+
+
+def _http(port: int, method: str, path: str, key: str | None, body: bytes | None = None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_http_line_per_request_on_every_front_door(server):
+    """8080 (TorchServe's API, /v1, /v2), 8081 and the metrics port: one line per request, in the
+    gRPC line's format, with the HTTP status, its name for errors, and the chunks a stream wrote."""
+    since = len(server.log())
+    inference, management, metrics = (server.status[k] for k in ("http_port", "http_management_port",
+                                                                   "metrics_port"))
+    ikey, mkey = read_key(server.key_file, "inference"), read_key(server.key_file, "management")
+    sent = [
+        (inference, "GET", "/ping", ikey, None, 200),
+        (inference, "POST", "/predictions/echo", ikey, b"hi", 200),
+        (inference, "POST", "/predictions/echo/1.0", ikey, b"stream:3", 200),
+        (inference, "POST", "/predictions/nope-http", ikey, b"x", 404),
+        (inference, "POST", "/predictions/echo", None, b"x", 401),
+        (inference, "GET", "/v2/health/ready", ikey, None, 200),
+        (inference, "GET", "/v2/models/echo", ikey, None, 200),
+        (inference, "GET", "/v1/models", ikey, None, 200),
+        (inference, "GET", "/no/such/path", ikey, None, 404),
+        (management, "GET", "/models?limit=5", mkey, None, 200),
+        (management, "GET", "/models/echo", mkey, None, 200),
+        (management, "GET", "/models/nope-http", mkey, None, 404),
+        (metrics, "GET", "/metrics", None, None, 200),
+        (metrics, "GET", "/elsewhere", None, None, 404),
+    ]
+    for port, method, path, key, body, status in sent:
+        assert _http(port, method, path, key, body) == status, (port, method, path)
+    wait_for(lambda: sum(1 for line in new_lines(server, since) if HTTP_LINE.match(line)) >= len(sent),
+             what="an access line per HTTP request")
+    rows = [m.groups() for line in new_lines(server, since) if (m := HTTP_LINE.match(line))]
+    got = {(method, path): (model, version, status, reason, messages) for method, path, model, version, status,
+           reason, _, messages, _ in rows}
+    assert got[("GET", "/ping")] == ("-", "-", "200", "-", "1")
+    assert got[("POST", "/predictions/echo/1.0")] == ("echo", "1.0", "200", "-", "4")  # 3 parts, then the end
+    assert got[("POST", "/predictions/nope-http")] == ("nope-http", "-", "404", "NOT_FOUND", "0")
+    assert got[("GET", "/v2/models/echo")] == ("echo", "-", "200", "-", "1")
+    assert got[("GET", "/no/such/path")][2:4] == ("404", "NOT_FOUND")
+    assert got[("GET", "/models")] == ("-", "-", "200", "-", "1")  # the path without its query
+    assert got[("GET", "/models/nope-http")] == ("nope-http", "-", "404", "NOT_FOUND", "0")
+    assert got[("GET", "/metrics")] == ("-", "-", "200", "-", "1")
+    assert got[("GET", "/elsewhere")] == ("-", "-", "404", "NOT_FOUND", "0")
+    assert [(r[0], r[1], r[4]) for r in rows if r[1] == "/predictions/echo"] == [
+        ("POST", "/predictions/echo", "200"), ("POST", "/predictions/echo", "401")]
+    assert ("GET", "/v1/models") in got and ("GET", "/v2/health/ready") in got and ("GET", "/models/echo") in got
+    assert all(float(r[6]) >= 0 for r in rows)
+
+
+def test_http_lines_in_json(json_server):
+    port, key = json_server.status["http_port"], read_key(json_server.key_file, "inference")
+    assert _http(port, "POST", "/predictions/echo", key, b"hi") == 200
+    assert _http(port, "POST", "/predictions/missing", key, b"x") == 404
+    wait_for(lambda: '"method": "POST /predictions/missing"' in json_server.log(), what="the JSON access line")
+    records = [json.loads(line) for line in json_server.log().splitlines() if line.strip()]
+    rows = [r for r in records if r["logger"] == "inference_service.access" and r["method"].startswith("POST ")]
+    ok, missing = rows[-2:]
+    assert {k: ok[k] for k in ("method", "model", "version", "status", "code", "reason", "messages")} == {
+        "method": "POST /predictions/echo", "model": "echo", "version": "-", "status": "200", "code": 200,
+        "reason": "-", "messages": 1}
+    assert isinstance(ok["latency_ms"], float) and ok["peer"].startswith("ipv4:127.0.0.1:")
+    assert ok["message"].startswith("POST /predictions/echo model=echo ")
+    assert (missing["status"], missing["code"], missing["reason"], missing["messages"]) == ("404", 404, "NOT_FOUND", 0)
+    grpc_row = [r for r in records if r["logger"] == "inference_service.access" and r["method"] == "Predictions"]
+    assert set(grpc_row[-1]) == set(ok)  # the same fields for both front doors

@@ -64,3 +64,35 @@ def test_client_errors_exit_1(server, tmp_path):
     (tmp_path / "x.txt").write_text("boom")
     failed = _client(server, "infer", "echo", str(tmp_path / "x.txt"))
     assert failed.returncode == 1 and "INTERNAL" in failed.stderr and "boom" in failed.stderr
+
+
+def test_client_finds_the_server_from_its_status_file(server, tmp_path):
+    """No port or key flag: the ports (ephemeral here) and key file come from the run directory's
+    status.json, in the working directory or named by --run-dir."""
+    (tmp_path / "hello.txt").write_text("found you")
+    here = subprocess.run([sys.executable, CLIENT, "infer", "echo", str(tmp_path / "hello.txt")],
+                          capture_output=True, text=True, timeout=120, cwd=server.workdir, check=False)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.strip() == "found you"
+    run_dir = str(server.workdir / ".inference_service")
+    managed = subprocess.run([sys.executable, CLIENT, "--run-dir", run_dir, "register", "found_echo", "echo.mar"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert managed.returncode == 0, managed.stderr
+    unreg = subprocess.run([sys.executable, CLIENT, "unregister", "found_echo", "--run-dir", run_dir],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert unreg.returncode == 0, unreg.stderr
+    # a flag wins over the status file: a wrong key is refused
+    (tmp_path / "keys.json").write_text('{"inference": {"key": "wrong-key-0123456789"}}')
+    wrong = subprocess.run([sys.executable, CLIENT, "--key-file", str(tmp_path / "keys.json"), "infer", "echo",
+                            str(tmp_path / "hello.txt")],
+                           capture_output=True, text=True, timeout=120, cwd=server.workdir, check=False)
+    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
+
+
+def test_client_run_dir_without_status_says_where_it_looked(tmp_path):
+    (tmp_path / "hello.txt").write_text("x")
+    out = subprocess.run([sys.executable, CLIENT, "--run-dir", str(tmp_path / "nothing"), "infer", "echo",
+                          str(tmp_path / "hello.txt")], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1
+    assert f"no server status in {tmp_path / 'nothing' / 'status.json'}" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -189,12 +189,13 @@ def test_container_recipe():
     text = (ROOT / "Dockerfile").read_text()
     assert "USER 10001" in text and "HF_HUB_OFFLINE=1" in text and "-c constraints.txt" in text
     stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", text, re.M)
-    assert stages == [("python:3.11-slim", "server"), ("server", "with-models"), ("server", "")]
+    assert stages == [("python:3.11-slim", "server"), ("server", "with-models"), ("server", "with-llm"), ("server", "")]
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     assert {".git", ".venv", "key_file.json", ".inference_service"} <= set(ignored)
     (model_store,) = re.findall(r"^ARG MODEL_STORE=(\S+)$", text, re.M)
-    copied = [model_store, "src", "requirements.txt", "constraints.txt", "pyproject.toml", "README.md"]
+    copied = [model_store, "src", "requirements.txt", "constraints.txt", "pyproject.toml", "README.md",
+              "scripts/build_llm_archive"]
     assert not [path for path in copied for pattern in ignored if fnmatch.fnmatch(path, pattern)]
 
 

@@ -110,3 +110,18 @@ def test_stream_prints_each_message_as_it_arrives(server):
     # default output: the pieces concatenated, then a newline
     plain = node(server, "stream", "echo", "stream:2")
     assert (plain.returncode, plain.stdout) == (0, "part0;part1;end\n"), plain.stderr
+
+
+def test_finds_the_server_from_its_status_file(server, tmp_path):
+    """No --port or --key-file: both come from .inference_service/status.json of the working
+    directory, or of --run-dir."""
+    here = subprocess.run([NODE, str(CLIENT), "predict", "echo", "found"], capture_output=True, text=True,
+                          timeout=60, cwd=server.workdir)
+    assert (here.returncode, here.stdout) == (0, "found\n"), here.stderr
+    run_dir = str(server.workdir / ".inference_service")
+    there = subprocess.run([NODE, str(CLIENT), "--run-dir", run_dir, "ping"], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path)
+    assert there.returncode == 0 and json.loads(there.stdout)["status"] == "Healthy", there.stderr
+    nowhere = subprocess.run([NODE, str(CLIENT), "--run-dir", str(tmp_path / "none"), "ping"], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+    assert nowhere.returncode == 2 and f"no server status in {tmp_path / 'none' / 'status.json'}" in nowhere.stderr

@@ -50,7 +50,7 @@ def test_no_worker_is_retryable(server):
 
 def test_invalid_argument_and_management_reasons(server):
     code, info, _ = _details(server.management.DescribeModel, management_pb2.DescribeModelRequest(), timeout=5)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and info.reason == "INVALID_ARGUMENT"
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and info.reason == "MODEL_NAME_REQUIRED"
     code, info, _ = _details(server.register, "broken.mar")
     assert info.reason == "MODEL_LOAD_FAILED"
 

@@ -54,6 +54,11 @@ def test_start_returns_with_the_startup_models_ready(store, workdir):
     assert started.returncode == 0, started.stderr
     assert "inference-service started" in started.stdout and "models ready: echo" in started.stdout
     status = _status(workdir)
+    # the started line lists every port the server listens on
+    for api, key in (("gRPC inference", "inference"), ("gRPC management", "management"), ("HTTP inference", "http"),
+                     ("HTTP management", "http_management")):
+        assert f"{api} 127.0.0.1:{status[key + '_port']}" in started.stdout, (api, started.stdout)
+    assert f"metrics http://127.0.0.1:{status['metrics_port']}/metrics" in started.stdout
     with grpc.insecure_channel(f"127.0.0.1:{status['inference_port']}") as channel:
         stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         # at once, no retry: TorchServe registers the startup models before it reports started
@@ -141,6 +146,26 @@ def test_start_names_a_port_in_use_and_its_holder(workdir):
     assert proc.returncode == 1
     assert f"port {port} (management API, 127.0.0.1) is already in use by pid {os.getpid()}" in proc.stderr
     assert _nothing_running(workdir)
+
+
+def test_port_clash_lists_every_port_and_stop_names_the_run_directory(workdir, tmp_path_factory):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _cli(workdir, "--start", "--ncs", *FREE_PORTS, "--http-management-port", str(port),
+                    "--grpc-health-port", "0", timeout=60)
+    assert proc.returncode == 1
+    assert f"port {port} (HTTP management API, 127.0.0.1) is already in use by pid {os.getpid()}" in proc.stderr
+    assert (f"the server's ports: inference any (--grpc-inference-port), management any (--grpc-management-port), "
+            f"HTTP inference any (--http-port), HTTP management {port} (--http-management-port), "
+            "metrics any (--metrics-port), health any (--grpc-health-port)") in proc.stderr
+    assert _nothing_running(workdir)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    stop = _cli(elsewhere, "--stop", timeout=60)
+    assert stop.returncode == 1
+    assert f"no live server in the run directory {elsewhere / '.inference_service'}" in stop.stderr
+    assert "--run-dir" in stop.stderr
 
 
 def test_python_floor_is_3_11(tmp_path):

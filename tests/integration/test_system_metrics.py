@@ -19,10 +19,24 @@ GPU_NAMES = [name for name, _, _ in GPU_GAUGES]
 PERCENTS = [name for name, unit, _ in HOST_GAUGES if unit == "Percent"]
 
 
-def _server(tmp_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
+def _server(tmp_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> ServerProcess:
+    """A server in prometheus mode (TorchServe's system metrics are on /metrics in that mode only)."""
     store = tmp_path / "store"
     store.mkdir()
-    return ServerProcess(tmp_path / "work", store, [], env=env)
+    return ServerProcess(tmp_path / "work", store, ["--metrics-mode", "prometheus", *args], env=env)
+
+
+def _fake_nvidia_smi(tmp_path: Path) -> dict[str, str]:
+    """An nvidia-smi listing two GPUs (the second without figures), each call noted in ``calls``; the env to run it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n'
+                    'if [ "$1" = --list-gpus ]; then\n  echo "GPU 0: Fake (UUID: GPU-a)"\n'
+                    '  echo "GPU 1: Fake (UUID: GPU-b)"\nelse\n'
+                    "  printf '0, 42, 2048, 8192\\n1, [N/A], [N/A], 8192\\n'\nfi\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def _host_values(srv: ServerProcess) -> dict[str, float]:
@@ -76,14 +90,7 @@ def test_system_metrics_have_sane_values_on_every_scrape(tmp_path):
 
 
 def test_gpu_metrics_per_device_when_nvidia_smi_lists_gpus(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "nvidia-smi"  # two GPUs, the second without utilization figures
-    fake.write_text('#!/bin/sh\nif [ "$1" = --list-gpus ]; then\n  echo "GPU 0: Fake (UUID: GPU-a)"\n'
-                    '  echo "GPU 1: Fake (UUID: GPU-b)"\nelse\n'
-                    "  printf '0, 42, 2048, 8192\\n1, [N/A], [N/A], 8192\\n'\nfi\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    srv = _server(tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"})
+    srv = _server(tmp_path, env=_fake_nvidia_smi(tmp_path))  # two GPUs, the second without utilization figures
     try:
         def gpu_values() -> dict[tuple[str, str], float]:
             return {(name, dict(labels)["DeviceId"]): value for (name, labels), value in scrape(srv).items()
@@ -96,3 +103,28 @@ def test_gpu_metrics_per_device_when_nvidia_smi_lists_gpus(tmp_path):
         assert labels == {"Level": "Host", "DeviceId": "0", "Hostname": socket.gethostname()}
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+def test_torchserve_rules_metrics_mode_and_number_of_gpu(tmp_path):
+    """As TorchServe: no system metric on /metrics outside prometheus mode; no GPU metric (and no
+    nvidia-smi call) with number_of_gpu=0, whatever the machine has."""
+    env = _fake_nvidia_smi(tmp_path)
+    config = tmp_path / "config.properties"
+    config.write_text("number_of_gpu=0\n")
+    srv = _server(tmp_path, env=env, args=("--ts-config", str(config)))
+    try:
+        names = {name for name, _ in scrape(srv)}
+        assert set(HOST_NAMES) <= names and not names & set(GPU_NAMES)
+        assert not (tmp_path / "calls").exists()  # nvidia-smi was never run
+    finally:
+        assert srv.stop() == 0, srv.log()
+    store = tmp_path / "store2"
+    store.mkdir()
+    for mode in ("log", "legacy"):
+        plain = ServerProcess(tmp_path / f"work-{mode}", store, ["--metrics-mode", mode], env=env)
+        try:
+            text = _raw(plain)
+            assert "ts_inference_requests_total" in text  # the frontend counters stay
+            assert not [name for name in (*HOST_NAMES, *GPU_NAMES) if name in text], mode
+        finally:
+            assert plain.stop() == 0, plain.log()

@@ -634,8 +634,8 @@ def test_handler_batch_of_two(
         assert results[0]["text"] == expected
     assert results[0]["finish_reason"] == "length"
     assert results[0]["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 6}
-    assert context.get_response_status(0) == 200 and context.get_response_status(2) == 200
-    assert context.get_response_status(1) == 400
+    assert context.get_response_status(0) == (200, None) and context.get_response_status(2) == (200, None)
+    assert context.get_response_status(1)[0] == 400
     assert "'top_p' must be greater than 0" in context.request_processor[1].get_response_status_phrase()
     # request 2 is plain text with the config defaults (greedy, 6 tokens, EOS honoured)
     text2 = streamed[2] + results[2] if generator_form else results[2]
@@ -712,9 +712,10 @@ def _call(handler: Any, context: Context, requests: dict[str, dict[str, Any] | N
     for idx, rid in enumerate(ids):
         finished = context.stopping_criteria[idx](results[idx])
         assert isinstance(finished, bool)
-        if context.get_response_status(idx) >= 400:
+        code, _phrase = context.get_response_status(idx)
+        if code >= 400:
             assert finished
-            out[rid] = (f"{context.get_response_status(idx)}: {results[idx]}", True)
+            out[rid] = (f"{code}: {results[idx]}", True)
         else:
             out[rid] = (results[idx], finished)
     return out

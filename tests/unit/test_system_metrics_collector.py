@@ -178,3 +178,15 @@ def test_collector_in_a_registry_of_its_own(tmp_path):
     registry.register(SystemMetricsCollector(os.uname().nodename, disk_path=tmp_path, gpus=list))
     text = generate_latest(registry).decode()
     assert text.count("# TYPE ") == len(HOST_GAUGES)
+
+
+def test_server_metrics_follow_torchserves_mode_and_gpu_rules(tmp_path, monkeypatch):
+    def gpus_listed() -> list:
+        raise AssertionError("nvidia-smi must not be queried with number_of_gpu=0")
+
+    monkeypatch.setattr("inference_service.observability.metrics.query_nvidia_smi", gpus_listed)
+    off = ServerMetrics(hostname="h", system_metrics=False).render().decode()
+    assert not [name for name in (*HOST_NAMES, *GPU_NAMES) if name in off]
+    no_gpu = ServerMetrics(hostname="h", number_of_gpu=0).render().decode()
+    assert all(f"# TYPE {name} gauge\n" in no_gpu for name in HOST_NAMES)
+    assert not [name for name in GPU_NAMES if name in no_gpu]

@@ -76,12 +76,13 @@ class UrlPolicy:
         for _ in range(3):  # %252e%252e decodes to %2e%2e, then to ..
             path = unquote(path)
         if has_parent_segment(path):
-            raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url) + " (a '..' path segment)")
+            raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url) + " (a '..' path segment)",
+                                  reason="RELATIVE_PATH")
         normalized = urlunsplit(urlsplit(url)._replace(scheme=parsed.scheme.lower(), netloc=parsed.netloc.lower()))
         if not any(re.fullmatch(p, normalized) for p in self.allowed_urls):
             raise PermissionDenied(  # TorchServe's ArchiveUtils.validateURL text, then why
                 f"Given URL {url} does not match any allowed URL(s): it matches no allowed_urls pattern "
-                "(by default only archives in the model store can be registered)")
+                "(by default only archives in the model store can be registered)", reason="URL_NOT_ALLOWED")
 
 
 class _PolicyRedirects(urllib.request.HTTPRedirectHandler):

@@ -129,7 +129,8 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
             the path).
     """
     if not url:
-        raise InvalidArgument("url is required: the model archive's file name in the model store")
+        raise InvalidArgument("url is required: the model archive's file name in the model store",
+                              reason="URL_REQUIRED")
     refuse_control_characters(url)
     parsed = urlparse(url)
     if parsed.scheme in ("http", "https", "s3", "ftp"):
@@ -144,7 +145,7 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
         raise FailedPrecondition("the server was started without --model-store")
     if has_parent_segment(raw):
         raise InvalidArgument(RELATIVE_PATH_MESSAGE.format(url=url)
-                              + " (a '..' segment could point outside the model store)")
+                              + " (a '..' segment could point outside the model store)", reason="RELATIVE_PATH")
     store = Path(os.path.abspath(model_store))
     path = Path(os.path.normpath(raw))
     if path.is_absolute():
@@ -160,7 +161,8 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
     except OSError as exc:  # ENAMETOOLONG, ELOOP...: no archive can have that name
         raise InvalidArgument(f"model url {shorten(url)!r} cannot name a file: {exc.strerror}") from None
     if not found:
-        raise NotFound(f"model archive {shorten(url)!r} not found in the model store {store}")
+        raise NotFound(f"model archive {shorten(url)!r} not found in the model store {store}",
+                       reason="ARCHIVE_NOT_FOUND")
     return path
 
 

@@ -169,9 +169,12 @@ class Context:
         """The content type set for batch entry ``idx``."""
         return self.get_response_headers(idx).get("Content-Type")
 
-    def get_response_status(self, idx: int) -> int:
-        """The HTTP status set for batch entry ``idx`` (200 unless the handler set one)."""
-        return self.request_processor[idx].get_response_status_code()
+    def get_response_status(self, idx: int) -> tuple[int, str | None]:
+        """``(code, phrase)``: the HTTP status set for batch entry ``idx`` and its phrase, as
+        TorchServe's ``Context.get_response_status`` returns them (``(200, None)`` unless the
+        handler set one)."""
+        processor = self.request_processor[idx]
+        return processor.get_response_status_code(), processor.get_response_status_phrase()
 
     def get_response_status_phrase(self, idx: int) -> str | None:
         """The phrase set with batch entry ``idx``'s status (``None``: none set)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_service.config import Settings
-from inference_service.launch.ports import busy_ports, port_in_use_message
+from inference_service.launch.ports import all_ports_message, busy_ports, port_in_use_message
 from inference_service.launch.preflight import startup_problems
 from inference_service.observability.status import (
     FAILED,
@@ -78,7 +78,8 @@ def stop_instance(settings: Settings, timeout: float) -> int:
     """
     pid = running_pid(settings)
     if pid is None:
-        print("inference-service is not running", file=sys.stderr)
+        print(f"inference-service is not running: no live server in the run directory {settings.instance_dir} "
+              "(a server started elsewhere: --stop from its working directory, or --run-dir DIR)", file=sys.stderr)
         return 1
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -86,7 +87,7 @@ def stop_instance(settings: Settings, timeout: float) -> int:
         try:
             os.kill(pid, 0)
         except OSError:
-            print(f"inference-service (pid {pid}) stopped")
+            print(f"inference-service (pid {pid}, run directory {settings.instance_dir}) stopped")
             return 0
         time.sleep(0.1)
     print(f"inference-service (pid {pid}) did not stop within {timeout:.0f}s", file=sys.stderr)
@@ -130,10 +131,13 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
     if pid is not None:
         print(f"inference-service is already running (pid {pid}); stop it with --stop", file=sys.stderr)
         return 1
-    problems = startup_problems(settings) + busy_ports(settings)
+    clashes = busy_ports(settings)
+    problems = startup_problems(settings) + clashes
     if problems:
         for problem in problems:
             print(f"inference-service: {problem}", file=sys.stderr)
+        if clashes:
+            print(f"inference-service: {all_ports_message(settings)}", file=sys.stderr)
         print("inference-service: not started", file=sys.stderr)
         return 1
     logs = settings.files_dir / "logs"
@@ -150,16 +154,28 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
     if info is None:
         return 1
     keys = f"; keys: {info['key_file']}" if info.get("key_file") else ""
-    http = f", HTTP {info['http_address']}:{info['http_port']}" if info.get("http_port") else ""
-    if info.get("metrics_port"):
-        http += f", metrics http://{info['metrics_address']}:{info['metrics_port']}/metrics"
     ready = run.wait_models(info, wait_ready_s)
     if ready is None:
         return 1
-    print(f"inference-service started (pid {child.pid}): inference "
-          f"{info['inference_address']}:{info['inference_port']}, management "
-          f"{info['management_address']}:{info['management_port']}{http}{ready}; log: {log_path}{keys}")
+    print(f"inference-service started (pid {child.pid}): {listening(info, settings.health_address)}{ready}; "
+          f"log: {log_path}{keys}")
     return 0
+
+
+def listening(info: dict[str, Any], health_address: str = "") -> str:
+    """Every port of a status file: ``"gRPC inference 127.0.0.1:7070, gRPC management ..., HTTP
+    inference ..., HTTP management ..., metrics http://.../metrics, health ..."`` (those enabled)."""
+    parts = [f"gRPC inference {info['inference_address']}:{info['inference_port']}",
+             f"gRPC management {info['management_address']}:{info['management_port']}"]
+    if info.get("http_port"):
+        parts.append(f"HTTP inference {info['http_address']}:{info['http_port']}")
+    if info.get("http_management_port"):
+        parts.append(f"HTTP management {info['http_management_address']}:{info['http_management_port']}")
+    if info.get("metrics_port"):
+        parts.append(f"metrics http://{info['metrics_address']}:{info['metrics_port']}/metrics")
+    if info.get("health_port"):
+        parts.append(f"health {health_address or info['inference_address']}:{info['health_port']}")
+    return ", ".join(parts)
 
 
 class _Run:
@@ -241,12 +257,16 @@ class _Run:
         errors = [m for m in log_messages(self.log_path, self.offset) if re.search(r"\b(ERROR|CRITICAL)\b", m)]
         print(f"inference-service failed to start (exit {self.child.returncode}); log: {self.log_path}",
               file=sys.stderr)
+        clash = False
         for message in errors[-10:]:
             print(f"  {message}", file=sys.stderr)
             bind = re.search(r"cannot bind the (.+?) API to (.+):(\d+)", message)
             if bind:
+                clash = True
                 print(f"inference-service: {port_in_use_message(bind[1], bind[2], int(bind[3]))}",
                       file=sys.stderr)
+        if clash:
+            print(f"inference-service: {all_ports_message(self.settings)}", file=sys.stderr)
 
     def fail(self, cause: str) -> None:
         """Report ``cause`` and stop the server (SIGTERM, then at most the drain timeout + 15 s)."""

@@ -1,14 +1,22 @@
-"""The access log (one line per RPC) and the server's log formats (plain or JSON).
+"""The access log (one line per RPC or HTTP request) and the server's log formats (plain or JSON).
 
-Access lines go to the logger ``inference_service.access`` at INFO::
+Access lines go to the logger ``inference_service.access`` at INFO, for every front door in
+the same format::
 
     Predictions model=echo version=- status=OK reason=- latency_ms=0.912 messages=1 peer=ipv4:127.0.0.1:50312
+    POST /predictions/echo model=echo version=- status=200 reason=- latency_ms=1.2 messages=1 peer=ipv4:127.0.0.1:50318
 
 (``-`` where the request names no model or version, or the status has no
-reason). With ``--log-format json`` every log record is one JSON object per
+reason). A gRPC line starts with the RPC's name and its ``status`` is the gRPC code's name; an
+HTTP line (8080, 8081, ``/v1``, ``/v2``, the metrics port) starts with the HTTP method and the
+path as sent (without the query), ``status`` is the HTTP status, ``reason`` its name
+(``NOT_FOUND``, ``SERVICE_UNAVAILABLE``...) when it is 400 or above, and ``messages`` the
+chunks a streamed answer wrote (1 for a whole answer, 0 for an error).
+
+With ``--log-format json`` every log record is one JSON object per
 line: ``time``, ``level``, ``logger``, ``message``, plus the record's own fields:
-an access line adds ``method``, ``model``, ``version``, ``status``, ``code``,
-``reason``, ``latency_ms``, ``messages``, ``peer``; a worker's relayed
+an access line adds ``method``, ``model``, ``version``, ``status``, ``code``
+(the gRPC code's number, or the HTTP status), ``reason``, ``latency_ms``, ``messages``, ``peer``; a worker's relayed
 stdout/stderr line adds ``model``, ``model_version``, ``worker_id``,
 ``worker_pid``. ``--no-access-log`` (``enable_access_log=false``) turns the
 access log off: then nothing is formatted per RPC.
@@ -17,6 +25,7 @@ access log off: then nothing is formatted per RPC.
 from __future__ import annotations
 
 import datetime
+import http
 import json
 import logging
 import sys
@@ -110,11 +119,31 @@ class AccessLog:
         version = getattr(request, "model_version", "")
         model = model if isinstance(model, str) and model else "-"
         version = version if isinstance(version, str) and version else "-"
+        self._write(method, model, version, code.name, code.value[0], reason, latency_ms, messages, peer)
+
+    def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,
+                    messages: int, peer: str) -> None:
+        """Log one HTTP request: ``method`` (``GET``...), ``path`` (as sent, no query), the model and
+        version the route names ("" when none), the HTTP ``status``, ``start`` (``time.perf_counter()``
+        when it arrived), the chunks written (``messages``) and the client's ``peer`` (gRPC's form,
+        ``ipv4:127.0.0.1:50312``)."""
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        latency_ms = round((time.perf_counter() - start) * 1000.0, 3)
+        try:
+            reason = http.HTTPStatus(status).name if status >= 400 else ""
+        except ValueError:  # a status outside the standard list (a handler's own 499...)
+            reason = f"HTTP_{status}"
+        self._write(f"{method} {path}", model or "-", version or "-", str(status), status, reason, latency_ms,
+                    messages, peer)
+
+    def _write(self, method: str, model: str, version: str, status: str, code: int, reason: str,
+               latency_ms: float, messages: int, peer: str) -> None:
+        logger = self.logger
         peer = peer or "-"
-        status = code.name
         if self.json_fields:
             extra = {"method": method, "model": model, "version": version, "status": status,
-                     "code": code.value[0], "reason": reason or "-", "latency_ms": latency_ms,
+                     "code": code, "reason": reason or "-", "latency_ms": latency_ms,
                      "messages": messages, "peer": peer}
             logger.info("%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s",
                         method, model, version, status, reason or "-", latency_ms, messages, peer, extra=extra)

@@ -67,8 +67,9 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
-from inference_service.observability.system_metrics import SystemMetricsCollector
+from inference_service.observability.system_metrics import SystemMetricsCollector, query_nvidia_smi
 
 if TYPE_CHECKING:
     from inference_service.observability.accesslog import AccessLog
@@ -199,9 +200,14 @@ class ServerMetrics:
 
     Args:
         hostname: the ``hostname`` label of TorchServe's counters (default: this host's name).
+        system_metrics: serve TorchServe's system metrics (TorchServe: ``metrics_mode=prometheus``
+            only; the server passes that).
+        number_of_gpu: at or below 0, no GPU system metrics (TorchServe's rule); ``None`` or above
+            0: the GPUs ``nvidia-smi`` lists.
     """
 
-    def __init__(self, hostname: str | None = None) -> None:
+    def __init__(self, hostname: str | None = None, system_metrics: bool = True,
+                 number_of_gpu: int | None = None) -> None:
         self.hostname = hostname or socket.gethostname()
         self.registry = CollectorRegistry(auto_describe=False)
         self._ttfr = Histogram(
@@ -217,7 +223,9 @@ class ServerMetrics:
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
         self.source: StatsSource | None = None
         self.registry.register(_Collector(self))
-        self.registry.register(SystemMetricsCollector(self.hostname))
+        if system_metrics:
+            gpus = None if number_of_gpu is not None and number_of_gpu <= 0 else query_nvidia_smi
+            self.registry.register(SystemMetricsCollector(self.hostname, gpus=gpus))
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -268,8 +276,9 @@ class ServerMetrics:
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
         return "".join(out).encode() + generate_latest(registry)
 
-    def serve(self, address: str, port: int) -> int:
+    def serve(self, address: str, port: int, access_log: AccessLog | None = None) -> int:
         """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
+        Each request gets an ``access_log`` line (``None``: none).
 
         Raises:
             OSError: the address cannot be bound.
@@ -278,7 +287,7 @@ class ServerMetrics:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,),
                             {"address_family": family, "daemon_threads": True})
-        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self})
+        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self, "access_log": access_log})
         self._httpd = server_class((host, port), handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
                                         name="metrics-http", daemon=True)
@@ -300,9 +309,27 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     """``GET /metrics`` (``/`` too): the exposition; anything else 404."""
 
     metrics: ServerMetrics
+    access_log: AccessLog | None = None
     server_version = "inference-service-metrics"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        start = time.perf_counter()
+        self._status = 500
+        try:
+            self._answer()
+        finally:
+            if self.access_log is not None:
+                host, port = self.client_address[0], self.client_address[1]
+                peer = f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+                self.access_log.record_http("GET", shorten(urlsplit(self.path).path), "", "", self._status, start,
+                                            1 if self._status < 400 else 0, peer)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """As ``BaseHTTPRequestHandler``'s, keeping the status for the access log."""
+        self._status = code
+        super().send_response(code, message)
+
+    def _answer(self) -> None:
         url = urlsplit(self.path)
         if url.path not in ("/metrics", "/"):
             self.send_error(404, "only /metrics is served here")

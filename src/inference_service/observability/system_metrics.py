@@ -22,6 +22,11 @@ Gauge                     Unit       Value
 ``GPUUtilization``        Percent    per GPU: ``utilization.gpu``
 ========================  =========  =====================================================
 
+As TorchServe's, they are on ``/metrics`` only with ``metrics_mode=prometheus`` (its frontend
+makes them Prometheus gauges in that mode only; ``log`` and ``legacy`` log them), and the GPU
+gauges only when ``number_of_gpu`` is above 0 (its ``gpu_utilization`` returns at once
+otherwise): :class:`~inference_service.observability.metrics.ServerMetrics` decides.
+
 "Megabytes" and "Gigabytes" are TorchServe's unit names for what it computes as bytes /
 1024² and bytes / 1024³ (psutil's numbers), and so are they here. The GPU gauges are read
 from ``nvidia-smi`` (the tool :func:`inference_service.dispatch.gpu.detect_gpus` counts GPUs
@@ -249,13 +254,14 @@ class SystemMetricsCollector:
         disk_path: a path on the file system the disk gauges measure (default ``/``, as TorchServe).
         meminfo: read memory (default: :func:`read_memory` of ``/proc/meminfo``).
         cpu: the CPU utilization reader (default: a :class:`CpuUtilization` of ``/proc/stat``).
-        gpus: list the GPUs (default: :func:`query_nvidia_smi`); may raise ``OSError``.
+        gpus: list the GPUs (default: :func:`query_nvidia_smi`); may raise ``OSError``; ``None``:
+            no GPU gauges at all, nothing queried (TorchServe's ``number_of_gpu=0``).
     """
 
     def __init__(self, hostname: str, disk_path: str | Path = "/",
                  meminfo: Callable[[], MemoryInfo | None] = read_memory,
                  cpu: CpuUtilization | None = None,
-                 gpus: Callable[[], list[GpuSample]] = query_nvidia_smi) -> None:
+                 gpus: Callable[[], list[GpuSample]] | None = query_nvidia_smi) -> None:
         self.hostname = hostname
         self.disk_path = disk_path
         self._meminfo = meminfo
@@ -271,8 +277,9 @@ class SystemMetricsCollector:
             log.debug("system metrics: cannot read %s (%s)", what, exc)
 
     def describe(self) -> Iterator[Metric]:
-        """Every family :meth:`collect` may yield, GPU ones included, without samples."""
-        for name, unit, help_text in (*HOST_GAUGES, *GPU_GAUGES):
+        """Every family :meth:`collect` may yield, GPU ones included (unless ``gpus`` is ``None``),
+        without samples."""
+        for name, unit, help_text in (*HOST_GAUGES, *(GPU_GAUGES if self._gpus is not None else ())):
             yield GaugeMetricFamily(name, _help(help_text, unit))
 
     def collect(self) -> Iterator[Metric]:
@@ -301,6 +308,8 @@ class SystemMetricsCollector:
             if name in values:
                 family.add_metric(host, values[name])
             yield family
+        if self._gpus is None:
+            return
         try:
             gpus = self._gpus()
         except OSError as exc:

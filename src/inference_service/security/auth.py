@@ -49,6 +49,8 @@ from typing import Any
 
 import grpc
 
+from inference_service.errors import TORCHSERVE, InferenceError, torchserve_status
+
 log = logging.getLogger(__name__)
 
 KEY_FILE_NAME = "key_file.json"
@@ -246,18 +248,19 @@ def read_bearer(metadata: Any) -> str | None:
     return None
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that aborts with UNAUTHENTICATED."""
+def _denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+                     message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that ends the call with ``code``."""
 
     # The status is set, not raised with context.abort: grpc.aio keeps an abort's exception, and
     # with it the frame holding the request, until the cycle collector runs (see
     # servicers.base._end_with), so large requests without a key would pile up in memory.
     async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_code(code)
         context.set_details(message)
 
     async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_code(code)
         context.set_details(message)
         return
         yield  # pragma: no cover - makes this an async generator, as gRPC expects of a stream handler
@@ -283,12 +286,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     Args:
         keys: the key store.
         scope: ``"inference"`` (inference port) or ``"management"`` (management port).
+        status_codes: ``grpc_status_codes``: ``"torchserve"`` answers PERMISSION_DENIED with
+            TorchServe's message alone, as its ``GRPCInterceptor``.
     """
 
-    def __init__(self, keys: KeyStore, scope: str) -> None:
+    def __init__(self, keys: KeyStore, scope: str, status_codes: str = "default") -> None:
         self.keys = keys
         self.scope = scope
-        self.message = UNAUTHENTICATED_MESSAGE.format(scope=scope)
+        refused = InferenceError(UNAUTHENTICATED_MESSAGE.format(scope=scope), reason="UNAUTHENTICATED")
+        refused.code = grpc.StatusCode.UNAUTHENTICATED
+        self.code, self.message = (torchserve_status(refused, "") if status_codes == TORCHSERVE
+                                   else (refused.code, refused.message))
 
     async def intercept_service(
         self,
@@ -306,7 +314,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:  # unknown method: let gRPC answer UNIMPLEMENTED
             return None
         log.info("rejected %s: %s token", method, "missing" if token is None else "invalid")
-        return _denying_handler(handler, self.message)
+        return _denying_handler(handler, self.code, self.message)
 
 
 class TokenAuthorization:
@@ -317,21 +325,23 @@ class TokenAuthorization:
         expiration_min: key lifetime in minutes (``token_expiration_min``;
             ``None``: keys never expire).
         fixed: operator-given keys per scope (see :class:`KeyStore`).
+        status_codes: ``grpc_status_codes`` (see :class:`AuthInterceptor`).
 
     Raises:
         ValueError: ``expiration_min`` is not positive.
     """
 
     def __init__(self, key_file: Path, expiration_min: float | None = None,
-                 fixed: dict[str, str] | None = None) -> None:
+                 fixed: dict[str, str] | None = None, status_codes: str = "default") -> None:
         self.key_file = key_file
+        self.status_codes = status_codes
         self.keys = KeyStore(expiration_min, fixed=fixed)
         self._written: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def interceptors(self, scope: str) -> list[grpc.aio.ServerInterceptor]:
         """The interceptors for the port of ``scope`` (``"inference"`` or ``"management"``)."""
-        return [AuthInterceptor(self.keys, scope)]
+        return [AuthInterceptor(self.keys, scope, self.status_codes)]
 
     def _write(self) -> None:
         content = self.keys.as_key_file()

@@ -96,14 +96,14 @@ class InferenceCore:
             NotFound: unknown model or version.
         """
         if not name:
-            raise InvalidArgument("model_name is required")
+            raise InvalidArgument("model_name is required", reason="MODEL_NAME_REQUIRED")
         entry = self.models.get(name)
         if entry is None:
             raise NotFound(f"model {shorten(name)!r} is not registered")
         ver = version or entry.default_version
         model = entry.versions.get(ver)
         if model is None:
-            raise NotFound(f"model {name!r} has no version {shorten(version)!r}")
+            raise NotFound(f"model {name!r} has no version {shorten(version)!r}", reason="VERSION_NOT_FOUND")
         return model
 
     # --------------------------------------------------------------- inference
@@ -351,12 +351,13 @@ class InferenceCore:
             WorkerLoadError: synchronous and a new worker failed to load.
         """
         if min_worker < 0 or max_worker < 0:
-            raise InvalidArgument("min_worker and max_worker must not be negative")
+            raise InvalidArgument("min_worker and max_worker must not be negative", reason="WORKER_COUNT")
         number_gpu = max(0, number_gpu)
         if min_worker > 64 or max_worker > 64:
             raise InvalidArgument("at most 64 workers per model version")
         if max_worker and max_worker < min_worker:
-            raise InvalidArgument(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
+            raise InvalidArgument(f"max_worker ({max_worker}) is less than min_worker ({min_worker})",
+                                  reason="MAX_BELOW_MIN")
         model = self.get(name, version)
         stop_timeout = 10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout))
         stop_timeout = min(stop_timeout, 3600.0)
@@ -372,7 +373,7 @@ class InferenceCore:
             InvalidArgument: missing name or version. NotFound: unknown ones.
         """
         if not version:
-            raise InvalidArgument("model_version is required")
+            raise InvalidArgument("model_version is required", reason="VERSION_REQUIRED")
         model = self.get(name, version)
         self.models[name].default_version = model.version
         log.info("model %s default version is now %s", name, version)

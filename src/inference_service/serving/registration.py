@@ -131,7 +131,7 @@ def _checked_request(req: RegisterRequest) -> RegisterRequest:
         InvalidArgument: a runtime other than python.
     """
     if req.runtime and req.runtime != "python":
-        raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)")
+        raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)", reason="RUNTIME")
     return replace(req, **{name: max(0, getattr(req, name)) for name in _NUMBER_FIELDS})
 
 

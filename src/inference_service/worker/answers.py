@@ -56,10 +56,10 @@ def status_error(context: Context, idx: int, request_id: str) -> bytes | None:
     """The ``ERROR`` frame of batch entry ``idx`` when the handler set it a status >= 400
     (``context.set_response_status``), else ``None``: the phrase it set (or the status's
     standard phrase), TorchServe's gRPC code for the status, and the status itself."""
-    status = context.get_response_status(idx)
+    status, phrase = context.get_response_status(idx)
     if status < 400:
         return None
-    phrase = context.get_response_status_phrase(idx) or _phrase(status)
+    phrase = phrase or _phrase(status)
     return protocol.encode_error(request_id, _code(status), phrase, _http(status))
 
 

@@ -15,6 +15,10 @@ line written, through the servicer's ``telemetry`` attribute (a
 :class:`~inference_service.observability.metrics.Telemetry`, or ``None``: nothing is recorded).
 An RPC the client cancelled ends CANCELLED (DEADLINE_EXCEEDED when its deadline
 passed).
+
+A servicer whose ``status_codes`` attribute is ``"torchserve"`` (``grpc_status_codes``) answers
+each refusal with TorchServe 0.12's code and message instead
+(:func:`inference_service.errors.torchserve_status`); the details keep this server's ``reason``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from inference_service.errors import InferenceError, InvalidArgument, shorten
+from inference_service.errors import TORCHSERVE, InferenceError, InvalidArgument, shorten, torchserve_status
 from inference_service.frontends.grpc.registration import Malformed
 from inference_service.observability.metrics import Telemetry
 
@@ -44,8 +48,10 @@ MAX_MESSAGE = 1000  # characters of an error message sent
 _OK = grpc.StatusCode.OK
 
 
-def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
-    """The gRPC status of ``exc`` with ``ErrorInfo`` (and ``RetryInfo``) details."""
+def rich_status(exc: InferenceError, request: Any = None, code: grpc.StatusCode | None = None,
+                message: str | None = None) -> grpc.Status:
+    """The gRPC status of ``exc`` with ``ErrorInfo`` (and ``RetryInfo``) details; ``code`` and
+    ``message`` replace the error's own (TorchServe's, see :func:`refusal`)."""
     metadata = {}
     for field in ("model_name", "model_version"):
         value = getattr(request, field, "")
@@ -63,8 +69,18 @@ def rich_status(exc: InferenceError, request: Any = None) -> grpc.Status:
         details.append(retry)
     # the message goes out twice (grpc-message and the details): bounded, so that the status fits
     # the 8 KiB of headers clients accept whatever the request quoted
-    message = shorten(exc.message, MAX_MESSAGE)
-    return rpc_status.to_status(status_pb2.Status(code=exc.code.value[0], message=message, details=details))
+    message = shorten(exc.message if message is None else message, MAX_MESSAGE)
+    code = exc.code if code is None else code
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=details))
+
+
+def refusal(servicer: Any, error: InferenceError, method: str, request: Any = None,
+            in_band: bool = False) -> tuple[grpc.StatusCode, str]:
+    """The code and message ``servicer``'s ``method`` answers ``error`` with: the error's own, or
+    TorchServe 0.12's when the servicer's ``status_codes`` is ``"torchserve"``."""
+    if getattr(servicer, "status_codes", "default") == TORCHSERVE:
+        return torchserve_status(error, method, request, in_band)
+    return error.code, error.message
 
 
 def as_inference_error(exc: BaseException, method: str) -> InferenceError:
@@ -75,10 +91,12 @@ def as_inference_error(exc: BaseException, method: str) -> InferenceError:
     return InferenceError(INTERNAL_MESSAGE)
 
 
-def _failure(exc: BaseException, method: str, request: Any) -> tuple[grpc.Status, grpc.StatusCode, str]:
+def _failure(servicer: Any, exc: BaseException, method: str,
+             request: Any) -> tuple[grpc.Status, grpc.StatusCode, str]:
     """The status an RPC that raised ``exc`` ends with, and its code and reason."""
     error = as_inference_error(exc, method)
-    return rich_status(error, request), error.code, error.reason
+    code, message = refusal(servicer, error, method, request)
+    return rich_status(error, request, code, message), code, error.reason
 
 
 def _end_with(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
@@ -151,7 +169,7 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 code, reason = _client_gone(context)
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-                status, code, reason = _failure(exc, name, request)
+                status, code, reason = _failure(self, exc, name, request)
             _end_with(context, status)
             return None  # type: ignore[return-value] # gRPC sends no message with a non-OK status
         finally:
@@ -185,7 +203,7 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
                 code, reason = _client_gone(context)
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
-                status, code, reason = _failure(exc, name, request)
+                status, code, reason = _failure(self, exc, name, request)
             if status is not None:
                 _end_with(context, status)
         finally:

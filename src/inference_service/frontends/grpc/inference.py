@@ -14,7 +14,7 @@ from google.rpc import status_pb2
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 from inference_service.errors import InferenceError, InvalidArgument
-from inference_service.frontends.grpc.base import bidi_streaming, streaming, unary
+from inference_service.frontends.grpc.base import bidi_streaming, refusal, streaming, unary
 from inference_service.frontends.grpc.registration import Malformed
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
@@ -47,11 +47,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
     Args:
         core: the serving core.
         telemetry: where RPCs are counted and access-logged (``None``: nowhere).
+        status_codes: ``grpc_status_codes`` (``"torchserve"``: TorchServe 0.12's codes, see
+            :func:`~inference_service.frontends.grpc.base.refusal`).
     """
 
-    def __init__(self, core: InferenceCore, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, core: InferenceCore, telemetry: Telemetry | None = None,
+                 status_codes: str = "default") -> None:
         self.core = core
         self.telemetry = telemetry
+        self.status_codes = status_codes
 
     @unary
     async def Ping(self, request: empty_pb2.Empty,
@@ -137,7 +141,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
         try:
             if not seq:
                 if not _flag(inputs, SEQ_START):
-                    raise InvalidArgument("Parameter sequenceId is required.")
+                    raise InvalidArgument("Parameter sequenceId is required.", reason="SEQUENCE_ID_REQUIRED")
                 seq = self.core.new_sequence_id()
             model = opened.get(seq) or self.core.open_sequence(request.model_name, request.model_version, seq)
             opened[seq] = model
@@ -150,7 +154,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
                                                   context.time_remaining(), sequence_id=seq):
                 yield PredictionResponse(prediction=payload, sequence_id=seq)
         except InferenceError as exc:
-            yield self._in_band(seq, exc.code, exc.message)
+            yield self._in_band(seq, *refusal(self, exc, "StreamPredictions2", request, in_band=True))
         if seq and _flag(inputs, SEQ_END) and seq in opened:
             opened.pop(seq).close_sequence(seq)
 

@@ -7,7 +7,7 @@ import json
 import grpc
 
 from inference_service._proto import management_pb2, management_pb2_grpc
-from inference_service.errors import PermissionDenied
+from inference_service.errors import TORCHSERVE, PermissionDenied
 from inference_service.frontends.grpc.base import unary
 from inference_service.frontends.torchserve_json import (
     describe_json,
@@ -34,17 +34,21 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         model_api_enabled: whether RegisterModel/UnregisterModel are allowed
             (PERMISSION_DENIED "Model API disabled", TorchServe's text, otherwise).
         telemetry: where RPCs are counted and access-logged (``None``: nowhere).
+        status_codes: ``grpc_status_codes`` (``"torchserve"``: TorchServe 0.12's codes, see
+            :func:`~inference_service.frontends.grpc.base.refusal`, and its ScaleWorker counts).
     """
 
     def __init__(self, core: InferenceCore, model_api_enabled: bool = True,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, status_codes: str = "default") -> None:
         self.core = core
         self.model_api_enabled = model_api_enabled
         self.telemetry = telemetry
+        self.status_codes = status_codes
 
     def _check_model_api(self) -> None:
         if not self.model_api_enabled:
-            raise PermissionDenied("Model API disabled: start the server with --enable-model-api")
+            raise PermissionDenied("Model API disabled: start the server with --enable-model-api",
+                                   reason="MODEL_API_DISABLED")
 
     @unary
     async def RegisterModel(self, request: management_pb2.RegisterModelRequest,
@@ -79,9 +83,18 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
     @unary
     async def ScaleWorker(self, request: management_pb2.ScaleWorkerRequest,
                           context: grpc.aio.ServicerContext) -> ManagementResponse:
-        """Set the number of workers. Status: NOT_FOUND, INVALID_ARGUMENT, INTERNAL (load failure)."""
-        model = await self.core.scale(request.model_name, request.model_version, request.min_worker,
-                                      request.max_worker, request.synchronous, request.timeout,
+        """Set the number of workers. Status: NOT_FOUND, INVALID_ARGUMENT, INTERNAL (load failure).
+
+        With ``grpc_status_codes=torchserve`` the counts are read as TorchServe's ScaleWorker reads
+        them (``GRPCUtils.getRegisterParam``): ``min_worker`` at or below 0 is 1, ``max_worker`` at
+        or below 0 is ``min_worker``.
+        """
+        min_worker, max_worker = request.min_worker, request.max_worker
+        if self.status_codes == TORCHSERVE:
+            min_worker = min_worker if min_worker > 0 else 1
+            max_worker = max_worker if max_worker > 0 else min_worker
+        model = await self.core.scale(request.model_name, request.model_version, min_worker,
+                                      max_worker, request.synchronous, request.timeout,
                                       request.number_gpu)
         return ManagementResponse(msg=scale_status(model, request.model_version, request.synchronous))
 

@@ -61,9 +61,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from inference_service.config import Settings
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.limits import PartCounter, form_fields
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
+from inference_service.observability.accesslog import AccessLog
 from inference_service.security.auth import INFERENCE, KeyStore, read_bearer, warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 
@@ -202,10 +204,12 @@ class HttpInferenceApi:
         ssl_context: serve HTTPS with this context (``None``: plaintext).
         shutdown_timeout_s: at :meth:`stop`, how long open responses may finish before their
             connections are closed (the server drains in-flight work before calling it).
+        access_log: where each request gets its line (``None``: nowhere; see :mod:`.access`).
     """
 
     def __init__(self, core: InferenceCore, *, keys: KeyStore | None, max_request_size: int,
-                 ssl_context: ssl.SSLContext | None = None, shutdown_timeout_s: float = 1.0) -> None:
+                 ssl_context: ssl.SSLContext | None = None, shutdown_timeout_s: float = 1.0,
+                 access_log: AccessLog | None = None) -> None:
         self.core = core
         self.keys = keys
         self.max_request_size = max_request_size
@@ -220,6 +224,7 @@ class HttpInferenceApi:
             self.app.router.add_put(path, self.predictions)
         add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
+        install_access_log(self.app, access_log)  # one line per request, /v1 and /v2 included
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str, port: int) -> int:

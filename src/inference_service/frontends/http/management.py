@@ -57,6 +57,7 @@ from aiohttp import web
 
 from inference_service.config import Settings
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
+from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.inference import (
     CLIENT_GONE_MESSAGE,
     NOT_FOUND_MESSAGE,
@@ -74,6 +75,7 @@ from inference_service.frontends.torchserve_json import (
     scale_status,
     unregister_status,
 )
+from inference_service.observability.accesslog import AccessLog
 from inference_service.security.auth import (
     API,
     INFERENCE,
@@ -171,11 +173,12 @@ class HttpManagementApi:
         max_request_size: largest request body in bytes (a JSON register body).
         ssl_context: serve HTTPS with this context (``None``: plaintext).
         shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
+        access_log: where each request gets its line (``None``: nowhere; see :mod:`.access`).
     """
 
     def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
                  max_request_size: int = 6_553_500, ssl_context: ssl.SSLContext | None = None,
-                 shutdown_timeout_s: float = 1.0) -> None:
+                 shutdown_timeout_s: float = 1.0, access_log: AccessLog | None = None) -> None:
         self.core = core
         self.auth = auth
         self.model_api_enabled = model_api_enabled
@@ -194,6 +197,7 @@ class HttpManagementApi:
         router.add_put("/models/{model_name}/{model_version}/set-default", self.set_default)
         if auth is not None:
             router.add_route("*", "/token", self.token)
+        install_access_log(self.app, access_log)
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str, port: int) -> int:

@@ -1,0 +1,84 @@
+"""The access log of the HTTP front doors: one line per request, in the gRPC line's format.
+
+:func:`install_access_log` puts an aiohttp middleware in front of an application's own (so it
+sees the status the client gets, errors answered by the inner middlewares included) and counts
+the chunks a streamed answer writes. Every route of the application is logged: TorchServe's
+inference (8080) and management (8081) APIs, ``/v1`` and ``/v2`` (mounted on 8080). The line's
+format and fields: :mod:`inference_service.observability.accesslog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from inference_service.errors import shorten
+from inference_service.observability.accesslog import AccessLog
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: The status logged for a request whose client went away before the answer (nginx's).
+CLIENT_CLOSED = 499
+
+
+def peer_of(request: web.Request) -> str:
+    """The client's address in gRPC's form (``ipv4:127.0.0.1:50312``, ``ipv6:[::1]:50312``); "" unknown."""
+    transport = request.transport
+    peername: Any = transport.get_extra_info("peername") if transport is not None else None
+    if not isinstance(peername, tuple) or len(peername) < 2:
+        return ""
+    host, port = peername[0], peername[1]
+    return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+
+
+def install_access_log(app: web.Application, access_log: AccessLog | None) -> None:
+    """Log every request of ``app`` on ``access_log`` (``None``: nothing is added, nothing is
+    measured). Call before the application starts."""
+    if access_log is None:
+        return
+
+    async def count_writes(request: web.Request, response: web.StreamResponse) -> None:
+        """Wrap the response's ``write`` (per instance) so that a streamed answer's chunks are counted."""
+        counter = request.get("access_log_writes")
+        if counter is None:
+            return
+        write = response.write
+
+        async def counted(data: bytes | bytearray | memoryview) -> None:
+            counter[0] += 1
+            await write(data)
+
+        response.write = counted  # type: ignore[method-assign]
+
+    @web.middleware
+    async def log_request(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        peer = peer_of(request)  # read while the connection is open
+        writes = [0]
+        request["access_log_writes"] = writes
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            if writes[0]:
+                messages = writes[0]
+            else:
+                messages = 1 if status < 400 else 0
+            match = request.match_info
+            access_log.record_http(request.method, shorten(request.rel_url.raw_path),
+                                   shorten(match.get("model_name", "")), shorten(match.get("model_version", "")),
+                                   status, start, messages, peer)
+
+    app.middlewares.insert(0, log_request)
+    app.on_response_prepare.append(count_writes)
