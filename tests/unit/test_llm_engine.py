@@ -373,3 +373,26 @@ def test_add_rejects_bad_requests(model: Any, tokenizer: Any, prompts: dict[int,
     with pytest.raises(ValueError, match="empty"):
         engine.add("b", [], greedy(2))
     assert engine.keys() == ["a"] and "a" in engine and engine.has("a") and not engine.has("b")
+
+
+def test_stats_count_running_waiting_and_cache(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer, max_prefill=1, max_num_seqs=4)
+    assert engine.stats() == {"running": 0, "waiting": 0, "preempted_total": 0, "kv_cache_used_tokens": 0,
+                              "kv_cache_capacity_tokens": 4 * 512}  # 512: the model's max_position_embeddings
+    params = GenerationParams(max_new_tokens=5, ignore_eos=True)
+    engine.add("a", prompts[9], params)
+    engine.add("b", prompts[4], params)
+    assert engine.stats()["waiting"] == 2
+    engine.step()  # "a" prefilled (9 tokens in its cache), "b" waits
+    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+        {"running": 1, "waiting": 1, "kv_cache_used_tokens": 9}
+    engine.step()  # "a" decodes one token (10), "b" prefilled (4)
+    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+        {"running": 2, "waiting": 0, "kv_cache_used_tokens": 14}
+    drain(engine)
+    assert engine.stats()["running"] == 0 and engine.stats()["kv_cache_used_tokens"] == 0
+    assert GenerationEngine(model, tokenizer, max_model_len=100, max_num_seqs=2).stats()[
+        "kv_cache_capacity_tokens"] == 200
+    assert GenerationEngine(model, tokenizer).stats()["kv_cache_capacity_tokens"] == 0  # no max_num_seqs
+    with pytest.raises(ValueError):
+        GenerationEngine(model, tokenizer, max_num_seqs=0)

@@ -113,13 +113,28 @@ class GenerationEngine:
             newcomers a few at a time lets the first of a burst get their first token sooner
             (and the running requests their next one) instead of all waiting for the
             whole burst's prefill.
+        max_num_seqs: most requests running at once (the worker's ``batchSize``); with
+            ``max_model_len`` it sizes :meth:`stats`' ``kv_cache_capacity_tokens``.
+        max_model_len: most tokens (prompt + generated) of one request; ``None``: the
+            model's ``config.max_position_embeddings``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, eos_ids: Collection[int] | None = None,
-                 max_prefill: int | None = None) -> None:
+                 max_prefill: int | None = None, max_num_seqs: int | None = None,
+                 max_model_len: int | None = None) -> None:
         if max_prefill is not None and max_prefill < 1:
             raise ValueError(f"max_prefill must be at least 1, got {max_prefill}")
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        if max_model_len is None:
+            length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+            max_model_len = length if isinstance(length, int) and length > 0 else None
+        elif max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {max_model_len}")
         self.max_prefill = max_prefill
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self._preempted_total = 0
         self.model = model
         self.tokenizer = tokenizer
         self.eos: frozenset[int] = frozenset(eos_ids) if eos_ids is not None else eos_token_ids(model, tokenizer)
@@ -165,6 +180,24 @@ class GenerationEngine:
         if self._mask is None:
             return (0, 0)
         return (int(self._mask.shape[0]), int(self._mask.shape[1]))
+
+    def stats(self) -> dict[str, int]:
+        """Counters for metrics, vLLM's set: ``running`` (requests with a KV cache row),
+        ``waiting`` (added, not yet prefilled), ``preempted_total`` (preemptions since the
+        engine was built: a request's KV cache dropped, to be recomputed),
+        ``kv_cache_used_tokens`` (token positions whose keys/values the cache holds for a
+        request; padding not counted) and ``kv_cache_capacity_tokens`` (``max_num_seqs *
+        max_model_len``: the most tokens the cache may hold at once; 0 when either is
+        unknown)."""
+        used = int(self._mask.sum()) if self._mask is not None else 0
+        capacity = (self.max_num_seqs or 0) * (self.max_model_len or 0)
+        return {
+            "running": len(self._rows),
+            "waiting": len(self._waiting),
+            "preempted_total": self._preempted_total,
+            "kv_cache_used_tokens": used,
+            "kv_cache_capacity_tokens": capacity,
+        }
 
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; its prefill (and first token) happens at the next :meth:`step`

@@ -172,7 +172,12 @@ class LLMHandler(BaseHandler):
         max_prefill = config.get("max_prefill_requests", DEFAULT_MAX_PREFILL)
         if isinstance(max_prefill, bool) or not isinstance(max_prefill, int) or max_prefill < 1:
             raise ValueError(f"handler config: 'max_prefill_requests' must be a positive integer, got {max_prefill!r}")
-        self.engine = GenerationEngine(self.model, self.tokenizer, max_prefill=max_prefill)
+        batch_size = (context.system_properties or {}).get("batch_size")
+        self.engine = GenerationEngine(
+            self.model, self.tokenizer, max_prefill=max_prefill,
+            max_num_seqs=batch_size if isinstance(batch_size, int) and batch_size > 0 else None,
+            max_model_len=self.context_length,
+        )
         self._jobs.clear()
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
