@@ -6,6 +6,7 @@ Llama with the same tokenizer serves the faster checks of both handler forms.
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, ServerProcess, read_key
 from inference_service._proto import inference_pb2
 
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 48}
@@ -88,6 +89,37 @@ def test_first_token_arrives_early(llm_server):
     messages, arrivals = _stream(llm_server, "smollm2", body)
     assert len(messages) > 8
     assert arrivals[0] < arrivals[-1] / 2, arrivals
+
+
+def _http_chunks(srv: ServerProcess, model: str, body: dict,
+                 timeout: float = 120) -> tuple[http.client.HTTPResponse, list[bytes], list[float]]:
+    """POST ``/predictions/<model>``; the response, the pieces read as they arrived and their arrival times."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=timeout)
+    try:
+        start = time.monotonic()
+        conn.request("POST", f"/predictions/{model}", json.dumps(body).encode(),
+                     {"Authorization": f"Bearer {read_key(srv.key_file, 'inference')}",
+                      "Content-Type": "application/json"})
+        response = conn.getresponse()
+        pieces, arrivals = [], []
+        while piece := response.read1(65536):
+            pieces.append(piece)
+            arrivals.append(time.monotonic() - start)
+        return response, pieces, arrivals
+    finally:
+        conn.close()
+
+
+def test_http_predictions_stream_chunked(llm_server):
+    """smollm2 has continuousBatching and batchSize 8: /predictions answers chunked, as the
+    tokens are generated, not one body at the end."""
+    body = {"prompt": "Once upon a time", "max_new_tokens": 32, "ignore_eos": True}
+    response, pieces, arrivals = _http_chunks(llm_server, "smollm2", body)
+    assert response.status == 200 and response.getheader("Transfer-Encoding") == "chunked"
+    assert len(pieces) > 8, pieces
+    assert arrivals[0] < arrivals[-1] / 2, arrivals  # the first chunk came long before the end
+    text = b"".join(pieces).decode()
+    assert text == "".join(_stream(llm_server, "smollm2", body)[0])  # the same text as gRPC (greedy)
 
 
 def test_max_new_tokens_and_usage(llm_server):
