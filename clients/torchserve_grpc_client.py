@@ -427,20 +427,45 @@ def infer_stream(
 
     Pieces are concatenated (a streamed LLM answer appears token by token; a
     UTF-8 character split across pieces is decoded whole) and a newline ends
-    the output unless it already ends with one.
+    the output unless it already ends with one. The bundled LLM handler's usage
+    message (the last message when the request asks ``include_usage``: a JSON
+    object with ``finish_reason`` and ``usage``) is not printed as text: its
+    ``text`` is, and ``finish_reason: ..., prompt_tokens: ..., completion_tokens: ...``
+    goes to stderr. A message of that shape that is not the last one is text.
     """
     request = _prediction_request(model_name, model_version, read_input(model_input))
     call = stub.StreamPredictions(request, metadata=metadata, timeout=timeout)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     last = ""
+    held: tuple[bytes, dict[str, Any]] | None = None  # a usage-shaped message, until the stream shows it was last
+
+    def show(data: bytes) -> None:
+        nonlocal last
+        text = decoder.decode(data)
+        if text:
+            print(text, end="", file=out, flush=True)
+            last = text
+
     try:
         with _cancel_on_exit(call):
             for response in call:
-                text = decoder.decode(response.prediction)
-                if text:
-                    print(text, end="", file=out, flush=True)
-                    last = text
+                if held is not None:
+                    show(held[0])
+                    held = None
+                usage = usage_message(response.prediction)
+                if usage is not None:
+                    held = (response.prediction, usage)
+                else:
+                    show(response.prediction)
+        if held is not None:  # the stream's last message: the usage, not text
+            show(held[1]["text"].encode("utf-8"))
+            counts = held[1]["usage"]
+            print(f"finish_reason: {held[1]['finish_reason']}, prompt_tokens: {counts.get('prompt_tokens')}, "
+                  f"completion_tokens: {counts.get('completion_tokens')}", file=sys.stderr, flush=True)
+            held = None
     finally:
+        if held is not None:  # the stream failed after a usage-shaped message: it was text
+            show(held[0])
         text = decoder.decode(b"", final=True)
         if text:
             last = text
@@ -449,6 +474,21 @@ def infer_stream(
         if text:
             print(text, end="", file=out, flush=True)
     return EXIT_OK
+
+
+def usage_message(data: bytes) -> dict[str, Any] | None:
+    """The bundled LLM handler's usage object (``{"text", "finish_reason", "usage": {...}}``)
+    if ``data`` is one, else ``None``."""
+    if not data.startswith(b"{") or b'"finish_reason"' not in data:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    if (isinstance(obj, dict) and isinstance(obj.get("text"), str) and isinstance(obj.get("finish_reason"), str)
+            and isinstance(obj.get("usage"), dict)):
+        return obj
+    return None
 
 
 def infer_stream2(

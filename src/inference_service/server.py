@@ -123,13 +123,14 @@ class Server:
             number_of_gpu=number_of_gpu,
             on_health_change=self._changed,
             telemetry=self.telemetry,
-            # workers log at the server's level and, with metrics_mode=prometheus, forward handler
-            # metrics to /metrics instead of logging them
+            # workers log at the server's level and forward their serving statistics (LLM token
+            # counts and engine gauges) to /metrics; with metrics_mode=prometheus also handler
+            # metrics, instead of logging them
             worker_options=WorkerOptions(
                 log_level=settings.log_level,
                 service_envelope=settings.service_envelope,
-                metrics_sink=self.metrics.handler_metrics
-                if self.metrics is not None and settings.metrics_mode == "prometheus" else None),
+                metrics_sink=self.metrics.handler_metrics if self.metrics is not None else None,
+                forward_handler_metrics=settings.metrics_mode == "prometheus"),
         )
         if self.metrics is not None:
             self.metrics.attach(self.core)

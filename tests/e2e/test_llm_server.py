@@ -6,16 +6,19 @@ Llama with the same tokenizer serves the faster checks of both handler forms.
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
 
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 48}
@@ -90,6 +93,37 @@ def test_first_token_arrives_early(llm_server):
     assert arrivals[0] < arrivals[-1] / 2, arrivals
 
 
+def _http_chunks(srv: ServerProcess, model: str, body: dict,
+                 timeout: float = 120) -> tuple[http.client.HTTPResponse, list[bytes], list[float]]:
+    """POST ``/predictions/<model>``; the response, the pieces read as they arrived and their arrival times."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=timeout)
+    try:
+        start = time.monotonic()
+        conn.request("POST", f"/predictions/{model}", json.dumps(body).encode(),
+                     {"Authorization": f"Bearer {read_key(srv.key_file, 'inference')}",
+                      "Content-Type": "application/json"})
+        response = conn.getresponse()
+        pieces, arrivals = [], []
+        while piece := response.read1(65536):
+            pieces.append(piece)
+            arrivals.append(time.monotonic() - start)
+        return response, pieces, arrivals
+    finally:
+        conn.close()
+
+
+def test_http_predictions_stream_chunked(llm_server):
+    """smollm2 has continuousBatching and batchSize 8: /predictions answers chunked, as the
+    tokens are generated, not one body at the end."""
+    body = {"prompt": "Once upon a time", "max_new_tokens": 32, "ignore_eos": True}
+    response, pieces, arrivals = _http_chunks(llm_server, "smollm2", body)
+    assert response.status == 200 and response.getheader("Transfer-Encoding") == "chunked"
+    assert len(pieces) > 8, pieces
+    assert arrivals[0] < arrivals[-1] / 2, arrivals  # the first chunk came long before the end
+    text = b"".join(pieces).decode()
+    assert text == "".join(_stream(llm_server, "smollm2", body)[0])  # the same text as gRPC (greedy)
+
+
 def test_max_new_tokens_and_usage(llm_server):
     body = {"prompt": "Count: one, two, three,", "max_new_tokens": 5, "ignore_eos": True, "include_usage": True}
     messages, _ = _stream(llm_server, "smollm2", body)
@@ -98,6 +132,55 @@ def test_max_new_tokens_and_usage(llm_server):
     assert final["usage"]["completion_tokens"] <= 5 and final["usage"]["prompt_tokens"] > 0
     text = "".join(messages[:-1]) + final["text"]
     assert 0 < len(text) < 60
+
+
+@pytest.mark.parametrize("model", ["smollm2", "tiny_gen"])
+def test_usage_is_a_message_of_its_own(llm_server, model):
+    """With include_usage every text piece comes first and the last message is the usage
+    object alone (its text empty): continuous batching (smollm2) and a static batch (tiny_gen)."""
+    body = {"prompt": "Count: one, two, three,", "max_new_tokens": 6, "ignore_eos": True}
+    plain, _ = _stream(llm_server, model, body)
+    messages, _ = _stream(llm_server, model, {**body, "include_usage": True})
+    final = json.loads(messages[-1])
+    assert final == {"text": "", "finish_reason": "length", "usage": {"prompt_tokens": final["usage"]["prompt_tokens"],
+                                                                      "completion_tokens": 6}}
+    assert all(piece and not piece.startswith("{") for piece in messages[:-1]), messages
+    assert "".join(messages[:-1]) == "".join(plain)  # the same text as without usage (greedy)
+
+
+def test_bundled_client_prints_clean_text(llm_server, tmp_path):
+    """clients/torchserve_grpc_client.py infer_stream: the text on stdout, the usage on stderr."""
+    body = {"prompt": "Count: one, two, three,", "max_new_tokens": 6, "ignore_eos": True}
+    text = "".join(_stream(llm_server, "smollm2", body)[0])
+    (tmp_path / "body.json").write_text(json.dumps({**body, "include_usage": True}))
+    proc = subprocess.run([sys.executable, str(ROOT / "clients" / "torchserve_grpc_client.py"),
+                           "--inference-port", str(llm_server.inference_port), "--key-file", str(llm_server.key_file),
+                           "infer_stream", "smollm2", str(tmp_path / "body.json")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == text + "\n"
+    assert "finish_reason: length" in proc.stderr and "completion_tokens: 6" in proc.stderr
+
+
+def test_llm_metrics_and_log_lines_per_request(llm_server):
+    """Default metrics_mode (log): one line per request and metric, none per token; the token
+    counts and engine gauges on /metrics."""
+    before = llm_server.log().count("GenerationTokens.Count:12|")
+    assert len(_stream(llm_server, "tiny", {"prompt": "hello", "max_new_tokens": 12, "ignore_eos": True})[0]) > 2
+    log_text = wait_for(lambda: (t := llm_server.log()).count("GenerationTokens.Count:12|") > before and t,
+                        timeout=10, what="the request's metric line")
+    assert "HandlerTime" not in log_text
+    assert "RequestGenerationTime.ms:" in log_text and "PromptTokens.Count:" in log_text
+    url = f"http://127.0.0.1:{llm_server.status['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        metrics = response.read().decode()
+    for name in ("inference_service_llm_generation_tokens_total", "inference_service_llm_prompt_tokens_total",
+                 "inference_service_llm_kv_cache_capacity_tokens", "inference_service_llm_num_requests_running",
+                 "inference_service_llm_time_to_first_token_seconds_count",
+                 "inference_service_llm_inter_token_latency_seconds_count"):
+        assert f'{name}{{model_name="tiny",' in metrics, name
+    capacity = re.search(r'inference_service_llm_kv_cache_capacity_tokens\{model_name="smollm2",[^}]*\} (\S+)', metrics)
+    assert capacity is not None and float(capacity.group(1)) > 0
 
 
 def test_stop_string_ends_generation(llm_server):

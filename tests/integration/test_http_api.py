@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ServerProcess, read_key
+from conftest import ServerProcess, build_mar, read_key
 from inference_service.errors import InferenceError, NotFound, ResourceExhausted, Unavailable, error_for_code
 from inference_service.frontends.http.inference import http_status
 
@@ -35,14 +35,18 @@ models={"slowecho": {"1.0": {"marName": "echo.mar", "minWorkers": 1, "responseTi
 
 @pytest.fixture(scope="module")
 def srv(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """echo (1 worker), gen (generator handler), echo_dir (batchSize 4), slowecho (responseTimeout 1 s)."""
+    """echo (1 worker), gen (generator handler), echo_dir (batchSize 4), slowecho (responseTimeout 1 s),
+    cb (continuous batching, batchSize 4)."""
     work = tmp_path_factory.mktemp("http")
     (work / "config.properties").write_text(CONFIG)
+    (work / "cb-config.yaml").write_text("continuousBatching: true\nbatchSize: 4\nmaxBatchDelay: 0\n"
+                                         "minWorkers: 1\nmaxWorkers: 1\n")
+    build_mar(store, "cb_http", "cb_handler.py", config=str(work / "cb-config.yaml"))
     server = ServerProcess(work, store, ["--ts-config", str(work / "config.properties"), "--workers-per-model", "1",
                                          "--models", "echo=echo.mar", "gen=gen.mar", "echo_dir=echo_dir",
-                                         "slowecho=echo.mar"])
+                                         "slowecho=echo.mar", "cb=cb_http.mar"])
     try:
-        for name in ("echo", "gen", "echo_dir", "slowecho"):
+        for name in ("echo", "gen", "echo_dir", "slowecho", "cb"):
             server.wait_workers(name, 1)
         yield server
     finally:
@@ -254,6 +258,53 @@ def test_batched_model_goes_through_dynamic_batching(srv):
     for t in threads:
         t.join(30)
     assert (status, body) == (200, b"part0;part1;end") and response.getheader("Transfer-Encoding") is None
+
+
+def _read_chunks(server: ServerProcess, path: str, body: bytes,
+                 timeout: float = 30) -> tuple[http.client.HTTPResponse, list[tuple[float, bytes]]]:
+    """POST ``body``; the response and each piece read as it arrived, with seconds since the send."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.status["http_port"], timeout=timeout)
+    try:
+        started = time.monotonic()
+        conn.request("POST", path, body, {**_auth(server), "Content-Type": "application/json"})
+        response = conn.getresponse()
+        chunks = []
+        while piece := response.read1(65536):
+            chunks.append((time.monotonic() - started, piece))
+        return response, chunks
+    finally:
+        conn.close()
+
+
+def test_continuous_batching_model_streams_chunked(srv):
+    """cb has continuousBatching and batchSize 4: each request streams chunked, one chunk per
+    intermediate response, the first long before the end, while the others run beside it."""
+    results: list[tuple[http.client.HTTPResponse, list[tuple[float, bytes]]]] = []
+    bodies = [json.dumps({"steps": 4, "delay": 0.3}).encode() for _ in range(3)]
+    threads = [threading.Thread(target=lambda b=b: results.append(_read_chunks(srv, "/predictions/cb", b)))
+               for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 3
+    for response, chunks in results:
+        assert response.status == 200
+        assert response.getheader("Transfer-Encoding") == "chunked" and response.getheader("Content-Length") is None
+        messages = [json.loads(piece) for _, piece in chunks]
+        assert [m["step"] for m in messages] == [0, 1, 2, 3], chunks
+        arrivals = [at for at, _ in chunks]
+        assert arrivals[-1] - arrivals[0] > 0.6, arrivals  # the first chunk did not wait for the end
+    # the three ran together on the one worker (not one after the other)
+    assert max(m["max_batch"] for _, chunks in results for m in (json.loads(p) for _, p in chunks)) >= 2
+
+    # a request that ends in its first call answers one body; a rejected one TorchServe's 400
+    response, chunks = _read_chunks(srv, "/predictions/cb", json.dumps({"steps": 1}).encode())
+    assert response.status == 200 and response.getheader("Transfer-Encoding") is None
+    assert json.loads(b"".join(p for _, p in chunks))["step"] == 0
+    status, _, body = call(srv, "POST", "/predictions/cb", json.dumps({"steps": 3, "reject": True}).encode(),
+                           {"Content-Type": "application/json"})
+    assert (status, error(body)["message"]) == (400, "rejected as asked")
 
 
 def test_http_status_mapping():

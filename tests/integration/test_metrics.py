@@ -15,7 +15,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
-from conftest import ServerProcess, build_mar, wait_for
+from conftest import ROOT, ServerProcess, build_mar, wait_for
 from inference_service._proto import inference_pb2
 
 LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -208,3 +208,68 @@ def test_metrics_port_conflict_fails_startup_and_api_can_be_off(msrv, store, tmp
         assert json.loads(off.inference.Ping(empty_pb2.Empty(), timeout=10).health)["status"] == "Healthy"
     finally:
         assert off.stop() == 0, off.log()
+
+
+DASHBOARD = ROOT / "deploy" / "grafana" / "llm-dashboard.json"
+METRIC_NAME = re.compile(r"\b(?:inference_service|ts)_[a-zA-Z0-9_]+")
+
+
+@pytest.fixture(scope="module")
+def llm_srv(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """llmstats (a handler reporting serving statistics, one worker) in the default metrics_mode (log)."""
+    build_mar(store, "llmstats", "llm_stats_handler:handle")
+    srv = ServerProcess(tmp_path_factory.mktemp("llm_metrics"), store,
+                        ["--models", "llmstats=llmstats.mar", "--workers-per-model", "1"])
+    try:
+        srv.wait_workers("llmstats", 1)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_llm_metrics_in_the_default_log_mode(llm_srv):
+    """Serving statistics reach /metrics without metrics_mode prometheus; the histograms are
+    measured per streamed message (the final message left out of the inter-token latency)."""
+    assert llm_srv.stream("llmstats", "4") == [b"t0 ", b"t1 ", b"t2 ", b"t3 ", b""]
+    assert llm_srv.predict("llmstats", "2") == b"t0 t1 "
+
+    def settled() -> dict | None:
+        samples = scrape(llm_srv)
+        return samples if value(samples, "inference_service_llm_generation_tokens_total") == 6 else None
+
+    samples = wait_for(settled, timeout=10)
+    labels = {"model_name": "llmstats", "model_version": "1.0"}
+    assert value(samples, "inference_service_llm_prompt_tokens_total", **labels) == 10
+    assert value(samples, "inference_service_llm_num_requests_running", **labels) == 0
+    assert value(samples, "inference_service_llm_kv_cache_used_tokens", **labels) == 20
+    assert value(samples, "inference_service_llm_kv_cache_capacity_tokens", **labels) == 1000
+    assert value(samples, "inference_service_llm_kv_cache_usage_perc", **labels) == pytest.approx(0.02)
+    assert value(samples, "inference_service_llm_num_preemptions_total", **labels) == 0
+    request = {"model_name": "llmstats", "model_version": "default"}  # the request's version label
+    assert value(samples, "inference_service_llm_time_to_first_token_seconds_count", **request) == 1
+    assert value(samples, "inference_service_llm_inter_token_latency_seconds_count", **request) == 3
+    assert value(samples, "inference_service_llm_e2e_request_latency_seconds_count", **request) == 2
+    # a model that reports none has no LLM series
+    assert not [n for n, ls in samples if n.startswith("inference_service_llm_") and ("model_name", "echo") in ls]
+    assert "serving:" not in llm_srv.log()  # serving statistics are never logged
+
+
+def test_dashboard_queries_name_exported_metrics(llm_srv):
+    """Every query of the Grafana dashboard (panels and variables) names metrics this server exports."""
+    assert llm_srv.stream("llmstats", "3")[-1] == b""
+    with pytest.raises(grpc.RpcError) as err:  # a handler error: inference_service_errors_total has a sample
+        llm_srv.predict("llmstats", "not a number")
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    exported = {name for name, _ in scrape(llm_srv)}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+    exprs += [(var["name"], var["definition"]) for var in dashboard["templating"]["list"] if var["type"] == "query"]
+    assert len(exprs) >= 10
+    for title, expr in exprs:
+        names = METRIC_NAME.findall(expr)
+        assert names, (title, expr)
+        for name in names:
+            assert name in exported, (title, name)
+    assert {panel["title"] for panel in dashboard["panels"]} >= {
+        "Tokens per second", "Time to first token", "Inter-token latency", "End-to-end request latency",
+        "Requests running / waiting", "KV cache usage", "Preemptions per second"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -129,7 +130,7 @@ def test_handler_metrics_that_cannot_be_exported_are_dropped(caplog):
 class _Source:
     def stats(self):
         return 3, [SimpleNamespace(model_name="echo", model_version="1.0", queue_depth=2,
-                                   workers={"READY": 1, "BUSY": 0}, restarts=4)]
+                                   workers={"READY": 1, "BUSY": 0}, restarts=4, worker_pids=frozenset())]
 
 
 def test_scrape_reads_the_stats_view():
@@ -156,3 +157,65 @@ def test_json_formatter_fields_and_traceback():
     assert data["level"] == "ERROR" and data["logger"] == "x.y" and data["message"] == "failed now"
     assert data["model"] == "echo" and data["worker_id"] == 9000 and data["time"].endswith("Z")
     assert "ValueError: bad" in data["exc_info"]
+
+
+class _LlmSource:
+    def __init__(self) -> None:
+        self.pids = frozenset({11, 12})
+
+    def stats(self):
+        return 0, [SimpleNamespace(model_name="llm", model_version="1.0", queue_depth=0,
+                                   workers={"READY": 2}, restarts=0, worker_pids=self.pids)]
+
+
+def test_serving_statistics_become_llm_metrics(caplog):
+    """Worker-forwarded serving statistics: counters add up, gauges sum over the running
+    workers (a gone worker's are dropped), and the model's requests feed the LLM histograms."""
+    m = ServerMetrics(hostname="h")
+    source = _LlmSource()
+    m.attach(source)
+    before = m.model("llm", "")  # created before the model was known as an LLM
+    m.handler_metrics("llm", "1.0", [
+        ("serving:prompt_tokens", "counter", "", {"pid": "11"}, 12.0),
+        ("serving:generation_tokens", "counter", "", {"pid": "11"}, 30.0),
+        ("serving:generation_tokens", "counter", "", {"pid": "12"}, 4.0),
+        ("serving:preemptions", "counter", "", {"pid": "12"}, 1.0),
+        ("serving:requests_running", "gauge", "", {"pid": "11"}, 3.0),
+        ("serving:requests_running", "gauge", "", {"pid": "12"}, 2.0),
+        ("serving:requests_waiting", "gauge", "", {"pid": "12"}, 1.0),
+        ("serving:kv_cache_used_tokens", "gauge", "", {"pid": "11"}, 300.0),
+        ("serving:kv_cache_capacity_tokens", "gauge", "", {"pid": "11"}, 1000.0),
+        ("serving:kv_cache_capacity_tokens", "gauge", "", {"pid": "12"}, 1000.0),
+        ("serving:bogus", "gauge", "", {"pid": "12"}, 1.0),  # dropped, with a warning
+        ("serving:prompt_tokens", "counter", "", {"pid": "12"}, -5.0),  # dropped
+    ])
+    assert any("'bogus'" in r.getMessage() for r in caplog.records)
+    text = m.render().decode()
+    labels = 'model_name="llm",model_version="1.0"'
+    assert f"inference_service_llm_prompt_tokens_total{{{labels}}} 12.0\n" in text
+    assert f"inference_service_llm_generation_tokens_total{{{labels}}} 34.0\n" in text
+    assert f"inference_service_llm_num_preemptions_total{{{labels}}} 1.0\n" in text
+    assert f"inference_service_llm_num_requests_running{{{labels}}} 5.0\n" in text
+    assert f"inference_service_llm_num_requests_waiting{{{labels}}} 1.0\n" in text
+    assert f"inference_service_llm_kv_cache_capacity_tokens{{{labels}}} 2000.0\n" in text
+    assert f"inference_service_llm_kv_cache_usage_perc{{{labels}}} 0.15\n" in text
+    source.pids = frozenset({11})  # worker 12 is gone: its gauges leave the sums, counters stay
+    text = m.render().decode()
+    assert f"inference_service_llm_num_requests_running{{{labels}}} 3.0\n" in text
+    assert f"inference_service_llm_generation_tokens_total{{{labels}}} 34.0\n" in text
+    # the request histograms: first message (TTFT), text gaps (ITL; the final message left out), e2e
+    for stats in (before, m.model("llm", "2.0")):
+        last = stats.message(time.monotonic() - 0.3, 0.0)
+        last = stats.message(0.0, last - 0.05)
+        stats.message(0.0, last, final=True)
+        stats.finish(time.monotonic() - 1.0, 0.0, ok=True)
+    text = m.render().decode()
+    for version in ("default", "2.0"):
+        labels = f'model_name="llm",model_version="{version}"'
+        assert f"inference_service_llm_time_to_first_token_seconds_count{{{labels}}} 1.0\n" in text
+        assert f"inference_service_llm_inter_token_latency_seconds_count{{{labels}}} 1.0\n" in text
+        assert f"inference_service_llm_e2e_request_latency_seconds_count{{{labels}}} 1.0\n" in text
+    # a model that never reported serving statistics has no LLM series
+    other = m.model("echo", "")
+    other.message(time.monotonic(), 0.0)
+    assert 'inference_service_llm_time_to_first_token_seconds_count{model_name="echo"' not in m.render().decode()

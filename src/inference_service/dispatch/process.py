@@ -56,14 +56,18 @@ class WorkerOptions:
 
     Args:
         log_level: the workers' logging level name (the server's ``--log-level``).
-        metrics_sink: where handler metrics go (``metrics_mode=prometheus``); ``None`` (the
-            default) makes workers log them instead, in TorchServe's format.
+        metrics_sink: where the metric updates workers forward go: serving statistics in every
+            ``metrics_mode``, handler metrics with ``forward_handler_metrics``; ``None`` (the
+            default): nowhere (metrics off).
+        forward_handler_metrics: workers forward handler metrics to ``metrics_sink``
+            (``metrics_mode=prometheus``) instead of logging them in TorchServe's format.
         service_envelope: the request envelope wrapped around every handler
             (``service_envelope``; ``None``: none).
     """
 
     log_level: str = "INFO"
     metrics_sink: MetricsSink | None = None
+    forward_handler_metrics: bool = False
     service_envelope: str | None = None
 
 
@@ -85,7 +89,7 @@ class WorkerProcess:
                  options: WorkerOptions = WorkerOptions()) -> None:
         self.spec = spec
         self.metrics_sink = options.metrics_sink
-        spec.forward_metrics = options.metrics_sink is not None
+        spec.forward_metrics = options.forward_handler_metrics and options.metrics_sink is not None
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
         self.concurrent = spec.mode != protocol.MODE_BATCH

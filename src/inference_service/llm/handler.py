@@ -40,14 +40,19 @@ UTF-8, malformed JSON object, unknown field, wrong type, value out of range,
 prompt too long for the model) fails that request with status 400
 (gRPC ``INVALID_ARGUMENT``) and a message naming the problem; the others go on.
 
-Final message: the text not yet sent (often empty). With
-``"include_usage": true`` it is instead the JSON object::
+The stream's messages: every intermediate message is a UTF-8 text piece (never empty). The
+final message is, by default, the text not yet sent (often empty), so a client that joins
+every message gets the answer. With ``"include_usage": true`` the final message is a message
+of its own, after every text piece (the text that was still held back goes out as one more
+intermediate message first), holding the JSON object::
 
-    {"text": "<remaining text>", "finish_reason": "stop" | "length",
+    {"text": "", "finish_reason": "stop" | "length",
      "usage": {"prompt_tokens": 12, "completion_tokens": 34}}
 
 ``finish_reason`` is ``"stop"`` for the end-of-sequence token or a stop
 string and ``"length"`` when ``max_new_tokens`` was reached (token counts are tokens).
+``text`` is ``""`` whenever the request streams; it holds the rest of the answer only where
+no intermediate message could be sent (under TorchServe, or the handler called outside a worker).
 
 Model YAML config (all optional): top level ``continuousBatching`` (the mode, above) and
 ``batchSize`` (requests per batch / running at once; read by the worker); ``handler:``
@@ -75,8 +80,15 @@ a stream whose client stopped reading) drops a request's KV cache; it is recompu
 the request is in a call again.
 
 The model is loaded once per worker, in :meth:`LLMHandler.initialize`. Each finished
-request is logged with its token counts and tokens/s; ``HandlerTime`` (ms) is recorded
-per ``handle`` call.
+request is logged with its token counts and tokens/s, and recorded in ``context.metrics``
+once, when it ends: counters ``PromptTokens`` and ``GenerationTokens`` and the time
+``RequestGenerationTime`` (ms), all with the dimension ``ModelName`` (one ``metrics`` log
+line each in ``metrics_mode log``, TorchServe's form; forwarded to the server's ``/metrics``
+in ``metrics_mode prometheus``). Nothing is recorded per generated token or per step. The
+token counts and the engine's gauges (requests running and waiting, preemptions, KV cache
+use) also go to the server's LLM metrics as serving statistics
+(``context.metrics.add_serving_stat``; under TorchServe, which has no such call, they are
+left out).
 """
 
 from __future__ import annotations
@@ -89,6 +101,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
+from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
 from inference_service.llm.model import load_model, resolve_model_dir, warm_up
@@ -177,6 +190,7 @@ class LLMHandler(BaseHandler):
         self._prepare_pool: ThreadPoolExecutor | None = None
         self.max_prompt_chars: int | None = None
         self._batches = 0  # static mode: batch counter, makes engine keys unique
+        self._reported: dict[str, int] = {}  # engine statistics last sent to the server
 
     def initialize(self, context: Context) -> None:
         """Read the ``handler`` config, convert the GGUF if not cached, load model and tokenizer.
@@ -222,6 +236,8 @@ class LLMHandler(BaseHandler):
             self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
         )
         self._jobs.clear()
+        self._reported.clear()
+        self._report_engine()  # before READY: the server knows the model as an LLM from its first request
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
 
@@ -251,8 +267,33 @@ class LLMHandler(BaseHandler):
         check_prompt_size(request, self.max_prompt_chars)
         return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 
-    def _finish(self, job: _ActiveRequest, result: GenerationResult) -> str | dict[str, Any]:
-        """Log the request's token counts and speed; return its final message."""
+    def _serving_stat(self, name: str, value: float) -> None:
+        """``context.metrics.add_serving_stat`` where the context has it (TorchServe's has not)."""
+        add = getattr(getattr(self.context, "metrics", None), "add_serving_stat", None)
+        if callable(add):
+            add(name, value)
+
+    def _report_engine(self) -> None:
+        """Queue the engine's gauges that changed since the last report, and its new
+        preemptions, as serving statistics for the server's ``/metrics``."""
+        engine = self.engine
+        if self.context is None or engine is None:
+            return
+        stats = engine.stats()
+        preempted = stats["preempted_total"] - self._reported.get("preempted_total", 0)
+        if preempted > 0:
+            self._serving_stat("preemptions", preempted)
+            self._reported["preempted_total"] = stats["preempted_total"]
+        for key, name in (("running", "requests_running"), ("waiting", "requests_waiting"),
+                          ("kv_cache_used_tokens", "kv_cache_used_tokens"),
+                          ("kv_cache_capacity_tokens", "kv_cache_capacity_tokens")):
+            if self._reported.get(key) != stats[key]:
+                self._serving_stat(name, stats[key])
+                self._reported[key] = stats[key]
+
+    def _finish(self, job: _ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]:
+        """Log and record the request's token counts and speed (once per request, never per
+        token); return its final message. ``idx``: the request's index in this call."""
         elapsed = time.perf_counter() - job.started
         log.info(
             "request %s: %d prompt + %d completion tokens in %.2f s (%.1f tokens/s), finish=%s",
@@ -263,7 +304,33 @@ class LLMHandler(BaseHandler):
             result.completion_tokens / elapsed if elapsed > 0 else 0.0,
             result.finish_reason,
         )
+        context = self.context
+        if context is not None:
+            metrics = context.metrics
+            self._serving_stat("prompt_tokens", result.prompt_tokens)
+            self._serving_stat("generation_tokens", result.completion_tokens)
+            metrics.add_counter("PromptTokens", result.prompt_tokens, idx)
+            metrics.add_counter("GenerationTokens", result.completion_tokens, idx)
+            metrics.add_time("RequestGenerationTime", round(elapsed * 1000, 2), idx, "ms")
         return final_message(result, job.request.params)
+
+    def _text_apart(self, idx: int, text: str, context: Context) -> bool:
+        """Send a finishing request's last text as an intermediate message of its own, so that
+        its final message is the usage object alone; False when it cannot be sent (no request
+        id or channel: called outside this server's worker, e.g. under TorchServe; or its client
+        is gone), the text then stays in the final message. Never blocks on flow control: the
+        request is in this call, so it has credit."""
+        request_id = context.request_ids.get(idx)
+        if request_id is None or getattr(context, "_channel", None) is None or _cancelled(context, idx):
+            return False  # outside this server's worker (a test, TorchServe's continuous batching)
+        message: list[Any] = [None] * (idx + 1)
+        message[idx] = text
+        try:
+            send_intermediate_predict_response(message, {idx: request_id}, "Intermediate Prediction success", 200,
+                                               context)
+        except RequestCancelled:
+            return False
+        return True
 
     # --- static batches ----------------------------------------------------------------
     def _generate_batch(
@@ -283,7 +350,6 @@ class LLMHandler(BaseHandler):
             (see the module docstring); for a request that failed validation, its error
             message (discarded by the worker, which answers INVALID_ARGUMENT).
         """
-        start = time.perf_counter()
         self.context = context
         engine = self._engine()
         self._batches += 1
@@ -306,10 +372,11 @@ class LLMHandler(BaseHandler):
                     job = live.pop(idx)
                     cancelled = engine.cancel(job.key)
                     if cancelled is not None:
-                        results[idx] = self._finish(job, cancelled)
+                        results[idx] = self._finish(job, cancelled, idx)
                 if not live:
                     break
                 outputs = engine.step([job.key for job in live.values()])
+                self._report_engine()
                 pieces: dict[int, str] = {}
                 finished: list[tuple[int, _ActiveRequest, GenerationResult]] = []
                 for idx, job in live.items():
@@ -320,18 +387,22 @@ class LLMHandler(BaseHandler):
                         pieces[idx] = out.piece
                     if out.finished and out.result is not None:
                         finished.append((idx, job, out.result))
-                for idx, _, _ in finished:
+                for idx, job, result in finished:
                     del live[idx]
+                    if job.request.params.include_usage and result.remaining_text:
+                        # the usage object is a message of its own: the held-back text goes now
+                        pieces[idx] = pieces.get(idx, "") + result.remaining_text
+                        result.remaining_text = ""
                 if pieces:
                     for idx in (yield pieces) or ():
                         unsent.setdefault(idx, []).append(pieces[idx])
                 for idx, job, result in finished:
                     result.remaining_text = "".join(unsent.pop(idx, [])) + result.remaining_text
-                    results[idx] = self._finish(job, result)
+                    results[idx] = self._finish(job, result, idx)
         finally:
             for job in live.values():  # closed early: client gone, error, GeneratorExit
                 engine.cancel(job.key)
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+            self._report_engine()
         return results
 
     # --- the TorchServe entry point --------------------------------------------------
@@ -401,7 +472,6 @@ class LLMHandler(BaseHandler):
             Exception: what the model's forward pass raises; every request of this call is
                 then dropped from the engine first.
         """
-        start = time.perf_counter()
         self.context = context
         engine = self._engine()
         results: list[Any] = [None] * len(data)
@@ -438,13 +508,16 @@ class LLMHandler(BaseHandler):
                 continue
             if out.finished and out.result is not None:
                 job = self._jobs.pop(key)
-                out.result.remaining_text = out.piece + out.result.remaining_text
-                results[idx] = self._finish(job, out.result)
+                text = out.piece + out.result.remaining_text
+                if text and job.request.params.include_usage and self._text_apart(idx, text, context):
+                    text = ""
+                out.result.remaining_text = text
+                results[idx] = self._finish(job, out.result, idx)
                 finished[idx] = True
             else:
                 results[idx] = out.piece or None
         context.stopping_criteria = [_criterion(f) for f in finished]
-        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
+        self._report_engine()
         return results
 
     def _prepared(self, key: str, row: Any) -> tuple[GenerationRequest, list[int]] | BaseException | None:
@@ -495,3 +568,6 @@ class LLMHandler(BaseHandler):
             result = engine.cancel(request_id)
             if job is not None and result is not None:
                 log.info("request %s dropped after %d completion tokens", request_id, result.completion_tokens)
+                self._serving_stat("prompt_tokens", result.prompt_tokens)  # the tokens it took count, as vLLM's
+                self._serving_stat("generation_tokens", result.completion_tokens)
+        self._report_engine()

@@ -63,14 +63,14 @@ class HandlerMetricsExporter:
             try:
                 self._apply(name, metric_type, unit, dims, value)
             except Exception:  # noqa: BLE001 - a bad metric must not stop the worker's routing
-                self._warn(f"{name}:error", f"model {model_name} version {model_version}: handler metric "
+                self.warn_once(f"{name}:error", f"model {model_name} version {model_version}: handler metric "
                                             f"{name!r} dropped")
                 log.debug("handler metric %r dropped", name, exc_info=True)
 
     def _apply(self, raw_name: str, metric_type: str, unit: str, dims: dict[str, str], value: float) -> None:
         name = sanitize(raw_name, NAME_RE)
         if metric_type not in ("counter", "gauge", "histogram"):
-            self._warn(name + ":type", f"handler metric {raw_name!r} has type {metric_type!r}; exported as a gauge")
+            self.warn_once(name + ":type", f"handler metric {raw_name!r} has type {metric_type!r}; exported as a gauge")
             metric_type = "gauge"
         labels = (*(sanitize(k, LABEL_RE) for k in dims), "Hostname")
         if name not in self._handler:
@@ -80,13 +80,13 @@ class HandlerMetricsExporter:
             return
         kind, names, metric = family
         if kind != metric_type or names != labels:
-            self._warn(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
+            self.warn_once(name + ":changed", f"handler metric {raw_name!r} changed its type or dimension names "
                                           f"({kind} {names[:-1]} first); update dropped")
             return
         child = metric.labels(*dims.values(), self.hostname)
         if kind == "counter":
             if value < 0:
-                self._warn(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
+                self.warn_once(name + ":negative", f"handler counter {raw_name!r} cannot decrease in Prometheus; "
                                                "negative increments are dropped")
                 return
             child.inc(value)
@@ -99,11 +99,11 @@ class HandlerMetricsExporter:
                 labels: tuple[str, ...]) -> tuple[str, tuple[str, ...], Any] | None:
         """The metric object of a handler metric's first update (``None``: it cannot be exported)."""
         if name.startswith(("ts_inference_", "ts_queue_", "inference_service_")):
-            self._warn(name + ":reserved",
+            self.warn_once(name + ":reserved",
                        f"handler metric {raw_name!r} uses a name of the server's own metrics; dropped")
             return None
         if len(set(labels)) != len(labels):
-            self._warn(name + ":labels", f"handler metric {raw_name!r}: its dimension names {labels[:-1]} "
+            self.warn_once(name + ":labels", f"handler metric {raw_name!r}: its dimension names {labels[:-1]} "
                                          "repeat (or include Hostname) once made Prometheus-safe; dropped")
             return None
         cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[metric_type]
@@ -111,11 +111,11 @@ class HandlerMetricsExporter:
         try:
             metric = cls(name, f"handler metric, unit: {unit}", labels, registry=self.registry, **extra)
         except ValueError as exc:  # a series name taken by another metric, a reserved label (``le``)
-            self._warn(name + ":clash", f"handler metric {raw_name!r} cannot be exported ({exc}); dropped")
+            self.warn_once(name + ":clash", f"handler metric {raw_name!r} cannot be exported ({exc}); dropped")
             return None
         return metric_type, labels, metric
 
-    def _warn(self, key: str, message: str) -> None:
+    def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("%s", message)

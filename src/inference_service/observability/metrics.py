@@ -23,6 +23,21 @@ those families, as TorchServe's API does. What is exported:
   :meth:`InferenceCore.stats <inference_service.serving.core.InferenceCore.stats>`):
   ``inference_service_requests_in_flight``, ``inference_service_job_queue_depth``,
   ``inference_service_workers{state}``, ``inference_service_worker_restarts_total``.
+- For LLMs (models whose workers report serving statistics, as the bundled LLM handler
+  does), in every ``metrics_mode``, named after vLLM's metrics (``vllm:`` becomes
+  ``inference_service_llm_``; labels ``model_name``, ``model_version``):
+  ``inference_service_llm_prompt_tokens_total`` and ``..._generation_tokens_total`` (tokens
+  of requests that ended or were cancelled), ``..._num_preemptions_total``,
+  ``..._num_requests_running`` / ``..._num_requests_waiting`` (the engines' requests, summed
+  over the version's running workers), ``..._kv_cache_used_tokens``,
+  ``..._kv_cache_capacity_tokens`` and ``..._kv_cache_usage_perc`` (used / capacity, 0 to
+  1) from the workers (``model_version`` the worker's version); and measured here per
+  streamed message (``model_version`` the request's label, as the streaming histograms):
+  ``..._time_to_first_token_seconds`` (receipt to the first message),
+  ``..._inter_token_latency_seconds`` (between consecutive text messages, the final one
+  left out; a message is one text piece, about one token) and
+  ``..._e2e_request_latency_seconds`` (receipt to the final response, successful
+  requests, streamed or not), all histograms.
 - Handler metrics (``context.metrics``; ``metrics_mode=prometheus``), handed over
   already decoded by the worker side (:meth:`ServerMetrics.handler_metrics`):
   ``prometheus_client`` metric objects created on first sight, under the handler's
@@ -77,6 +92,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TTFR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's buckets for its TTFT, inter-token and end-to-end histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+#: Name prefix of a worker's serving statistics in its metric updates (the worker side's
+#: ``handler.metrics.SERVING_PREFIX``).
+SERVING_PREFIX = "serving:"
+_SERVING_COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")
+_SERVING_GAUGES = ("requests_running", "requests_waiting", "kv_cache_used_tokens", "kv_cache_capacity_tokens")
+LLM = "inference_service_llm_"
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METRICS_MODES = ("log", "prometheus", "legacy")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what render() writes
@@ -118,6 +146,9 @@ class VersionStats(Protocol):
     @property
     def restarts(self) -> int: ...
 
+    @property
+    def worker_pids(self) -> frozenset[int]: ...
+
 
 class StatsSource(Protocol):
     """What the collector reads the serving state from (the core implements it)."""
@@ -142,7 +173,7 @@ class ModelStats:
         messages: messages sent on streams. cancellations: requests the client cancelled.
     """
 
-    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "_ttfr", "_gap")
+    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "llm", "_ttfr", "_gap")
 
     def __init__(self, ttfr: Any, gap: Any) -> None:
         self.requests = 0
@@ -150,24 +181,33 @@ class ModelStats:
         self.queue_us = 0.0
         self.messages = 0
         self.cancellations = 0
+        #: the LLM histograms' children ``(ttft, itl, e2e)`` once the model is known as an LLM
+        self.llm: tuple[Any, Any, Any] | None = None
         self._ttfr = ttfr
         self._gap = gap
 
-    def message(self, enqueued: float, last: float) -> float:
+    def message(self, enqueued: float, last: float, final: bool = False) -> float:
         """One stream message is sent: observe time to first response (``last`` 0.0) or the gap.
 
         Args:
             enqueued: ``time.monotonic()`` when the request was received.
             last: the previous call's answer (0.0 for the first message).
+            final: it is the stream's last message (left out of the LLM's inter-token latency:
+                it carries the rest of the text or the usage, right after the last piece).
 
         Returns:
             The ``time.monotonic()`` of this message (pass it as ``last`` next time).
         """
         now = time.monotonic()
+        llm = self.llm
         if last:
             self._gap.observe(now - last)
+            if llm is not None and not final:
+                llm[1].observe(now - last)
         else:
             self._ttfr.observe(now - enqueued)
+            if llm is not None:
+                llm[0].observe(now - enqueued)
         self.messages += 1
         return now
 
@@ -182,7 +222,10 @@ class ModelStats:
         if dispatched:
             self.queue_us += (dispatched - enqueued) * 1e6
         if ok:
-            self.latency_us += (time.monotonic() - enqueued) * 1e6
+            elapsed = time.monotonic() - enqueued
+            self.latency_us += elapsed * 1e6
+            if self.llm is not None:
+                self.llm[2].observe(elapsed)
         if cancelled:
             self.cancellations += 1
 
@@ -218,7 +261,23 @@ class ServerMetrics:
             "inference_service_response_gap_seconds",
             "Seconds between consecutive response messages of a stream.",
             ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
+        self._ttft = Histogram(
+            LLM + "time_to_first_token_seconds",
+            "LLM: seconds from receipt of a streaming request to its first message.",
+            ("model_name", "model_version"), registry=self.registry, buckets=TTFT_BUCKETS)
+        self._itl = Histogram(
+            LLM + "inter_token_latency_seconds",
+            "LLM: seconds between consecutive text messages of a stream (one message is about one token).",
+            ("model_name", "model_version"), registry=self.registry, buckets=ITL_BUCKETS)
+        self._e2e = Histogram(
+            LLM + "e2e_request_latency_seconds",
+            "LLM: seconds from receipt of a request to its final response (successful requests).",
+            ("model_name", "model_version"), registry=self.registry, buckets=E2E_BUCKETS)
         self._models: dict[str, dict[str, ModelStats]] = {}
+        self._llm_models: set[str] = set()
+        # (model, version) -> serving counter totals; (model, version) -> worker pid -> gauges
+        self._serving_counts: dict[tuple[str, str], dict[str, float]] = {}
+        self._serving_gauges: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
         self._errors: dict[tuple[str, str, str], int] = {}
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
         self.source: StatsSource | None = None
@@ -239,8 +298,45 @@ class ServerMetrics:
                 return stats
         label = version or "default"
         stats = ModelStats(self._ttfr.labels(name, label), self._gap.labels(name, label))
+        if name in self._llm_models:
+            stats.llm = self._llm_children(name, label)
         self._models.setdefault(name, {})[version] = stats
         return stats
+
+    def _llm_children(self, name: str, label: str) -> tuple[Any, Any, Any]:
+        return self._ttft.labels(name, label), self._itl.labels(name, label), self._e2e.labels(name, label)
+
+    def _mark_llm(self, name: str) -> None:
+        """``name`` reported serving statistics: its requests feed the LLM histograms from now on."""
+        self._llm_models.add(name)
+        for version, stats in self._models.get(name, {}).items():
+            if stats.llm is None:
+                stats.llm = self._llm_children(name, version or "default")
+
+    def serving_stat(self, model_name: str, model_version: str, name: str, metric_type: str,
+                     dims: Mapping[str, str], value: float) -> None:
+        """Apply one serving statistic a worker forwarded (see :data:`SERVING_PREFIX`).
+
+        A counter adds its increment to the version's total; a gauge replaces the value of
+        the worker named by ``dims["pid"]`` (the exposition sums the version's running
+        workers). Unknown names or types and negative increments are dropped with one
+        warning per name and cause.
+        """
+        if model_name not in self._llm_models:
+            self._mark_llm(model_name)
+        key = (model_name, model_version)
+        if name in _SERVING_COUNTERS and metric_type == "counter" and value >= 0:
+            counts = self._serving_counts.setdefault(key, dict.fromkeys(_SERVING_COUNTERS, 0.0))
+            counts[name] += value
+        elif name in _SERVING_GAUGES and metric_type == "gauge":
+            worker = dims.get("pid", "")
+            self._serving_gauges.setdefault(key, {}).setdefault(worker, {})[name] = value
+        elif name in _SERVING_COUNTERS and metric_type == "counter":
+            self._handler.warn_once(f"serving:{name}:negative", f"model {model_name}: serving counter {name!r} "
+                                                            "cannot decrease; negative increments are dropped")
+        else:
+            self._handler.warn_once(f"serving:{name}", f"model {model_name}: serving statistic {name!r} "
+                                                   f"({metric_type}) is not known; dropped")
 
     def error(self, method: str, code: grpc.StatusCode, reason: str) -> None:
         """Count an RPC that ended with status ``code`` (``inference_service_errors_total``)."""
@@ -252,11 +348,21 @@ class ServerMetrics:
         self.source = source
 
     def handler_metrics(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
-        """Apply handler metric updates a worker of ``model_name`` / ``model_version`` forwarded
-        (the worker side's ``metrics_sink``, ``metrics_mode=prometheus``); see
+        """Apply the metric updates a worker of ``model_name`` / ``model_version`` forwarded (the
+        worker side's ``metrics_sink``): serving statistics (names under
+        :data:`SERVING_PREFIX`, every ``metrics_mode``) through :meth:`serving_stat`, handler
+        metrics (``metrics_mode=prometheus``) through
         :meth:`HandlerMetricsExporter.apply <.handler_metrics.HandlerMetricsExporter.apply>`.
         Never raises."""
-        self._handler.apply(model_name, model_version, updates)
+        handler: list[HandlerUpdate] = []
+        for update in updates:
+            name, metric_type, _unit, dims, value = update
+            if name.startswith(SERVING_PREFIX):
+                self.serving_stat(model_name, model_version, name[len(SERVING_PREFIX):], metric_type, dims, value)
+            else:
+                handler.append(update)
+        if handler:
+            self._handler.apply(model_name, model_version, handler)
 
     # ------------------------------------------------------------- exposition
     def render(self, names: set[str] | None = None) -> bytes:
@@ -366,6 +472,21 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
 
 
+# exported family (``_total`` added by the exposition) -> serving statistic, and their help
+_LLM_COUNTERS = (("prompt_tokens", "prompt_tokens"), ("generation_tokens", "generation_tokens"),
+                 ("num_preemptions", "preemptions"))
+_LLM_COUNTER_HELP = ("LLM: prompt tokens of the requests that ended (or were cancelled).",
+                     "LLM: tokens generated for the requests that ended (or were cancelled).",
+                     "LLM: requests whose KV cache was dropped to be recomputed (preemption).")
+_LLM_GAUGES = (("num_requests_running", "requests_running"), ("num_requests_waiting", "requests_waiting"),
+               ("kv_cache_used_tokens", "kv_cache_used_tokens"),
+               ("kv_cache_capacity_tokens", "kv_cache_capacity_tokens"))
+_LLM_GAUGE_HELP = ("LLM: requests in the workers' engines holding a KV cache row.",
+                   "LLM: requests in the workers' engines waiting for their prefill (new or preempted).",
+                   "LLM: token positions the workers' KV caches hold.",
+                   "LLM: the most token positions the workers' KV caches may hold.")
+
+
 class _Collector:
     """``prometheus_client`` collector of the counters kept as plain numbers and of the
     :class:`StatsSource`'s state."""
@@ -376,10 +497,12 @@ class _Collector:
     def describe(self) -> Iterator[Metric]:
         """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
         for name in ("inference_service_stream_messages", "inference_service_cancellations",
-                     "inference_service_errors", "inference_service_worker_restarts"):
+                     "inference_service_errors", "inference_service_worker_restarts",
+                     *(LLM + n for n, _ in _LLM_COUNTERS)):
             yield CounterMetricFamily(name, "")
         for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
-                     "inference_service_workers"):
+                     "inference_service_workers", *(LLM + n for n, _ in _LLM_GAUGES),
+                     LLM + "kv_cache_usage_perc"):
             yield GaugeMetricFamily(name, "")
 
     def collect(self) -> Iterator[Metric]:
@@ -405,7 +528,8 @@ class _Collector:
         source = m.source
         if source is None:
             return
-        inflight, version_stats = source.stats()
+        inflight, stats_view = source.stats()
+        version_stats = list(stats_view)
         yield GaugeMetricFamily("inference_service_requests_in_flight",
                                 "Inference requests being served (queued or running).", value=inflight)
         depth = GaugeMetricFamily("inference_service_job_queue_depth",
@@ -423,6 +547,40 @@ class _Collector:
         yield depth
         yield workers
         yield restarts
+        yield from self._llm(version_stats)
+
+    def _llm(self, version_stats: Iterable[VersionStats]) -> Iterator[Metric]:
+        """The LLM families: the workers' serving counters, and their gauges summed over each
+        version's running workers (a gone worker's values are forgotten)."""
+        m = self.metrics
+        labels = ["model_name", "model_version"]
+        for (family, stat), help_text in zip(_LLM_COUNTERS, _LLM_COUNTER_HELP, strict=True):
+            counter = CounterMetricFamily(LLM + family, help_text, labels=labels)
+            for (name, version), counts in list(m._serving_counts.items()):
+                counter.add_metric([name, version], counts[stat])
+            yield counter
+        gauges = {family: GaugeMetricFamily(LLM + family, help_text, labels=labels)
+                  for (family, _), help_text in zip(_LLM_GAUGES, _LLM_GAUGE_HELP, strict=True)}
+        usage = GaugeMetricFamily(LLM + "kv_cache_usage_perc",
+                                  "LLM: fraction of the KV cache capacity in use (0 to 1).", labels=labels)
+        live = {(v.model_name, v.model_version): {str(pid) for pid in v.worker_pids} for v in version_stats}
+        for key, per_worker in list(m._serving_gauges.items()):
+            pids = live.get(key)
+            if pids is None:  # the version is gone
+                m._serving_gauges.pop(key, None)
+                continue
+            for gone in [pid for pid in list(per_worker) if pid not in pids]:
+                per_worker.pop(gone, None)
+            totals = dict.fromkeys(_SERVING_GAUGES, 0.0)
+            for values in list(per_worker.values()):
+                for stat, value in list(values.items()):
+                    totals[stat] += value
+            for family, stat in _LLM_GAUGES:
+                gauges[family].add_metric(list(key), totals[stat])
+            capacity = totals["kv_cache_capacity_tokens"]
+            usage.add_metric(list(key), totals["kv_cache_used_tokens"] / capacity if capacity else 0.0)
+        yield from gauges.values()
+        yield usage
 
 
 class Telemetry:

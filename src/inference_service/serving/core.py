@@ -223,7 +223,7 @@ class InferenceCore:
                 if stream:
                     data = self._check_response(payload)
                     if stats is not None:
-                        last = stats.message(job.enqueued, last)
+                        last = stats.message(job.enqueued, last, final)
                 elif final:
                     parts.append(payload)
                     data = self._check_response(payload if len(parts) == 1 else b"".join(parts))

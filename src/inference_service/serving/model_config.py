@@ -90,6 +90,13 @@ class ModelConfig:
         return protocol.MODE_CONTINUOUS if self.continuous_batching else protocol.MODE_BATCH
 
     @property
+    def streams_in_batches(self) -> bool:
+        """Whether a streaming request still shares its worker with others: true for continuous
+        batching and async workers (a stream joins the running requests), false for the batch
+        mode, where a streaming request forms a batch of one."""
+        return self.worker_mode != protocol.MODE_BATCH
+
+    @property
     def max_running(self) -> int:
         """Most requests one worker runs at once: ``batch_size`` for a continuous batch (as
         TorchServe; twice that with ``sequenceBatching``, as TorchServe), ``job_queue_size``

@@ -26,8 +26,9 @@ class RequestStats(Protocol):
 
     requests: int
 
-    def message(self, enqueued: float, last: float) -> float:
-        """A stream message is about to be sent (``time.monotonic()`` values); returns the new ``last``."""
+    def message(self, enqueued: float, last: float, final: bool = False) -> float:
+        """A stream message is about to be sent (``time.monotonic()`` values; ``final``: the
+        stream's last message); returns the new ``last``."""
         ...
 
     def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
@@ -52,6 +53,8 @@ class VersionStats:
         queue_depth: requests waiting in its job queue.
         workers: worker count by DescribeModel's state name, every state included (zeros too).
         restarts: worker process restarts of the version so far (monotonic across scale-downs).
+        worker_pids: the process ids of its worker processes now running (what a worker's
+            forwarded gauges are keyed by; a gone worker's are then left out).
     """
 
     model_name: str
@@ -59,12 +62,17 @@ class VersionStats:
     queue_depth: int
     workers: Mapping[str, int]
     restarts: int
+    worker_pids: frozenset[int] = frozenset()
 
 
 def version_stats(name: str, version: str, model: ModelVersion) -> VersionStats:
     """The :class:`VersionStats` of one model version, read at one instant (plain attribute
     reads over copies, so the metrics scrape thread may call it while the loop changes things)."""
     workers = dict.fromkeys((state.value for state in WorkerState), 0)
+    pids = set()
     for slot in list(model.slots.values()):
         workers[slot.state.value] += 1
-    return VersionStats(name, version, len(model.queue), workers, model.restarts_total)
+        process = slot.process
+        if process is not None and process.pid is not None:
+            pids.add(process.pid)
+    return VersionStats(name, version, len(model.queue), workers, model.restarts_total, frozenset(pids))

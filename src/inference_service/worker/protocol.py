@@ -16,9 +16,10 @@ therefore waits instead of burning a core that the frontend and the client need.
 Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
 (message), ``CHUNK`` (an intermediate response), ``FINAL`` (the last
 response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
-is finished and the worker is free) and ``METRIC`` (handler metric updates,
-:func:`encode_metrics`, only when the spec asks to ``forward_metrics``). Responses carry the request id, so one
-routing callback on the frontend can hand each to its request's mailbox.
+is finished and the worker is free) and ``METRIC`` (metric updates, :func:`encode_metrics`:
+serving statistics, and handler metrics when the spec asks to ``forward_metrics``).
+Responses carry the request id, so one routing callback on the frontend can hand each to its
+request's mailbox.
 No pickle: bodies are length-prefixed binary fields (JSON for the rare control frames).
 """
 

@@ -42,9 +42,9 @@ class Worker:
             model_yaml_config=spec.model_yaml_config,
         )
         self.context.bind_channel(channel)
+        channel.metrics = self.context.metrics  # serving statistics always go to the frontend
         if spec.forward_metrics:
             self.context.metrics.forward()
-            channel.metrics = self.context.metrics
         self.service: Service | None = None
 
     def load(self) -> None:

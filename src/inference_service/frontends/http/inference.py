@@ -16,14 +16,16 @@ Served by aiohttp in the server's asyncio loop, beside the gRPC servers, on
 - ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: OpenAI's API, in
   :mod:`inference_service.frontends.openai.api` (mounted here, answering OpenAI's error shape).
 
-The request goes through the same worker path as gRPC: :meth:`InferenceCore.stream` (a batch
-of one) for a model with ``batchSize`` 1, :meth:`InferenceCore.predict` (dynamic batching;
-intermediate responses concatenated, like gRPC ``Predictions``) for a model with a larger
-batch size. A handler that sends intermediate responses gets a ``Transfer-Encoding: chunked``
-answer, one chunk per intermediate response and then the final one (an empty message sends no
-chunk); any other answer is one body with a ``Content-Length``. The server can only tell a
-stream once the handler's second message exists, so the headers and first chunk leave when
-the second message is produced; every later chunk leaves the moment it is produced. An error
+The request goes through the same worker path as gRPC: :meth:`InferenceCore.stream` for a
+model with ``batchSize`` 1 (a batch of one) and for every continuous-batching
+(``continuousBatching``) or async (``asyncCommunication``) model, whatever its ``batchSize``
+(the stream runs beside the others, as TorchServe streams continuous batching over HTTP);
+:meth:`InferenceCore.predict` (dynamic batching; intermediate responses concatenated, like
+gRPC ``Predictions``) for a batch-mode model with a larger batch size. A handler that sends
+intermediate responses gets a ``Transfer-Encoding: chunked`` answer, one chunk per
+intermediate response and then the final one (an empty message sends no chunk); any other
+answer is one body with a ``Content-Length``. The headers and the first chunk leave the moment
+the first intermediate response arrives; every later chunk leaves the moment it is produced. An error
 after the first chunk ends the connection without the terminating chunk, so the client sees
 an incomplete body rather than a complete one. A client that disconnects cancels its request
 in the worker, as a gRPC cancel does.
@@ -301,8 +303,8 @@ class HttpInferenceApi:
         handler routes on it).
 
         Steps: 1. resolve the model (404 when unknown); 2. read the body into the input map
-        (413 above ``max_request_size``); 3. run it on the core, streamed for batch size 1,
-        batched otherwise (see the module docstring for the response forms).
+        (413 above ``max_request_size``); 3. run it on the core, streamed for batch size 1 and
+        continuous / async workers, batched otherwise (see the module docstring for the response forms).
         """
         name = request.match_info["model_name"]
         version = request.match_info.get("model_version", "")
@@ -310,7 +312,8 @@ class HttpInferenceApi:
         inputs = await self._inputs(request)
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
         headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
-        if model.config.batch_size > 1:
+        if model.config.batch_size > 1 and not model.config.streams_in_batches:
+            # batch mode: a stream would be a batch of one, so the request is batched dynamically
             return web.Response(body=await self.core.predict(name, version, inputs, headers))
         return await self._stream(request, self.core.stream(name, version, inputs, headers))
 
