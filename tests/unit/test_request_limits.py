@@ -209,3 +209,15 @@ def test_raw_bytes_stay_raw_and_slice_in_any_order():
 def test_raw_bytes_that_do_not_hold_the_shape_are_invalid_argument(raw, count, needle):
     with pytest.raises(InvalidArgument, match=needle):
         raw_elements(DATATYPES["BYTES"], raw, count, "input 's'", InvalidArgument)
+
+
+@pytest.mark.parametrize("name", ["FP32", "BF16", "INT16"])
+def test_encode_raw_across_slices_is_one_struct_pack(name):
+    from inference_service.frontends.oip.tensors import PACK_SLICE, decode_raw, encode_raw
+
+    dtype = DATATYPES[name]
+    count = 2 * PACK_SLICE + 3
+    values = [float(i % 251) if dtype.kind == "float" else i % 251 for i in range(count)]
+    raw = encode_raw(dtype, values, "o", InvalidArgument)
+    assert len(raw) == count * dtype.itemsize
+    assert decode_raw(dtype, raw, count, "o", InvalidArgument) == values

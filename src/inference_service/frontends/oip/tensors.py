@@ -312,6 +312,10 @@ def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]
     return out
 
 
+#: Elements packed by one ``struct.pack`` call in :func:`encode_raw`.
+PACK_SLICE = 65536
+
+
 def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, error: type[InferenceError]) -> bytes:
     """Raw tensor bytes of ``values`` (elements already checked with :func:`check_values`).
 
@@ -329,10 +333,18 @@ def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, erro
                 parts.append(struct.pack("<I", len(data)))
                 parts.append(data)
             return b"".join(parts)
-        if dtype.name == "BF16":
-            words = struct.unpack(f"<{n}I", struct.pack(f"<{n}f", *values))
-            return struct.pack(f"<{n}H", *(_bf16(w) for w in words))
-        return struct.pack(f"<{n}{dtype.fmt}", *values)
+        if isinstance(values, RawElements) and values.dtype == dtype:
+            return values.raw
+        chunks = []
+        for start in range(0, n, PACK_SLICE):  # one struct call per slice: the interpreter is let go between
+            chunk = values[start:start + PACK_SLICE]
+            size = len(chunk)
+            if dtype.name == "BF16":
+                words = struct.unpack(f"<{size}I", struct.pack(f"<{size}f", *chunk))
+                chunks.append(struct.pack(f"<{size}H", *(_bf16(w) for w in words)))
+            else:
+                chunks.append(struct.pack(f"<{size}{dtype.fmt}", *chunk))
+        return b"".join(chunks)
     except (struct.error, OverflowError) as exc:
         raise error(f"{what}: values do not fit {dtype.name}: {exc}") from exc
 
