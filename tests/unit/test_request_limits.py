@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import struct
@@ -28,7 +29,7 @@ from inference_service.frontends.limits import (
 )
 from inference_service.frontends.oip.http import request_from_http
 from inference_service.frontends.oip.protocol import InferRequest, check_json_floor, make_input
-from inference_service.frontends.oip.tensors import DATATYPES, RawElements, raw_elements
+from inference_service.frontends.oip.tensors import DATATYPES, RawBytesElements, RawElements, raw_elements
 from inference_service.observability.loop_lag import METRIC, LoopLagMonitor
 
 
@@ -182,3 +183,41 @@ def test_the_bounds_are_config_properties_keys():
     for key in ("max_request_parts", "max_json_depth"):
         with pytest.raises(ConfigError, match=key):
             apply_properties(Settings(), {key: "0"}, "config.properties")
+
+
+def _bytes_tensor(values: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def test_raw_bytes_stay_raw_and_slice_in_any_order():
+    values = [f"v{i}".encode() * (i % 5) for i in range(3 * JSON_SLICE + 7)]
+    raw = _bytes_tensor(values)
+    data = raw_elements(DATATYPES["BYTES"], raw, len(values), "x", InvalidArgument)
+    assert isinstance(data, RawBytesElements) and data.raw is raw and len(data) == len(values)
+    assert data[5:9] == values[5:9] and data[9:12] == values[9:12] and data[0:3] == values[0:3]  # back again
+    assert data == values and list(data) == values
+    request = InferRequest("m", "", "", [make_input("s", "BYTES", [len(values)], data, typed=True)])
+    body = json.loads(request.handler_body())
+    assert body["inputs"][0]["data"] == [base64.b64encode(v).decode() for v in values]
+
+
+@pytest.mark.parametrize("raw, count, needle", [
+    (b"\x01\x00", 1, "ends inside an element's 4-byte length"),
+    (struct.pack("<I", 9) + b"abc", 1, "claims 9 bytes, 3 remain"),
+    (_bytes_tensor([b"a", b"b"]), 3, "holds 2 elements, the shape 3"),
+])
+def test_raw_bytes_that_do_not_hold_the_shape_are_invalid_argument(raw, count, needle):
+    with pytest.raises(InvalidArgument, match=needle):
+        raw_elements(DATATYPES["BYTES"], raw, count, "input 's'", InvalidArgument)
+
+
+@pytest.mark.parametrize("name", ["FP32", "BF16", "INT16"])
+def test_encode_raw_across_slices_is_one_struct_pack(name):
+    from inference_service.frontends.oip.tensors import PACK_SLICE, decode_raw, encode_raw
+
+    dtype = DATATYPES[name]
+    count = 2 * PACK_SLICE + 3
+    values = [float(i % 251) if dtype.kind == "float" else i % 251 for i in range(count)]
+    raw = encode_raw(dtype, values, "o", InvalidArgument)
+    assert len(raw) == count * dtype.itemsize
+    assert decode_raw(dtype, raw, count, "o", InvalidArgument) == values

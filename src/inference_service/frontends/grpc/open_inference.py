@@ -45,7 +45,14 @@ from inference_service.frontends.oip.protocol import (
     server_metadata,
     server_ready,
 )
-from inference_service.frontends.oip.tensors import DATATYPES, datatype, element_count, encode_raw, raw_elements
+from inference_service.frontends.oip.tensors import (
+    DATATYPES,
+    PACK_SLICE,
+    datatype,
+    element_count,
+    encode_raw,
+    raw_elements,
+)
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
 
@@ -121,7 +128,9 @@ def infer_response(pb2: ModuleType, response: InferResponse, raw: bool) -> Any:
         elif dtype.kind == "bytes":
             out.contents.bytes_contents.extend(v.encode("utf-8") if isinstance(v, str) else v for v in tensor.data)
         else:
-            getattr(out.contents, dtype.field).extend(tensor.data)
+            field = getattr(out.contents, dtype.field)
+            for start in range(0, len(tensor.data), PACK_SLICE):  # a slice per call: the loop is let in between
+                field.extend(tensor.data[start:start + PACK_SLICE])
     return message
 
 

@@ -60,6 +60,7 @@ from inference_service.frontends.oip.protocol import (
 )
 from inference_service.frontends.oip.tensors import (
     DATATYPES,
+    RawElements,
     datatype,
     element_count,
     encode_raw,
@@ -147,6 +148,7 @@ def request_from_http(body: bytes, header_length: str | None, name: str, version
             raise InvalidArgument(f"input {index} is not an object")
         parameters = _parameters(item.get("parameters"), f"input {index}")
         size = parameters.get("binary_data_size")
+        data: list[Any] | RawElements
         if size is not None:
             what = f"input {item.get('name') or index!r}"
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):

@@ -226,20 +226,71 @@ class RawElements:
     __hash__ = None  # type: ignore[assignment]
 
 
-def raw_elements(dtype: DataType, raw: bytes, count: int, what: str,
-                 error: type[InferenceError]) -> RawElements | list[Any]:
-    """The ``count`` elements of raw tensor bytes: a :class:`RawElements` view for fixed-size
-    types (nothing decoded yet), a list of ``bytes`` for BYTES (as :func:`decode_raw`).
+class RawBytesElements(RawElements):
+    """BYTES elements kept as raw tensor bytes (4-byte length, then the bytes, each), decoded
+    slice by slice as :class:`RawElements`; a small BYTES element would cost about 40 bytes as
+    a Python ``bytes`` object. Slices are cheapest in order (a cursor remembers where the last
+    one ended). ``raw`` is checked to hold exactly ``count`` elements by :func:`raw_elements`.
+    """
+
+    def __init__(self, raw: bytes, count: int) -> None:
+        super().__init__(DATATYPES["BYTES"], raw, count)
+        self._cursor = (0, 0)  # (element index, byte offset) where the last slice ended
+
+    def __getitem__(self, index: slice) -> list[Any]:
+        start, stop, step = index.indices(self.count)
+        if step != 1:
+            raise ValueError("RawElements slices take step 1")
+        element, offset = self._cursor if self._cursor[0] <= start else (0, 0)
+        raw, out = self.raw, []
+        while element < stop:
+            (length,) = struct.unpack_from("<I", raw, offset)
+            if element >= start:
+                out.append(raw[offset + 4:offset + 4 + length])
+            offset += 4 + length
+            element += 1
+        self._cursor = (element, offset)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RawElements):
+            return self.raw == other.raw and self.count == other.count
+        return isinstance(other, list) and self[:] == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def raw_elements(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> RawElements:
+    """The ``count`` elements of raw tensor bytes as a :class:`RawElements` view (nothing
+    decoded yet; BYTES: :class:`RawBytesElements`, its element lengths checked).
 
     Raises:
         error: ``raw`` does not hold exactly ``count`` elements.
     """
     if dtype.name == "BYTES":
-        return _decode_bytes(raw, count, what, error)
+        _check_bytes(raw, count, what, error)
+        return RawBytesElements(raw, count)
     if len(raw) != count * dtype.itemsize:
         raise error(f"{what}: {len(raw)} raw bytes do not hold {count} {dtype.name} elements "
                     f"({count * dtype.itemsize} bytes expected)")
     return RawElements(dtype, raw, count)
+
+
+def _check_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]) -> None:
+    """Raise ``error`` unless ``raw`` holds exactly ``count`` length-prefixed BYTES elements."""
+    offset = elements = 0
+    size = len(raw)
+    while offset < size:
+        if offset + 4 > size:
+            raise error(f"{what}: raw BYTES data ends inside an element's 4-byte length")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > size:
+            raise error(f"{what}: raw BYTES element {elements} claims {length} bytes, {size - offset} remain")
+        offset += length
+        elements += 1
+    if elements != count:
+        raise error(f"{what}: raw BYTES data holds {elements} elements, the shape {count}")
 
 
 def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
@@ -261,6 +312,10 @@ def _decode_bytes(raw: bytes, count: int, what: str, error: type[InferenceError]
     return out
 
 
+#: Elements packed by one ``struct.pack`` call in :func:`encode_raw`.
+PACK_SLICE = 65536
+
+
 def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, error: type[InferenceError]) -> bytes:
     """Raw tensor bytes of ``values`` (elements already checked with :func:`check_values`).
 
@@ -278,10 +333,18 @@ def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, erro
                 parts.append(struct.pack("<I", len(data)))
                 parts.append(data)
             return b"".join(parts)
-        if dtype.name == "BF16":
-            words = struct.unpack(f"<{n}I", struct.pack(f"<{n}f", *values))
-            return struct.pack(f"<{n}H", *(_bf16(w) for w in words))
-        return struct.pack(f"<{n}{dtype.fmt}", *values)
+        if isinstance(values, RawElements) and values.dtype == dtype:
+            return values.raw
+        chunks = []
+        for start in range(0, n, PACK_SLICE):  # one struct call per slice: the interpreter is let go between
+            chunk = values[start:start + PACK_SLICE]
+            size = len(chunk)
+            if dtype.name == "BF16":
+                words = struct.unpack(f"<{size}I", struct.pack(f"<{size}f", *chunk))
+                chunks.append(struct.pack(f"<{size}H", *(_bf16(w) for w in words)))
+            else:
+                chunks.append(struct.pack(f"<{size}{dtype.fmt}", *chunk))
+        return b"".join(chunks)
     except (struct.error, OverflowError) as exc:
         raise error(f"{what}: values do not fit {dtype.name}: {exc}") from exc
 
