@@ -50,7 +50,7 @@ DOCS = ROOT / "docs"
 #: Most blocks the README and the docs may mark ``# needs:`` (and so skip here).
 MAX_SKIPPED = 8
 #: Wall-clock bound of the whole run (s).
-RUN_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 900
 NEEDS = re.compile(r"#\s*needs:\s*(.+)$", re.M)
 HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 FINISH_REASONS = ("stop", "length")
