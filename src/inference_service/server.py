@@ -218,7 +218,8 @@ class Server:
         open_inference = []
         for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
             service_descriptor = pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-            add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry))
+            add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry,
+                                                                              s.grpc_status_codes))
             open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, srv)
