@@ -435,6 +435,8 @@ async def serve(settings: Settings) -> int:
         await server.start()
     except OSError as exc:
         log.error("%s", exc)
+        if str(exc).startswith("cannot bind"):  # a port clash: name every port, to move them at once
+            log.error("%s", settings.ports_message())
         await server.stop(0)
         return 1
     await stop_requested.wait()
