@@ -37,6 +37,7 @@ class InferenceError(Exception):
     reason: str = "INTERNAL"
     retry_after_s: float | None = None
     http_status: int | None = None  # the HTTP status a handler set (the HTTP API answers it as is)
+    model_version: str | None = None  # the version it is about, where the request named none
 
     def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -245,7 +246,7 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
     name, version, url, runtime, short_name, short_version = (
         str(getattr(request, field, "") or "")
         for field in ("model_name", "model_version", "url", "runtime", "name", "version"))
-    name, version = name or short_name, version or short_version
+    name, version = name or short_name, version or short_version or error.model_version or ""
 
     def java(code: grpc.StatusCode, message: str, exception: str) -> tuple[grpc.StatusCode, str]:
         return code, message if in_band else f"{message}\n{exception}"
