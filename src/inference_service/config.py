@@ -30,6 +30,12 @@ class ConfigError(Exception):
     """A setting is malformed (the message names the key and the file)."""
 
 
+#: The command-line flag that moves each port of :meth:`Settings.binds`.
+PORT_FLAGS = {"inference": "--grpc-inference-port", "management": "--grpc-management-port",
+              "HTTP inference": "--http-port", "HTTP management": "--http-management-port",
+              "metrics": "--metrics-port", "health": "--grpc-health-port"}
+
+
 @dataclass
 class Settings:
     """Every server setting (units in names: ms, s, bytes).
@@ -171,6 +177,29 @@ class Settings:
     def instance_dir(self) -> Path:
         """The per-instance directory (``run_dir``, default ``<working_dir>/.inference_service``)."""
         return self.run_dir or self.working_dir / ".inference_service"
+
+    def binds(self) -> list[tuple[str, str, int]]:
+        """Every port the server listens on: ``(API name, address, port)`` for the gRPC inference
+        and management APIs, and the HTTP inference, HTTP management, metrics and (separate)
+        health ports when enabled; port 0 means any free port."""
+        out = [("inference", self.inference_address, self.inference_port),
+               ("management", self.management_address, self.management_port)]
+        if self.http_port is not None:
+            out.append(("HTTP inference", self.http_address, self.http_port))
+        if self.http_management_port is not None:
+            out.append(("HTTP management", self.http_management_address, self.http_management_port))
+        if self.enable_metrics_api:
+            out.append(("metrics", self.metrics_address, self.metrics_port))
+        if self.health_port is not None:
+            out.append(("health", self.health_address, self.health_port))
+        return out
+
+    def ports_message(self) -> str:
+        """``"the server's ports: inference 7070 (--grpc-inference-port), ..."``: every port of
+        :meth:`binds` with the flag that moves it (said with each port clash, so that a user
+        moves them all at once)."""
+        return "the server's ports: " + ", ".join(
+            f"{api} {port or 'any'} ({PORT_FLAGS[api]})" for api, _, port in self.binds())
 
     @property
     def files_dir(self) -> Path:

@@ -37,6 +37,7 @@ class InferenceError(Exception):
     reason: str = "INTERNAL"
     retry_after_s: float | None = None
     http_status: int | None = None  # the HTTP status a handler set (the HTTP API answers it as is)
+    model_version: str | None = None  # the version it is about, where the request named none
 
     def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -198,8 +199,8 @@ def error_for_code(code: grpc.StatusCode, message: str, http_status: int | None 
 STATUS_CODES = ("default", "torchserve")
 TORCHSERVE = "torchserve"
 #: The inference RPCs: TorchServe answers their refusals INTERNAL where its management RPCs
-#: answer NOT_FOUND (its ``InferenceImpl.prediction``).
-INFERENCE_RPCS = frozenset({"Predictions", "StreamPredictions", "StreamPredictions2"})
+#: answer NOT_FOUND (its ``InferenceImpl.prediction`` and ``OpenInferenceProtocolImpl.modelInfer``).
+INFERENCE_RPCS = frozenset({"Predictions", "StreamPredictions", "StreamPredictions2", "ModelInfer"})
 #: grpc-java's status of an exception the servicer did not catch (TorchServe's
 #: ``ConflictStatusException`` and ``InvalidModelVersionException`` reach it).
 UNCAUGHT = (grpc.StatusCode.UNKNOWN, "Application error processing RPC")
@@ -225,6 +226,7 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
     """The code and message TorchServe 0.12 answers where this server refuses with ``error``.
 
     Read from TorchServe 0.12's frontend: ``InferenceImpl``, ``ManagementImpl``,
+    ``OpenInferenceProtocolImpl`` (the Open Inference Protocol's ModelReady, ModelMetadata, ModelInfer),
     ``GRPCInterceptor``, ``GRPCJob.sendError``, ``ApiUtils``, ``ModelManager``,
     ``ModelVersionedRefs``, ``ModelArchive`` and ``WorkerThread``. Its messages end with a line
     naming the Java exception (``Status.augmentDescription``), reproduced here; ``in_band``
@@ -234,14 +236,17 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
     Args:
         error: the refusal, as this server raises it (its ``reason`` selects the row).
         method: the RPC's name (``Predictions``, ``RegisterModel``, ...).
-        request: the RPC's request message; its ``model_name``, ``model_version``, ``url`` and
-            ``runtime`` fields, where it has them, are quoted as TorchServe's messages quote them.
+        request: the RPC's request message; its ``model_name`` (or ``name``), ``model_version`` (or
+            ``version``), ``url`` and ``runtime`` fields, where it has them, are quoted as
+            TorchServe's messages quote them.
         in_band: the status goes in a response message, not the call's status.
     """
     reason = error.reason
     inference = method in INFERENCE_RPCS
-    name, version, url, runtime = (str(getattr(request, field, "") or "")
-                                   for field in ("model_name", "model_version", "url", "runtime"))
+    name, version, url, runtime, short_name, short_version = (
+        str(getattr(request, field, "") or "")
+        for field in ("model_name", "model_version", "url", "runtime", "name", "version"))
+    name, version = name or short_name, version or short_version or error.model_version or ""
 
     def java(code: grpc.StatusCode, message: str, exception: str) -> tuple[grpc.StatusCode, str]:
         return code, message if in_band else f"{message}\n{exception}"
@@ -252,7 +257,9 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
     if reason == "MODEL_API_DISABLED":
         return java(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", _MODEL_EXCEPTION)
     if reason == "MODEL_NAME_REQUIRED":
-        if inference:
+        if method == "ModelReady":  # sic: OpenInferenceProtocolImpl.modelReady's text
+            return java(_INFERENCE, "Parameter name is required.", "BadRequestException.()")
+        if inference or method == "ModelMetadata":
             return java(_INFERENCE, "Parameter model_name is required.", "BadRequestException.()")
         if method == "UnregisterModel":  # sic: ManagementImpl.unregisterModel's text
             return java(grpc.StatusCode.INVALID_ARGUMENT, "Parameter url is required.", _BAD_REQUEST)

@@ -253,7 +253,8 @@ class Server:
         open_inference = []
         for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
             service_descriptor = pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-            add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry))
+            add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry,
+                                                                              s.grpc_status_codes))
             open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             add_health(self.health.servicer, srv)
@@ -504,6 +505,8 @@ async def serve(settings: Settings) -> int:
         await server.start()
     except OSError as exc:
         log.error("%s", exc)
+        if str(exc).startswith("cannot bind"):  # a port clash: name every port, to move them at once
+            log.error("%s", settings.ports_message())
         await server.stop(0)
         return 1
     await stop_requested.wait()

@@ -72,11 +72,14 @@ def test_name_from_the_model_directory_and_no_silent_overwrite(tiny, tmp_path):
         assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["modelName"] == "Tiny-Llama"
         assert "SmolLM2" not in mar.read("llm_handler.py").decode()
     before = archive.read_bytes()
-    again = _run("--model-store", str(store), "--model-path", str(tiny))
-    assert again.returncode == 1 and "exists; pass --force" in again.stderr and "Traceback" not in again.stderr
+    same = _run("--model-store", str(store), "--model-path", str(tiny))  # the same build again: left as it is
+    assert same.returncode == 0 and "up to date" in same.stderr and same.stdout.strip() == str(archive)
     assert archive.read_bytes() == before
-    bundled_again = _run("--model-store", str(store))  # refused before any conversion
-    assert bundled_again.returncode == 1 and f"{bundled} exists" in bundled_again.stderr
+    other = _run("--model-store", str(store), "--model-path", str(tiny), "--max-new-tokens", "7")
+    assert other.returncode == 1 and "exists with other content; pass --force" in other.stderr
+    assert "Traceback" not in other.stderr and archive.read_bytes() == before
+    bundled_again = _run("--model-store", str(store))  # refused (before any conversion)
+    assert bundled_again.returncode == 1 and f"{bundled} exists with other content" in bundled_again.stderr
     assert bundled.read_bytes() == b"the bundled model's archive"
     forced = _run("--model-store", str(store), "--model-path", str(tiny), "--force", "--max-new-tokens", "7")
     assert forced.returncode == 0, forced.stderr
@@ -90,6 +93,11 @@ def test_self_contained_archive_is_served_after_the_model_directory_is_gone(tiny
     store = tmp_path / "store"
     built = _run("--model-store", str(store), "--model-path", str(model), "--self-contained", "--name", "tiny")
     assert built.returncode == 0, built.stderr
+    again = _run("--model-store", str(store), "--model-path", str(model), "--self-contained", "--name", "tiny")
+    assert again.returncode == 0 and "up to date" in again.stderr, again.stderr  # weights compared: the same
+    (model / "config.json").write_text((model / "config.json").read_text() + " ")
+    changed = _run("--model-store", str(store), "--model-path", str(model), "--self-contained", "--name", "tiny")
+    assert changed.returncode == 1 and "other content" in changed.stderr  # a model file changed
     with zipfile.ZipFile(store / "tiny.mar") as mar:
         names = set(mar.namelist())
         assert {"model/config.json", "model/model.safetensors", "model/tokenizer.json"} <= names
@@ -150,5 +158,7 @@ def test_conversion_is_announced_only_when_it_happens(tiny, tmp_path):
     built = _run("--model-store", str(tmp_path / "store"))
     assert built.returncode == 0, built.stderr
     assert "converting" not in built.stderr
+    same = _run("--model-store", str(tmp_path / "store"))  # the README's command after scripts/demo's
+    assert same.returncode == 0 and "up to date" in same.stderr
     demo = (ROOT / "scripts" / "demo").read_text()
     assert "half a minute" not in demo and "build_llm_archive --model-store model_store --force" in demo

@@ -182,3 +182,17 @@ def test_python_floor_is_3_11(tmp_path):
     assert proc.returncode == 1
     assert "needs Python 3.11 or newer" in proc.stderr and "Python 3.10.14" in proc.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_foreground_bind_failure_lists_every_port(workdir):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _cli(workdir, "--foreground", "--ncs", *FREE_PORTS, "--http-management-port", str(port), timeout=60)
+    assert proc.returncode == 1
+    assert f"cannot bind the HTTP management API to 127.0.0.1:{port}" in proc.stderr
+    assert (f"the server's ports: inference any (--grpc-inference-port), management any (--grpc-management-port), "
+            f"HTTP inference any (--http-port), HTTP management {port} (--http-management-port), "
+            "metrics any (--metrics-port)") in proc.stderr
+    assert _nothing_running(workdir)

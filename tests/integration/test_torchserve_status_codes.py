@@ -21,12 +21,16 @@ import grpc
 import pytest
 
 from conftest import ServerProcess, build_dir, wait_for
-from inference_service._proto import inference_pb2, management_pb2
+from inference_service._proto import inference_pb2, management_pb2, open_inference_grpc_pb2
 
 ROWS = json.loads((Path(__file__).resolve().parent.parent / "data" / "torchserve_grpc_refusals.json")
                   .read_text())["rows"]
 MANAGEMENT_RPCS = {"RegisterModel", "UnregisterModel", "ScaleWorker", "SetDefault", "DescribeModel", "ListModels"}
+OIP_RPCS = {"ModelReady", "ModelMetadata", "ModelInfer"}
 REQUESTS = {
+    "ModelReady": open_inference_grpc_pb2.ModelReadyRequest,
+    "ModelMetadata": open_inference_grpc_pb2.ModelMetadataRequest,
+    "ModelInfer": open_inference_grpc_pb2.ModelInferRequest,
     "RegisterModel": management_pb2.RegisterModelRequest, "UnregisterModel": management_pb2.UnregisterModelRequest,
     "ScaleWorker": management_pb2.ScaleWorkerRequest, "SetDefault": management_pb2.SetDefaultRequest,
     "DescribeModel": management_pb2.DescribeModelRequest, "ListModels": management_pb2.ListModelsRequest,
@@ -112,7 +116,7 @@ def _request(row: dict[str, Any], archive_host: str = "") -> Any:
     fields = dict(row["request"])
     if "url" in fields:
         fields["url"] = fields["url"].replace("{archive_host}", archive_host)
-    if row["rpc"] in MANAGEMENT_RPCS:
+    if row["rpc"] in MANAGEMENT_RPCS | OIP_RPCS:
         return REQUESTS[row["rpc"]](**fields)
     fields["input"] = {k: v.encode() for k, v in fields.get("input", {}).items()}
     return inference_pb2.PredictionsRequest(**fields)
@@ -129,9 +133,12 @@ def _call(srv: ServerProcess, row: dict[str, Any]) -> tuple[grpc.StatusCode, str
     else:
         channel = srv.open_channel(srv.management_port if management else srv.inference_port, None)
         metadata = (("authorization", "Bearer not-the-key"),) if token == "wrong" else ()
-    service = "management.ManagementAPIsService" if management else "inference.InferenceAPIsService"
+    service = ("management.ManagementAPIsService" if management else "openinference.GRPCInferenceService"
+               if rpc in OIP_RPCS else "inference.InferenceAPIsService")
     path = f"/org.pytorch.serve.grpc.{service}/{rpc}"
-    response_type = management_pb2.ManagementResponse if management else inference_pb2.PredictionResponse
+    response_type = (management_pb2.ManagementResponse if management else
+                     getattr(open_inference_grpc_pb2, f"{rpc}Response") if rpc in OIP_RPCS
+                     else inference_pb2.PredictionResponse)
     kwargs = {"request_serializer": type(request).SerializeToString, "response_deserializer": response_type.FromString}
     try:
         if rpc == "StreamPredictions2":

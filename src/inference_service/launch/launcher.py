@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_service.config import Settings
-from inference_service.launch.ports import all_ports_message, busy_ports, port_in_use_message
+from inference_service.launch.ports import busy_ports, port_in_use_message
 from inference_service.launch.preflight import startup_problems
 from inference_service.observability.status import (
     FAILED,
@@ -137,7 +137,7 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
         for problem in problems:
             print(f"inference-service: {problem}", file=sys.stderr)
         if clashes:
-            print(f"inference-service: {all_ports_message(settings)}", file=sys.stderr)
+            print(f"inference-service: {settings.ports_message()}", file=sys.stderr)
         print("inference-service: not started", file=sys.stderr)
         return 1
     logs = settings.files_dir / "logs"
@@ -257,16 +257,12 @@ class _Run:
         errors = [m for m in log_messages(self.log_path, self.offset) if re.search(r"\b(ERROR|CRITICAL)\b", m)]
         print(f"inference-service failed to start (exit {self.child.returncode}); log: {self.log_path}",
               file=sys.stderr)
-        clash = False
-        for message in errors[-10:]:
+        for message in errors[-10:]:  # a bind failure's includes the server's "the server's ports: ..."
             print(f"  {message}", file=sys.stderr)
             bind = re.search(r"cannot bind the (.+?) API to (.+):(\d+)", message)
             if bind:
-                clash = True
                 print(f"inference-service: {port_in_use_message(bind[1], bind[2], int(bind[3]))}",
                       file=sys.stderr)
-        if clash:
-            print(f"inference-service: {all_ports_message(self.settings)}", file=sys.stderr)
 
     def fail(self, cause: str) -> None:
         """Report ``cause`` and stop the server (SIGTERM, then at most the drain timeout + 15 s)."""

@@ -74,38 +74,8 @@ def port_in_use_message(api: str, address: str, port: int) -> str:
     return f"port {port} ({api} API, {address}) is already in use" + (f" by {holder}" if holder else "")
 
 
-#: Each bind: its API name in messages, the command-line flag that moves it.
-PORT_FLAGS = {"inference": "--grpc-inference-port", "management": "--grpc-management-port",
-              "HTTP inference": "--http-port", "HTTP management": "--http-management-port",
-              "metrics": "--metrics-port", "health": "--grpc-health-port"}
-
-
-def binds(settings: Settings) -> list[tuple[str, str, int]]:
-    """Every port the server would listen on: ``(API name, address, port)`` for the gRPC
-    inference and management APIs, and the HTTP inference, HTTP management, metrics and
-    (separate) health ports when enabled; port 0 means any free port."""
-    out = [("inference", settings.inference_address, settings.inference_port),
-           ("management", settings.management_address, settings.management_port)]
-    if settings.http_port is not None:
-        out.append(("HTTP inference", settings.http_address, settings.http_port))
-    if settings.http_management_port is not None:
-        out.append(("HTTP management", settings.http_management_address, settings.http_management_port))
-    if settings.enable_metrics_api:
-        out.append(("metrics", settings.metrics_address, settings.metrics_port))
-    if settings.health_port is not None:
-        out.append(("health", settings.health_address, settings.health_port))
-    return out
-
-
-def all_ports_message(settings: Settings) -> str:
-    """``"the server's ports: inference 7070 (--grpc-inference-port), ..."``: every port, with the
-    flag that moves it (said with each port clash, so that a user moves them all at once)."""
-    return "the server's ports: " + ", ".join(
-        f"{api} {port or 'any'} ({PORT_FLAGS[api]})" for api, _, port in binds(settings))
-
-
 def busy_ports(settings: Settings) -> list[str]:
     """A :func:`port_in_use_message` per configured (non-zero) port another process already listens
-    on, among :func:`binds`."""
-    return [port_in_use_message(api, address, port) for api, address, port in binds(settings)
+    on, among :meth:`Settings.binds`."""
+    return [port_in_use_message(api, address, port) for api, address, port in settings.binds()
             if port and port_taken(address, port)]

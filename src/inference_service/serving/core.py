@@ -300,8 +300,9 @@ class InferenceCore:
                  name, model.version, req.url, handler, config.batch_size, config.min_workers)
         try:
             await model.scale(config.min_workers, config.max_workers, req.synchronous)
-        except WorkerLoadError:
+        except WorkerLoadError as exc:
             await self._remove_version(name, model.version)
+            exc.model_version = model.version  # RegisterModel's request names none
             raise
         self._on_health_change()
         self.on_models_changed()

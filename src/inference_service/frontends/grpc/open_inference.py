@@ -142,12 +142,16 @@ class OpenInferenceServicer:
         pb2: the generated messages of the package it serves (``grpc_predict_v2_pb2`` or
             ``open_inference_grpc_pb2``).
         telemetry: where RPCs are counted and access-logged (``None``: nowhere).
+        status_codes: ``grpc_status_codes`` (``"torchserve"``: TorchServe 0.12's codes, see
+            :func:`~inference_service.frontends.grpc.base.refusal`).
     """
 
-    def __init__(self, core: InferenceCore, pb2: ModuleType, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, core: InferenceCore, pb2: ModuleType, telemetry: Telemetry | None = None,
+                 status_codes: str = "default") -> None:
         self.core = core
         self.pb2 = pb2
         self.telemetry = telemetry
+        self.status_codes = status_codes
 
     @unary
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -364,7 +364,7 @@ def model_ready(core: InferenceCore, name: str, version: str) -> bool:
         InvalidArgument: no name. NotFound: unknown model or version (as TorchServe).
     """
     if not name:
-        raise InvalidArgument("name is required")
+        raise InvalidArgument("name is required", reason="MODEL_NAME_REQUIRED")
     model = core.get(name, version)
     return core.accepting and model.ready_workers > 0 and model.healthy
 
@@ -377,7 +377,7 @@ def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, An
         InvalidArgument: no name. NotFound: unknown model or version.
     """
     if not name:
-        raise InvalidArgument("name is required")
+        raise InvalidArgument("name is required", reason="MODEL_NAME_REQUIRED")
     core.get(name, version)
     versions = [model.version for model, _default in core.versions(name, "all")]
     return {"name": name, "versions": versions, "platform": "", "inputs": [], "outputs": []}
