@@ -43,6 +43,8 @@ def main() -> None:
     context.request_processor = [RequestProcessor({}) for _ in range(n)]
     handler = LLMHandler()
     handler.initialize(context)
+    # the worker's per-call reset (Context.begin_batch; _begin_batch in older trees)
+    begin_batch = getattr(context, "begin_batch", None) or getattr(context, "_begin_batch")  # noqa: B009
     ids = [f"r{i}" for i in range(n)]
     first_chunk: dict[str, float] = {}
     first_token: dict[str, float] = {}
@@ -52,7 +54,7 @@ def main() -> None:
     new = True
     while len(done) < n:
         running = [rid for rid in ids if rid not in done]
-        context._begin_batch(running, [{} for _ in running], [None for _ in running])
+        begin_batch(running, [{} for _ in running], [None for _ in running])
         data = [{"data": bytearray(json.dumps({"prompt": prompts[ids.index(rid)], "ignore_eos": True,
                                                "max_new_tokens": args.max_new_tokens}).encode())} if new else {}
                 for rid in running]
