@@ -168,12 +168,16 @@ def stream_text(output: str) -> str:
     return "".join(pieces)
 
 
-def llm_answer(output: str) -> tuple[str, str]:
-    """``(text, finish_reason)`` of a streamed LLM answer whose last message is the
-    ``include_usage`` JSON object (``{"text", "finish_reason", "usage"}``)."""
+def llm_answer(output: str, errors: str = "") -> tuple[str, str]:
+    """``(text, finish_reason)`` of a streamed LLM answer: its last message is the
+    ``include_usage`` JSON object (``{"text", "finish_reason", "usage"}``), or, for the bundled
+    client, which prints clean text, ``errors`` (its stderr) holds ``finish_reason: <reason>``."""
     text = stream_text(output).strip()
     start = text.rfind('{"text"')
-    assert start >= 0, f"no final {{\"text\", \"finish_reason\"}} message in:\n{output}"
+    if start < 0:
+        found = re.search(r"finish_reason: (\w+)", errors)
+        assert found, f"no final {{\"text\", \"finish_reason\"}} message in:\n{output}\n--- stderr:\n{errors}"
+        return text, found.group(1)
     final, _ = json.JSONDecoder().raw_decode(text[start:])
     return (text[:start] + final["text"]).strip(), final["finish_reason"]
 
@@ -226,6 +230,8 @@ def test_readme_blocks_are_split_into_commands():
     assert llm_answer('{"index":0,"prediction":"Par"}\n{"index":1,"prediction":"{\\"text\\": \\"is\\", '
                       '\\"finish_reason\\": \\"stop\\"}"}') == ("Paris", "stop")
     assert llm_answer('Paris.{"text": "", "finish_reason": "length", "usage": {}}\n\n') == ("Paris.", "length")
+    assert llm_answer("The capital is Paris.\n", "finish_reason: stop, prompt_tokens: 9, completion_tokens: 5\n") \
+        == ("The capital is Paris.", "stop")
     assert llm_answer('{"index":0,"prediction":"Hi"}\n\n{"index":1,"prediction":"{\\"text\\": \\"\\", '
                       '\\"finish_reason\\": \\"stop\\"}"}\n\n') == ("Hi", "stop")
 
@@ -282,7 +288,7 @@ def test_readme_commands_run_as_written(tmp_path):
             answer = output.split("== answer (streamed):", 1)[-1].split("==", 1)[0].strip()
             assert answer, f"scripts/demo printed no answer:\n{output}"
         elif is_llm_request(command):
-            text, reason = llm_answer(output)
+            text, reason = llm_answer(output, errors)
             assert text, f"{line}: the LLM answered nothing:\n{command}\n{output}"
             assert reason in FINISH_REASONS, f"{line}: finish_reason {reason!r}:\n{output}"
     assert len(results) == len(commands)

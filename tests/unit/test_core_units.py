@@ -327,7 +327,8 @@ def test_stats_view_counts_workers_by_state(tmp_path):
     core, model = _core(tmp_path, None)
     model.slots = {1: SimpleNamespace(state=WorkerState.READY, process=SimpleNamespace(pid=101)),
                    2: SimpleNamespace(state=WorkerState.BACKOFF, process=None),
-                   3: SimpleNamespace(state=WorkerState.READY, process=SimpleNamespace(pid=103))}
+                   3: SimpleNamespace(state=WorkerState.READY, process=SimpleNamespace(pid=None)),
+                   4: SimpleNamespace(state=WorkerState.READY, process=SimpleNamespace(pid=103))}
     model.queue = [object(), object()]
     model.restarts_total = 5
     core.inflight = 1
@@ -335,8 +336,8 @@ def test_stats_view_counts_workers_by_state(tmp_path):
     assert inflight == 1 and len(versions) == 1
     v = versions[0]
     assert (v.model_name, v.model_version, v.queue_depth, v.restarts) == ("m", "1.0", 2, 5)
-    assert v.workers == {"STARTING": 0, "READY": 2, "BUSY": 0, "RESTARTING": 1, "FAILED": 0, "UNLOADING": 0}
-    assert v.worker_pids == frozenset({101, 103})
+    assert v.workers == {"STARTING": 0, "READY": 3, "BUSY": 0, "RESTARTING": 1, "FAILED": 0, "UNLOADING": 0}
+    assert v.worker_pids == frozenset({101, 103})  # the running worker processes (what LLM gauges are keyed by)
 
 
 @pytest.mark.parametrize("versions,newest", [
