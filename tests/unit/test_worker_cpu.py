@@ -72,7 +72,7 @@ def test_parse_affinity(value: object, cpus: set[int] | None) -> None:
     assert parse_affinity(value) == cpus
 
 
-@pytest.mark.parametrize("value", ["a-b", "3-1", "-1", [0, -1], [True], 1.5, []])
+@pytest.mark.parametrize("value", ["a-b", "3-1", "-1", "0-", "1,", [0, -1], [True], 1.5, []])
 def test_parse_affinity_rejects(value: object) -> None:
     with pytest.raises(ValueError, match="cpu_affinity"):
         parse_affinity(value)

@@ -95,8 +95,8 @@ def parse_affinity(value: Any) -> set[int] | None:
     elif isinstance(value, str):
         try:
             for part in value.split(","):
-                first, _, last = part.strip().partition("-")
-                low, high = int(first), int(last or first)
+                first, dash, last = part.strip().partition("-")
+                low, high = int(first), int(last if dash else first)
                 if low < 0 or high < low:
                     raise ValueError(part)
                 cpus.update(range(low, high + 1))
