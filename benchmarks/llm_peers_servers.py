@@ -103,13 +103,14 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, deadline_s: f
 
 def start_ours(workdir: Path, threads: int, quantization: str | None = None) -> Running:
     """This server with the bundled archive (scripts/build_llm_archive, default mode unless
-    ``quantization``), one worker, ``torch_threads``; OpenAI API on its HTTP port."""
+    ``quantization``; ``"eager"``: no quantization and no prepacking, the handler before issue
+    24), one worker, ``torch_threads``; OpenAI API on its HTTP port."""
     import yaml
 
     store = workdir / "store"
     argv = [sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)]
     if quantization:
-        argv += ["--quantization", quantization]
+        argv += ["--quantization", "none" if quantization == "eager" else quantization]
     subprocess.run(argv, check=True, capture_output=True, timeout=900)
     # the worker's thread count as for the peers (worker_threads would do the same server-wide)
     import zipfile
@@ -119,6 +120,8 @@ def start_ours(workdir: Path, threads: int, quantization: str | None = None) -> 
         entries = {n: src.read(n) for n in src.namelist()}
     config = yaml.safe_load(entries["model-config.yaml"])
     config["handler"]["torch_threads"] = threads
+    if quantization == "eager":
+        config["handler"]["prepack"] = False
     entries["model-config.yaml"] = yaml.safe_dump(config, sort_keys=False).encode()
     with zipfile.ZipFile(archive, "w") as dst:
         for n, data in entries.items():
