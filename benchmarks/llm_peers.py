@@ -73,7 +73,9 @@ async def stream_one(session: aiohttp.ClientSession, server: Running, prompt: st
     """One streamed chat completion after ``delay_s``: send time, chunk times, token count."""
     await asyncio.sleep(max(0.0, t0 + delay_s - time.perf_counter()))
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "temperature": 0, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if server.name != "hf_serve":  # transformers serve answers 422 to fields it does not know
+        body["ignore_eos"] = True
     sent = time.perf_counter()
     times: list[float] = []
     usage = None
@@ -146,7 +148,7 @@ def measure(name: str, scenarios: list[str], tokens: int, threads: int) -> dict[
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per server x scenario x figure, the median over the runs."""
     out: dict[str, Any] = {}
-    for name in runs[0]:
+    for name in (n for n in runs[0] if all(n in r for r in runs)):
         out[name] = {"start_s": statistics.median(r[name]["start_s"] for r in runs)}
         for scenario in (k for k in runs[0][name] if k != "start_s"):
             out[name][scenario] = {f: statistics.median(v) if (v := [r[name][scenario][f] for r in runs
@@ -228,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for name in servers if run % 2 == 0 else list(reversed(servers)):
             print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
-            results[name] = measure(name, scenarios, args.tokens, args.threads)
+            try:
+                results[name] = measure(name, scenarios, args.tokens, args.threads)
+            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)
+                continue
+            print(json.dumps({"run": run + 1, name: results[name]}), file=sys.stderr, flush=True)
         runs.append(results)
     res = median_of(runs)
     print(table(res))
