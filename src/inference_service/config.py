@@ -58,7 +58,10 @@ class Settings:
             connection age settings (``None``: gRPC's default, unlimited).
         working_dir: where logs and snapshots go (the current directory).
         run_dir: per-instance directory (pid file, status file, extracted archives).
-        worker_threads: torch threads per worker (0: cores / workers).
+        worker_threads: torch threads per worker (0: usable CPUs / workers, where usable CPUs
+            are the affinity mask capped by the cgroup CPU quota).
+        worker_omp_wait_policy: ``OMP_WAIT_POLICY`` of the workers, ``passive`` (idle threads
+            sleep; a busy neighbour core slows a worker in proportion) or ``active``.
         install_py_dep_per_model: install archives' requirements.txt (false, as TorchServe).
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
@@ -135,6 +138,7 @@ class Settings:
     working_dir: Path = field(default_factory=Path.cwd)
     run_dir: Path | None = None
     worker_threads: int = 0
+    worker_omp_wait_policy: str = "passive"
     install_py_dep_per_model: bool = False
     snapshot: bool = True
     disable_token_auth: bool = False
@@ -397,6 +401,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
+    "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active")),
 }
 
 

@@ -65,7 +65,11 @@ section:
   else ``$XDG_CACHE_HOME/inference-service``);
 - ``max_new_tokens`` (default 256), ``temperature`` (default 0), ``top_p``
   (default 1.0): request defaults;
-- ``torch_threads``: ``torch.set_num_threads`` for this worker;
+- ``torch_threads``: ``torch.set_num_threads`` for this worker; ``omp_wait_policy`` and
+  ``cpu_affinity``: see :mod:`inference_service.worker.cpu` (applied by the worker);
+- ``quantization`` (default ``none``): ``none`` or ``int8`` (dynamic int8 of the decoder
+  layers, LM head fp32); ``prepack`` (default true): oneDNN-prepacked fp32 linear layers,
+  CPU only (see :mod:`inference_service.llm.quantize`);
 - ``max_prefill_requests`` (default 2): most newly arrived requests prefilled in one
   step; the rest join at the following steps (see
   :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``);
@@ -201,7 +205,8 @@ class LLMHandler(BaseHandler):
             inference_service.llm.model.ModelPreparationError: the model cannot
                 be located, converted or loaded.
             ValueError: ``torch_threads``, ``max_prefill_requests`` or ``max_num_batched_tokens``
-                is not a positive integer.
+                is not a positive integer, ``quantization`` is unknown or ``int8`` off CPU,
+                ``prepack`` is not a boolean.
         """
         import torch
 
@@ -216,7 +221,14 @@ class LLMHandler(BaseHandler):
             torch.set_num_threads(threads)
         model_dir = resolve_model_dir(config)
         self.model_path = str(model_dir)
+        quantization = config.get("quantization", "none")
+        prepack = config.get("prepack", True)
+        if not isinstance(prepack, bool):
+            raise ValueError(f"handler config: 'prepack' must be true or false, got {prepack!r}")
         self.model, self.tokenizer = load_model(model_dir, device=str(self.device))
+        from inference_service.llm.quantize import optimize_model
+
+        optimize_model(self.model, quantization=str(quantization), prepack=prepack)
         log.info("warm-up forward pass took %.2f s", warm_up(self.model))
         self.context_length = model_context_length(self.model)
         max_prefill = config.get("max_prefill_requests", DEFAULT_MAX_PREFILL)

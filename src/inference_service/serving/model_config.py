@@ -38,6 +38,7 @@ class ModelConfig:
     sequence_max_idle_ms: int = 0
     sequence_timeout_ms: int = 0
     worker_threads: int = 0
+    worker_wait_policy: str = "passive"  # OMP_WAIT_POLICY of the workers (worker/cpu.py)
     continuous_batching: bool = False
     async_communication: bool = False
     stream_pause_preempt_ms: int = 1000

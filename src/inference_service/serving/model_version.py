@@ -25,6 +25,7 @@ from inference_service.errors import (
 )
 from inference_service.serving.model_config import ModelConfig, parallel_settings
 from inference_service.worker import protocol
+from inference_service.worker.cpu import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,16 @@ class ModelVersion:
         )
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
-        """Environment of a worker: torch threads = cores / workers unless configured."""
+        """Environment of a worker: torch threads = usable CPUs (affinity and cgroup quota) /
+        workers unless configured; OpenMP wait policy from the server's settings."""
         env = dict(self.base_env)
         if self.world_size > 1:
             threads = self.rank_threads  # per rank; TorchServe's default is 1
         else:
-            threads = self.config.worker_threads or max(1, (os.cpu_count() or 1) // max(1, len(self.slots)))
+            threads = self.config.worker_threads or default_threads(len(self.slots))
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("MKL_NUM_THREADS", str(threads))
+        env.setdefault("OMP_WAIT_POLICY", self.config.worker_wait_policy.upper())
         if self.device_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.device_ids)
         elif slot.gpu is None:

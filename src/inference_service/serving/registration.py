@@ -170,6 +170,7 @@ async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir:
             "job_queue_size": settings.job_queue_size,
             "max_backoff_s": settings.max_backoff_s,
             "worker_threads": settings.worker_threads,
+            "worker_wait_policy": settings.worker_omp_wait_policy,
         }
         if req.loaded_at_startup and "minWorkers" not in archive.config:
             defaults["min_workers"] = settings.default_workers_per_model

@@ -3,7 +3,8 @@
 
 1. Read the ``INIT`` frame (a :class:`~.protocol.WorkerSpec`) from the inherited socket.
 2. Put the TorchServe import shims (``ts.*``) and the model directory on ``sys.path``.
-3. Load the handler; answer ``READY`` (or ``LOAD_FAILED`` with the cause, then exit 1).
+3. Apply the model's CPU settings (threads, wait policy, affinity: :mod:`.cpu`) before
+   anything imports torch, then load the handler; answer ``READY`` (or ``LOAD_FAILED`` with the cause, then exit 1).
 4. Serve requests on the main thread, which reads the socket itself (no reader thread:
    a request costs no thread hand-off), in the spec's mode: batches one at a time
    (:class:`~.runtime.Worker`, TorchServe's default), a continuous batch
@@ -25,6 +26,7 @@ from inference_service.worker import protocol
 from inference_service.worker.async_runner import AsyncRunner
 from inference_service.worker.channel import WorkerChannel
 from inference_service.worker.continuous import ContinuousRunner
+from inference_service.worker.cpu import apply_cpu_settings
 from inference_service.worker.loader import HandlerLoadError
 from inference_service.worker.runtime import Worker
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TS_MODEL_DIR", spec.model_dir)
     worker = Worker(channel, spec)
     try:
+        handler_config = (spec.model_yaml_config or {}).get("handler") or {}
+        cpu = apply_cpu_settings(handler_config if isinstance(handler_config, dict) else {})
+        log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
+                 cpu["threads"], cpu["wait_policy"], cpu["affinity"] or "inherited")
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)

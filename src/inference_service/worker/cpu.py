@@ -1,0 +1,158 @@
+"""CPU budget of a worker: the cores it may use, its intra-op threads and their wait policy.
+
+A worker runs each large operator on ``torch.get_num_threads()`` threads that meet at the end
+of the operator. When a neighbour (another worker, another container, a CPU quota below the
+thread count) takes one of those cores, the others wait for the descheduled thread at every
+operator, and with OpenMP's default *active* wait they spin on the cores the late thread
+needs: 8 streams fell from 65 to 2 tokens/s with one core of two kept busy. Three settings
+keep a worker proportional instead (measured figures: ``benchmarks/RESULTS.md``):
+
+- threads no more than the CPUs the worker can count on: :func:`usable_cpus` reads the
+  affinity mask and the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), which is
+  what Kubernetes' ``resources.limits.cpu`` sets, not the host's core count;
+- ``OMP_WAIT_POLICY=PASSIVE``: threads that finished early sleep rather than spin; read by
+  the OpenMP runtime once, when torch is first imported, so it is set in the worker's
+  environment before the handler is loaded (:func:`apply_cpu_settings`);
+- an optional affinity (``cpu_affinity``), to pin each worker to its own cores.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Accepted wait policies (OpenMP's ``OMP_WAIT_POLICY`` values, case-insensitive).
+WAIT_POLICIES = ("passive", "active")
+#: The server's default wait policy of a worker (``config.properties`` ``worker_omp_wait_policy``).
+DEFAULT_WAIT_POLICY = "passive"
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = _CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (``2.5`` = 250 ms per 100 ms), or ``None``.
+
+    Reads cgroup v2 ``<root>/cpu.max`` (``"max 100000"`` = no quota), else cgroup v1
+    ``<root>/cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota ``-1`` = none). A file that
+    is missing or unreadable counts as no quota.
+    """
+    try:
+        quota, _, period = (root / "cpu.max").read_text().partition(" ")
+        if quota.strip() != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cpus(root: Path = _CGROUP) -> float:
+    """CPUs this process can count on: the smaller of its affinity mask's size and its cgroup
+    quota (:func:`cgroup_cpu_limit`); at least 1."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = cgroup_cpu_limit(root)
+    cpus = float(affinity) if limit is None else min(float(affinity), limit)
+    return max(1.0, cpus)
+
+
+def default_threads(workers: int, root: Path = _CGROUP) -> int:
+    """Intra-op threads per worker when none is configured: ``floor(usable CPUs / workers)``,
+    at least 1 (2 workers under ``limits.cpu: 3`` get 1 thread each)."""
+    return max(1, math.floor(usable_cpus(root) / max(1, workers)))
+
+
+def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"handler config: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def parse_affinity(value: Any) -> set[int] | None:
+    """``cpu_affinity`` of a handler config: a list of CPU numbers, or a string such as
+    ``"0-3,6"``; ``None`` / ``""`` means unset.
+
+    Raises:
+        ValueError: not a list of non-negative integers / ranges.
+    """
+    if value is None or value == "":
+        return None
+    cpus: set[int] = set()
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        cpus.update(value)
+    elif isinstance(value, str):
+        try:
+            for part in value.split(","):
+                first, dash, last = part.strip().partition("-")
+                low, high = int(first), int(last if dash else first)
+                if low < 0 or high < low:
+                    raise ValueError(part)
+                cpus.update(range(low, high + 1))
+        except ValueError:
+            raise ValueError(f"handler config: 'cpu_affinity' must look like \"0-3,6\", got {value!r}") from None
+    else:
+        raise ValueError(f"handler config: 'cpu_affinity' must be a list of CPU numbers or \"0-3,6\", got {value!r}")
+    if not cpus:
+        raise ValueError("handler config: 'cpu_affinity' names no CPU")
+    return cpus
+
+
+def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Apply a model's CPU settings to this worker process, before torch is imported.
+
+    Args:
+        handler_config: the ``handler`` section of model-config.yaml. Keys (all optional):
+            ``cpu_affinity`` (CPUs this worker runs on, see :func:`parse_affinity`),
+            ``torch_threads`` (intra-op threads; default: the inherited ``OMP_NUM_THREADS``,
+            which the server sets from ``worker_threads`` or :func:`default_threads`; capped
+            at the CPUs of ``cpu_affinity``), ``omp_wait_policy`` (``passive`` or
+            ``active``; default: the inherited ``OMP_WAIT_POLICY``, else ``passive``).
+        environ: the environment to set (``os.environ`` by default).
+
+    Returns:
+        ``{"threads", "wait_policy", "affinity"}`` as applied (``affinity`` a sorted list or
+        ``None``).
+
+    Raises:
+        ValueError: a key has a malformed value, or ``cpu_affinity`` names CPUs this process
+            may not use.
+    """
+    env = os.environ if environ is None else environ
+    affinity = parse_affinity(handler_config.get("cpu_affinity"))
+    if affinity is not None:
+        allowed = os.sched_getaffinity(0)
+        if not affinity <= allowed:
+            raise ValueError(
+                f"handler config: 'cpu_affinity' names CPUs {sorted(affinity - allowed)} outside this "
+                f"worker's allowed CPUs {sorted(allowed)}"
+            )
+        os.sched_setaffinity(0, affinity)
+    threads = _positive_int(handler_config, "torch_threads")
+    if threads is None:
+        try:
+            threads = max(1, int(env.get("OMP_NUM_THREADS", "")))
+        except ValueError:
+            threads = default_threads(1)
+    if affinity is not None:
+        threads = min(threads, len(affinity))
+    policy = handler_config.get("omp_wait_policy")
+    if policy is None:
+        policy = env.get("OMP_WAIT_POLICY") or DEFAULT_WAIT_POLICY
+    if not isinstance(policy, str) or policy.lower() not in WAIT_POLICIES:
+        raise ValueError(f"handler config: 'omp_wait_policy' must be one of {WAIT_POLICIES}, got {policy!r}")
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    env["OMP_WAIT_POLICY"] = policy.upper()
+    return {"threads": threads, "wait_policy": policy.lower(),
+            "affinity": sorted(affinity) if affinity is not None else None}

@@ -1,0 +1,14 @@
+"""Answers each request with the worker's CPU settings as it sees them (tests of worker/cpu.py)."""
+
+import json
+import os
+
+
+def handle(data, context):
+    import torch
+
+    if data is None:
+        return None
+    settings = {"threads": torch.get_num_threads(), "policy": os.environ.get("OMP_WAIT_POLICY"),
+                "affinity": sorted(os.sched_getaffinity(0))}
+    return [json.dumps(settings) for _ in data]

@@ -1,0 +1,50 @@
+"""A worker's CPU settings (worker/cpu.py) from model-config.yaml and the server defaults, as the
+handler sees them, and a malformed value failing the load while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import grpc
+import pytest
+
+from conftest import build_dir
+
+
+def settings_of(server, name: str) -> dict:
+    return json.loads(server.predict(name, "x", timeout=60))
+
+
+def test_server_defaults_passive_wait_and_quota_threads(server) -> None:
+    url = build_dir(server.store, "cpu_default", "cpu_settings_handler.py", model_name="cpu_default",
+                    handler_entry="cpu_settings_handler:handle")
+    server.register(url, model_name="cpu_default")
+    got = settings_of(server, "cpu_default")
+    assert got["policy"] == "PASSIVE"
+    assert 1 <= got["threads"] <= len(os.sched_getaffinity(0))
+    server.unregister("cpu_default")
+
+
+def test_model_config_sets_threads_policy_and_affinity(server) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    config = f"minWorkers: 1\nhandler:\n  torch_threads: 4\n  omp_wait_policy: active\n  cpu_affinity: [{cpu}]\n"
+    url = build_dir(server.store, "cpu_pinned", "cpu_settings_handler.py", model_name="cpu_pinned",
+                    config_yaml=config, handler_entry="cpu_settings_handler:handle")
+    server.register(url, model_name="cpu_pinned")
+    assert settings_of(server, "cpu_pinned") == {"threads": 1, "policy": "ACTIVE", "affinity": [cpu]}
+    server.unregister("cpu_pinned")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("omp_wait_policy: spin", "'omp_wait_policy' must be one of"),
+    ("cpu_affinity: \"0-\"", "'cpu_affinity' must look like"),
+    ("torch_threads: 0", "'torch_threads' must be a positive integer"),
+])
+def test_malformed_setting_fails_the_load(server, value: str, message: str) -> None:
+    url = build_dir(server.store, "cpu_bad", "cpu_settings_handler.py", model_name="cpu_bad",
+                    config_yaml=f"minWorkers: 1\nhandler:\n  {value}\n", handler_entry="cpu_settings_handler:handle")
+    with pytest.raises(grpc.RpcError) as caught:
+        server.register(url, model_name="cpu_bad")
+    assert message in caught.value.details()
+    assert server.predict("echo", "still serving", timeout=30) == b"still serving"
