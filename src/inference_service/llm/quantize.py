@@ -120,7 +120,8 @@ def optimize_model(model: Any, quantization: str = "none", prepack: bool = True)
 
     Raises:
         ValueError: an unknown ``quantization``, ``int8`` on a device other than CPU or on a
-            model without a list of at least 3 decoder layers.
+            model without a list of decoder layers (``layers`` / ``h``). A model of 2 layers
+            or fewer has no layer to quantize and stays fp32.
     """
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"handler config: 'quantization' must be one of {QUANTIZATION_MODES}, got {quantization!r}")
@@ -129,8 +130,8 @@ def optimize_model(model: Any, quantization: str = "none", prepack: bool = True)
         if device.type != "cpu":
             raise ValueError(f"handler config: quantization 'int8' runs on CPU only, the model is on {device}")
         layers = _decoder_layers(model)
-        if layers is None or len(layers) < 3:
-            raise ValueError("handler config: quantization 'int8' needs a decoder LM with at least 3 layers")
+        if layers is None:
+            raise ValueError("handler config: quantization 'int8' needs a decoder LM with a list of layers")
         count = sum(_replace_linears(layer, Int8Linear, INT8_KEEP_FP32) for layer in list(layers)[1:-1])
         log.info("quantization int8: %d linear layers dynamic int8 (down projections, first and last "
                  "layers and the LM head fp32)", count)
