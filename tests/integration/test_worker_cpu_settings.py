@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from conftest import build_dir
+from inference_service.worker.cpu import default_threads
 
 
 def settings_of(server, name: str) -> dict:
@@ -18,11 +19,12 @@ def settings_of(server, name: str) -> dict:
 
 def test_server_defaults_passive_wait_and_quota_threads(server) -> None:
     url = build_dir(server.store, "cpu_default", "cpu_settings_handler.py", model_name="cpu_default",
-                    handler_entry="cpu_settings_handler:handle")
+                    config_yaml="minWorkers: 1\nmaxWorkers: 1\n", handler_entry="cpu_settings_handler:handle")
     server.register(url, model_name="cpu_default")
     got = settings_of(server, "cpu_default")
     assert got["policy"] == "PASSIVE"
-    assert 1 <= got["threads"] <= len(os.sched_getaffinity(0))
+    # one worker gets every CPU this process may use (same affinity mask and cgroup as the server)
+    assert got["threads"] == default_threads(1)
     server.unregister("cpu_default")
 
 
