@@ -98,6 +98,7 @@ left out).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -107,6 +108,7 @@ from typing import Any
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.engine import GenerationEngine
+from inference_service.llm.engines import build_openvino, engine_name
 from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
 from inference_service.llm.model import load_model, resolve_model_dir, warm_up
 from inference_service.llm.params import GenerationParams, GenerationResult
@@ -185,7 +187,8 @@ class LLMHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
         self.tokenizer: Any = None
-        self.engine: GenerationEngine | None = None
+        self.engine: Any = None  # GenerationEngine or OpenVINOEngine: the same methods
+        self.engine_name = "torch"
         self.defaults = GenerationParams()
         self.context_length: int | None = None
         self.model_path: str | None = None
@@ -208,12 +211,52 @@ class LLMHandler(BaseHandler):
                 is not a positive integer, ``quantization`` is unknown or ``int8`` off CPU,
                 ``prepack`` is not a boolean.
         """
+        config = (context.model_yaml_config or {}).get("handler") or {}
+        on_gpu = (context.system_properties or {}).get("gpu_id") is not None
+        name = engine_name(config, "cuda" if on_gpu else "cpu")
+        if name == "openvino":  # no torch in this worker: about 340 MB less resident memory
+            self._initialize_light(context)
+        else:
+            super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
+        self.initialized = False
+        self.defaults = params_from_config(config)
+        batch_size = (context.system_properties or {}).get("batch_size")
+        max_num_seqs = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
+        if name == "openvino":
+            built = build_openvino(config, max_num_seqs)
+            self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
+            self.model_path = built.model_path
+            log.info("warm-up request took %.2f s", self._warm_up())
+        else:
+            self._initialize_torch(config, context, max_num_seqs)
+        self.engine_name = name
+        self.max_prompt_chars = (
+            self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
+        )
+        self._jobs.clear()
+        self._reported.clear()
+        self._report_engine()  # before READY: the server knows the model as an LLM from its first request
+        self.initialized = True
+        log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
+
+    def _initialize_light(self, context: Context) -> None:
+        """What :meth:`BaseHandler.initialize` sets, without importing torch (the OpenVINO engine
+        needs none; transformers is then loaded for its tokenizers only)."""
+        import sys
+
+        if "transformers" not in sys.modules and "torch" not in sys.modules:
+            os.environ["USE_TORCH"] = "0"  # transformers' own switch: tokenizers without torch
+        self.context = context
+        self.manifest = context.manifest
+        self.model_yaml_config = context.model_yaml_config or {}
+        self.model_dir = (context.system_properties or {}).get("model_dir", "")
+        self.map_location = "cpu"
+        self.device = None
+
+    def _initialize_torch(self, config: dict[str, Any], context: Context, max_num_seqs: int | None) -> None:
+        """Load the transformers model and build the torch engine (``engine: torch``)."""
         import torch
 
-        super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
-        self.initialized = False
-        config = (context.model_yaml_config or {}).get("handler") or {}
-        self.defaults = params_from_config(config)
         threads = config.get("torch_threads")
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -237,24 +280,27 @@ class LLMHandler(BaseHandler):
         budget = config.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"handler config: 'max_num_batched_tokens' must be a positive integer, got {budget!r}")
-        batch_size = (context.system_properties or {}).get("batch_size")
         self.engine = GenerationEngine(
-            self.model, self.tokenizer, max_prefill=max_prefill,
-            max_num_seqs=batch_size if isinstance(batch_size, int) and batch_size > 0 else None,
+            self.model, self.tokenizer, max_prefill=max_prefill, max_num_seqs=max_num_seqs,
             max_model_len=self.context_length,
             max_num_batched_tokens=budget if continuous_batching(context) else None,
         )
-        self.max_prompt_chars = (
-            self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
-        )
-        self._jobs.clear()
-        self._reported.clear()
-        self._report_engine()  # before READY: the server knows the model as an LLM from its first request
-        self.initialized = True
-        log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
+
+    def _warm_up(self) -> float:
+        """One short greedy request through the engine, so the first client does not pay for
+        the compilation of the first shapes. Returns the seconds it took."""
+        engine = self._engine()
+        start = time.perf_counter()
+        ids = list(self.tokenizer("Hello")["input_ids"]) or [0]
+        engine.add("#warm-up", ids, GenerationParams(max_new_tokens=2, ignore_eos=True))
+        deadline = start + 120.0
+        while engine.has("#warm-up") and time.perf_counter() < deadline:
+            engine.step(["#warm-up"])
+        engine.cancel("#warm-up")
+        return time.perf_counter() - start
 
     # --- shared by both modes and both handler forms ---------------------------------
-    def _engine(self) -> GenerationEngine:
+    def _engine(self) -> Any:
         if self.engine is None:
             raise RuntimeError("LLMHandler.initialize was not called")
         return self.engine

@@ -52,6 +52,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CACHE_ENV = "INFERENCE_SERVICE_CACHE"
 #: Marker file written into a converted directory (records its source).
 SOURCE_MARKER = "inference_service_source.json"
+#: Bumped when a conversion's output changes: a cached directory of another version is converted
+#: again (2: the tokenizer's special tokens follow the GGUF's own metadata).
+CONVERTER_VERSION = 2
 
 
 class ModelPreparationError(RuntimeError):
@@ -188,6 +191,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLik
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            _apply_gguf_special_tokens(tokenizer, source)
             model = _load_gguf_dense(source)
         except Exception as exc:
             raise ModelPreparationError(f"cannot load GGUF file {source}: {exc}") from exc
@@ -196,7 +200,8 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLik
         _make_readable(tmp)
         stat = source.stat()
         (tmp / SOURCE_MARKER).write_text(
-            json.dumps({"gguf_file": str(source), "size": stat.st_size, "mtime": stat.st_mtime}),
+            json.dumps({"gguf_file": str(source), "size": stat.st_size, "mtime": stat.st_mtime,
+                        "converter": CONVERTER_VERSION}),
             encoding="utf-8",
         )
         (tmp / SOURCE_MARKER).chmod(0o644)
@@ -215,6 +220,48 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLik
     return elapsed
 
 
+def _apply_gguf_special_tokens(tokenizer: Any, source: Path) -> None:
+    """Set the tokenizer's end-of-sequence and padding tokens and its BOS rule from the GGUF's own
+    ``tokenizer.ggml.*`` metadata, which transformers' GGUF reader does not carry over for every
+    tokenizer type (SmolLM2's ``gpt2`` tokenizer came back with ``<|im_start|>`` as EOS and a
+    BOS added to every prompt)."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(source)).fields
+
+    def scalar(key: str) -> Any:
+        field = fields.get(key)
+        return field.parts[field.data[0]][0] if field is not None and field.data else None
+
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+
+    def token(key: str) -> str | None:
+        index = scalar(key)
+        if index is None or not 0 <= int(index) < len(tokens.data):
+            return None
+        return bytes(tokens.parts[tokens.data[int(index)]]).decode("utf-8", "replace")
+
+    eos, pad = token("tokenizer.ggml.eos_token_id"), token("tokenizer.ggml.padding_token_id")
+    if eos is not None:
+        tokenizer.eos_token = eos
+    if pad is not None:
+        tokenizer.pad_token = pad
+    add_bos = scalar("tokenizer.ggml.add_bos_token")
+    if add_bos is not None and hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = bool(add_bos)
+
+
+def _is_current(directory: Path) -> bool:
+    """Whether a converted directory was written by this :data:`CONVERTER_VERSION`."""
+    try:
+        marker = json.loads((directory / SOURCE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("converter") == CONVERTER_VERSION
+
+
 def _load_gguf_dense(source: Path) -> Any:
     """Load a GGUF file as a plain fp32 model that ``save_pretrained`` accepts.
 
@@ -224,13 +271,15 @@ def _load_gguf_dense(source: Path) -> Any:
     same config minus ``quantization_config`` (strict state-dict load).
     """
     import torch
-    from transformers import AutoModelForCausalLM, GgufConfig
+    import transformers
+    from transformers import AutoModelForCausalLM
 
+    extra: dict[str, Any] = {}
+    gguf_config = getattr(transformers, "GgufConfig", None)  # transformers >= 5.6 keeps a quantizer
+    if gguf_config is not None:
+        extra["quantization_config"] = gguf_config(dequantize=True)
     loaded = AutoModelForCausalLM.from_pretrained(
-        str(source.parent),
-        gguf_file=source.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
+        str(source.parent), gguf_file=source.name, dtype=torch.float32, **extra
     )
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
@@ -260,9 +309,12 @@ def prepare_gguf(
     """
     source = Path(gguf_path).expanduser() if gguf_path is not None else find_default_gguf()
     target = converted_model_dir(source, cache_dir)
-    if is_model_dir(target):
+    if is_model_dir(target) and _is_current(target):
         return target
     with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if is_model_dir(target) and not _is_current(target):
+            log.info("%s was converted by an older version; converting again", target)
+            shutil.rmtree(target)
         if not is_model_dir(target):  # another process may have finished while we waited
             if target.exists():  # an incomplete directory left by hand; never by convert_gguf
                 raise ModelPreparationError(f"{target} exists but is not a complete model directory")

@@ -39,13 +39,18 @@ def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 class RequestState:
     """The state of one request: sampling, decoding, stop strings, the tokens so far."""
 
-    __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token")
+    __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token",
+                 "pending")
 
-    def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any) -> None:
+    def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any,
+                 sampler: bool = True) -> None:
+        """``sampler``: make the request's own ``torch.Generator`` (the torch engine samples;
+        an engine that samples itself passes False)."""
         self.key = key
         self.prompt_ids = prompt_ids
         self.params = params
-        self.generator = make_generator(params.seed) if params.temperature > 0 else None
+        self.generator = make_generator(params.seed) if sampler and params.temperature > 0 else None
+        self.pending: list[int] = []  # tokens received from an engine, not yet accepted
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop_filter = StopStringFilter(params.stop)
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))

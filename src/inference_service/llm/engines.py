@@ -1,0 +1,157 @@
+"""Building the LLM handler's engine from its config: ``engine: openvino | torch`` (docs/llm.md,
+"Engines").
+
+``openvino`` (OpenVINO GenAI, :class:`~inference_service.llm.openvino_engine.OpenVINOEngine`)
+is the default on CPU; ``torch`` (:class:`~inference_service.llm.engine.GenerationEngine`) on a
+GPU and for models the converter cannot take. Both have the same methods, so the handler,
+the worker and the front doors do not know which one runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("openvino", "torch")
+#: KV cache of the OpenVINO engine by default (GB): 8 SmolLM2 requests of 8,192 tokens in f32
+#: take about 3 GB; the pipeline preempts past what it holds.
+DEFAULT_CACHE_SIZE_GB = 1
+#: Tokens per OpenVINO step by default (prompt chunks plus one per decoding request).
+DEFAULT_OPENVINO_BATCHED_TOKENS = 256
+
+
+class EngineConfigError(ValueError):
+    """A handler config value for the engine is invalid; the message names the key."""
+
+
+@dataclass
+class BuiltEngine:
+    """What the handler keeps of its engine."""
+
+    engine: Any
+    tokenizer: Any
+    context_length: int | None
+    name: str
+    model_path: str
+    model: Any = None  # the torch model (torch engine only)
+
+
+def engine_name(config: Mapping[str, Any], device_type: str) -> str:
+    """The engine a handler config asks for: ``engine`` when set, else ``openvino`` on CPU and
+    ``torch`` on an accelerator.
+
+    Raises:
+        EngineConfigError: ``engine`` is not one of :data:`ENGINES`, or ``openvino`` off CPU.
+    """
+    value = config.get("engine")
+    if value is None:
+        return "openvino" if device_type == "cpu" else "torch"
+    if value not in ENGINES:
+        raise EngineConfigError(f"handler config: 'engine' must be one of {', '.join(ENGINES)}, got {value!r}")
+    if value == "openvino" and device_type != "cpu":
+        raise EngineConfigError(f"handler config: 'engine: openvino' runs on CPU only; this worker has "
+                                f"{device_type}; use 'engine: torch'")
+    return str(value)
+
+
+def _positive(config: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = config.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EngineConfigError(f"handler config: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise EngineConfigError(f"handler config: '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def worker_threads(config: Mapping[str, Any]) -> int | None:
+    """The worker's thread count: ``torch_threads`` or what the worker set in ``OMP_NUM_THREADS``
+    (from its CPU affinity and quota, :mod:`inference_service.worker.cpu`)."""
+    threads = _positive(config, "torch_threads", None)
+    if threads is not None:
+        return threads
+    try:
+        value = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> BuiltEngine:
+    """The OpenVINO engine on the IR of the configured model: ``model_path`` naming an IR
+    directory is used as is; otherwise the model directory (``model_path``, ``gguf_file`` or the
+    bundled SmolLM2) is converted once to ``weight_format`` (:func:`prepare_ir`).
+
+    Raises:
+        EngineConfigError: a bad ``weight_format``, ``cache_size`` or ``enable_prefix_caching``.
+        inference_service.llm.model.ModelPreparationError: the model cannot be located or
+            converted (the message names the model type and the ``engine: torch`` fallback).
+    """
+    from transformers import AutoTokenizer
+
+    from inference_service.llm.model import resolve_model_dir
+    from inference_service.llm.openvino_engine import OpenVINOEngine
+    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS, is_ir_dir, prepare_ir
+    from inference_service.llm.request_state import eos_token_ids
+
+    weight_format = config.get("weight_format", DEFAULT_WEIGHT_FORMAT)
+    if weight_format not in WEIGHT_FORMATS:
+        raise EngineConfigError(f"handler config: 'weight_format' must be one of {', '.join(WEIGHT_FORMATS)}, "
+                                f"got {weight_format!r}")
+    cache_size = _positive(config, "cache_size", DEFAULT_CACHE_SIZE_GB)
+    budget = _positive(config, "max_num_batched_tokens", DEFAULT_OPENVINO_BATCHED_TOKENS)
+    prefix_caching = _flag(config, "enable_prefix_caching", True)
+    model_path = config.get("model_path")
+    if model_path and is_ir_dir(Path(str(model_path)).expanduser()):
+        ir_dir = Path(str(model_path)).expanduser()
+    else:
+        cache_dir = config.get("cache_dir")
+        ir_dir, seconds = prepare_ir(resolve_model_dir(config), str(weight_format),
+                                     str(cache_dir) if cache_dir else None)
+        if seconds is not None:
+            log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+    weight_format = ir_weight_format(ir_dir, str(weight_format))
+    tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+    model_config = _read_json(ir_dir / "config.json")
+    generation = _read_json(ir_dir / "generation_config.json")
+    context_length = model_config.get("max_position_embeddings")
+    context_length = context_length if isinstance(context_length, int) and context_length > 0 else None
+    model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
+                                 generation_config=SimpleNamespace(**generation))
+    start = time.perf_counter()
+    engine = OpenVINOEngine(ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=budget, max_model_len=context_length,
+                            weight_format=weight_format, kv_cache_gb=cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
+                            enable_prefix_caching=prefix_caching)
+    log.info("OpenVINO engine on %s compiled in %.2f s", ir_dir, time.perf_counter() - start)
+    return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir))
+
+
+def ir_weight_format(ir_dir: Path, configured: str) -> str:
+    """The weight format an IR directory was exported with (its conversion record), else the
+    configured one (an IR directory made elsewhere)."""
+    recorded = _read_json(ir_dir / "inference_service_ir.json").get("format")
+    return recorded if isinstance(recorded, str) else configured
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,303 @@
+"""The OpenVINO engine: OpenVINO GenAI's continuous batching behind the handler's engine interface.
+
+:class:`OpenVINOEngine` has the methods of :class:`~inference_service.llm.engine.GenerationEngine`
+(``add``, ``step``, ``cancel``, ``preempt``, ``stats``, ``close``), so the handler, the worker
+and the front doors do not know which engine runs. The model step, the paged KV cache, chunked
+prefill (``dynamic_split_fuse``), prefix caching and sampling are OpenVINO GenAI's
+(``openvino_genai.ContinuousBatchingPipeline``); our side keeps what must be the same on every
+engine: the prompt ids (our tokenizer and chat template), the incremental detokenizer, stop
+strings, end-of-sequence rules and the token counts.
+
+Pausing and preemption. A request left out of a step's ``active`` set keeps generating inside
+the pipeline; its tokens wait in its ``GenerationHandle`` until it is active again.
+:meth:`OpenVINOEngine.preempt` drops the handle (the pipeline frees its KV cache blocks at once);
+when the request is active again it is added anew with its prompt and generated tokens as the
+prompt (recompute, as vLLM's), its remaining ``max_new_tokens``, and a seed derived from the
+request's seed and its token count.
+
+``pipeline.step()`` releases the GIL (measured: a Python thread keeps running through it), so
+the worker's I/O threads go on while a step runs. One thread drives the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference_service.llm.engine import StepOutput
+from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.request_state import RequestState
+
+log = logging.getLogger(__name__)
+
+#: OpenVINO CPU properties that change results, set explicitly per weight format (docs/llm.md,
+#: "Engines"); tests/e2e/test_llm_quality.py holds each format to its bar with them.
+#: fp32: f32 compute and KV cache, the torch engine's greedy tokens (OpenVINO's CPU defaults, bf16
+#: compute where the CPU has it and a u8 KV cache, changed 1 of 10 committed prompts at token 13).
+#: int8: a u8 KV cache and activations quantized in groups of 32 (OpenVINO's CPU defaults;
+#: perplexity +0.9 % over torch fp32, measured), compute in bf16 where the CPU has it.
+QUALITY_PROPERTIES: dict[str, dict[str, Any]] = {
+    "fp32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+    "int8": {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
+}
+
+
+@dataclass
+class _Live:
+    """A request in the engine: its state, its pipeline handle (``None`` while preempted)."""
+
+    state: RequestState
+    handle: Any
+    pipeline_id: int
+
+
+class OpenVINOEngine:
+    """Continuous batching on an OpenVINO IR directory (``openvino_model.xml`` and friends, as
+    optimum-intel's exporter writes them).
+
+    Args:
+        ir_dir: the IR directory.
+        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding).
+        eos_ids: end-of-sequence token ids.
+        max_num_seqs: most requests the pipeline runs at once (the worker's ``batchSize``).
+        max_num_batched_tokens: most tokens per step (prompt chunks plus one per decoding
+            request; with ``dynamic_split_fuse`` a long prompt is split over steps).
+        max_model_len: most tokens (prompt + generated) of one request; sizes
+            :meth:`stats`' capacity together with ``max_num_seqs``.
+        weight_format: the IR's weight format (``fp32`` or ``int8``): picks
+            :data:`QUALITY_PROPERTIES`.
+        kv_cache_gb: size of the paged KV cache in GB (OpenVINO's ``cache_size``).
+        threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's choice, every core).
+        enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
+        properties: more OpenVINO properties, over :data:`QUALITY_PROPERTIES`.
+
+    Raises:
+        RuntimeError: OpenVINO cannot read or compile the IR (its message).
+    """
+
+    def __init__(self, ir_dir: str | Path, tokenizer: Any, eos_ids: Collection[int], *,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float = 1.0,
+                 threads: int | None = None,
+                 enable_prefix_caching: bool = True, properties: dict[str, Any] | None = None) -> None:
+        import openvino_genai
+
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.cache_size = max(1, round(kv_cache_gb))
+        scheduler.max_num_seqs = max_num_seqs or 256
+        scheduler.max_num_batched_tokens = max(max_num_batched_tokens or 256, max_num_seqs or 1)
+        scheduler.dynamic_split_fuse = True
+        scheduler.enable_prefix_caching = enable_prefix_caching
+        config: dict[str, Any] = dict(QUALITY_PROPERTIES.get(weight_format, {}))
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = threads
+        config.update(properties or {})
+        self.pipeline = openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", config)
+        self.tokenizer = tokenizer
+        self.eos: frozenset[int] = frozenset(eos_ids)
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_prefill = None  # the pipeline schedules prefills itself
+        self._requests: dict[str, _Live] = {}
+        self._next_id = 0
+        self._preempted_total = 0
+        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
+
+    # --- bookkeeping ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def keys(self) -> list[str]:
+        return list(self._requests)
+
+    def has(self, key: str) -> bool:
+        return key in self._requests
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._requests
+
+    def stats(self) -> dict[str, int]:
+        """The counters of :meth:`GenerationEngine.stats`: ``running`` (scheduled in the last
+        step), ``waiting`` (in the engine but not scheduled, preempted ones included),
+        ``preempted_total``, ``kv_cache_used_tokens`` (the pipeline's cache use times its
+        capacity) and ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``)."""
+        metrics = self.pipeline.get_metrics()
+        running = min(int(metrics.scheduled_requests), len(self._requests))
+        cache_tokens = int(metrics.kv_cache_size_in_bytes) // self._token_bytes if self._token_bytes else 0
+        return {
+            "running": running,
+            "waiting": len(self._requests) - running,
+            "preempted_total": self._preempted_total,
+            "kv_cache_used_tokens": int(round(float(metrics.cache_usage) / 100.0 * cache_tokens)),
+            "kv_cache_capacity_tokens": (self.max_num_seqs or 0) * (self.max_model_len or 0),
+        }
+
+    # --- requests --------------------------------------------------------------------
+    def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
+        """Add a request; the pipeline schedules its prefill from the next :meth:`step` on.
+
+        Raises:
+            ValueError: ``key`` is already in the engine, or ``prompt_ids`` is empty.
+        """
+        if key in self._requests:
+            raise ValueError(f"request {key!r} is already in the engine")
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        state = RequestState(key, [int(i) for i in prompt_ids], params, self.tokenizer, sampler=False)
+        live = _Live(state, None, -1)
+        self._submit(live)
+        self._requests[key] = live
+
+    def _submit(self, live: _Live) -> None:
+        """Hand the request to the pipeline: its prompt (plus, after a preemption, the tokens it
+        already generated) and what is left of its budget."""
+        import numpy as np
+        import openvino
+
+        state = live.state
+        ids = state.all_tokens()
+        self._next_id += 1
+        live.pipeline_id = self._next_id
+        config = generation_config(state.params, len(state.result.token_ids), self.eos)
+        live.handle = self.pipeline.add_request(
+            live.pipeline_id, openvino.Tensor(np.asarray([ids], dtype=np.int64)), config
+        )
+
+    def cancel(self, key: str) -> GenerationResult | None:
+        """Drop request ``key`` now (its KV cache blocks are freed by the pipeline's next step).
+
+        Returns:
+            Its result (``finish_reason`` ``"cancelled"``), or ``None`` for an unknown key.
+        """
+        live = self._requests.pop(key, None)
+        if live is None:
+            return None
+        if live.handle is not None:
+            live.handle.cancel()
+        return live.state.finish("cancelled")
+
+    def preempt(self, key: str) -> bool:
+        """Drop request ``key``'s pipeline handle and KV cache; it is added anew (recomputed)
+        when it is active again. False when it is unknown or already preempted."""
+        live = self._requests.get(key)
+        if live is None or live.handle is None:
+            return False
+        self._drain(live)  # tokens already generated stay with the request
+        live.handle.cancel()
+        live.handle = None
+        self._preempted_total += 1
+        return True
+
+    def close(self) -> None:
+        for key in list(self._requests):
+            self.cancel(key)
+
+    # --- one step --------------------------------------------------------------------
+    def step(self, active: Collection[str] | None = None) -> dict[str, StepOutput]:
+        """Run one pipeline step (when it has work), then collect the tokens of the active
+        requests.
+
+        Args:
+            active: the keys whose tokens are collected (``None``: all). A preempted request
+                in it is added anew first; one not in it keeps generating in the pipeline,
+                its tokens held in its handle.
+
+        Returns:
+            ``{key: StepOutput}`` for the active requests that received tokens or ended;
+            finished ones are removed from the engine.
+        """
+        keys = list(self._requests) if active is None else [k for k in active if k in self._requests]
+        for key in keys:
+            live = self._requests[key]
+            if live.handle is None:
+                self._submit(live)
+        if self.pipeline.has_non_finished_requests():
+            self.pipeline.step()
+        outputs: dict[str, StepOutput] = {}
+        for key in keys:
+            out = self._collect(self._requests[key])
+            if out is not None:
+                outputs[key] = out
+                if out.finished:
+                    del self._requests[key]
+        return outputs
+
+    def _drain(self, live: _Live) -> tuple[list[int], bool]:
+        """The tokens waiting in the request's handle, and whether the pipeline is done with it."""
+        import openvino_genai
+
+        handle = live.handle
+        tokens: list[int] = []
+        while handle.can_read():
+            for output in handle.read().values():
+                tokens.extend(int(t) for t in output.generated_ids)
+        status = handle.get_status()
+        done = status != openvino_genai.GenerationStatus.RUNNING and not handle.can_read()
+        if tokens:
+            live.state.pending.extend(tokens)
+        return tokens, done
+
+    def _collect(self, live: _Live) -> StepOutput | None:
+        """Feed the request's new tokens to its state: its new text, and how it ended if it did."""
+        _, done = self._drain(live)
+        state = live.state
+        pending, state.pending = state.pending, []
+        pieces: list[str] = []
+        for token in pending:
+            piece, reason = state.accept(token, self.eos)
+            pieces.append(piece)
+            if reason is not None:
+                live.handle.cancel()
+                return StepOutput("".join(pieces), True, state.finish(reason))
+        if done:
+            # the pipeline ended it without a token we stop on: its own length or stop-token rule
+            generated = len(state.result.token_ids)
+            reason = "length" if generated >= state.params.max_new_tokens else "stop"
+            return StepOutput("".join(pieces), True, state.finish(reason))
+        if not pieces:
+            return None
+        return StepOutput("".join(pieces))
+
+
+def generation_config(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:
+    """``openvino_genai.GenerationConfig`` for a request that has already ``generated`` tokens.
+
+    Greedy when ``temperature`` is 0; otherwise multinomial sampling with ``top_p`` and a seed
+    (``params.seed``, or a random one), offset by ``generated`` after a preemption. The
+    end-of-sequence ids stop generation unless ``ignore_eos``; stop strings are ours.
+    """
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = max(1, params.max_new_tokens - generated)
+    config.ignore_eos = params.ignore_eos
+    config.stop_token_ids = set(int(i) for i in eos_ids)
+    if params.temperature > 0:
+        config.do_sample = True
+        config.temperature = params.temperature
+        config.top_p = params.top_p
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        config.rng_seed = (seed + generated) % (2**64)
+    else:
+        config.do_sample = False
+    return config
+
+
+def _kv_bytes_per_token(ir_dir: Path, precision: Any) -> int:
+    """Bytes of KV cache one token takes: 2 (keys, values) x layers x KV heads x head size x the
+    element size, from the IR directory's ``config.json``; 0 when it cannot be read."""
+    import json
+
+    try:
+        config = json.loads((ir_dir / "config.json").read_text(encoding="utf-8"))
+        layers = int(config["num_hidden_layers"])
+        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    element = {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "i8": 1}.get(str(precision).lower(), 2)
+    return 2 * layers * heads * head_dim * element

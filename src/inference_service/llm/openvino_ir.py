@@ -1,0 +1,166 @@
+"""OpenVINO IR for the OpenVINO engine: converted once, with optimum-intel's exporter and NNCF's
+weight compression, into a cache keyed by the source model, the weight format and the tools'
+versions (docs/llm.md, "Engines").
+
+:func:`prepare_ir` returns the IR directory of a transformers model directory, converting it
+first when the cache has none; ``scripts/build_llm_archive --engine openvino`` calls it at
+archive build, and a worker that finds no IR calls it once at load. The exporter runs in a
+child process (it loads the torch model: about 1 GB that the worker need not keep).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from inference_service.llm.model import ModelPreparationError, _exclusive_lock, default_cache_root
+
+log = logging.getLogger(__name__)
+
+#: Weight formats the exporter writes and the quality bar holds (tests/e2e/test_llm_quality.py):
+#: ``fp32`` (the torch engine's greedy tokens), ``int8`` (NNCF, per output channel). int4 was
+#: measured at +27 % perplexity (data-free, group 32) and is not offered.
+WEIGHT_FORMATS = ("fp32", "int8")
+#: The weight format of an archive or handler config that names none: the fastest one within
+#: the quality bar (benchmarks/RESULTS.md, "OpenVINO engine").
+DEFAULT_WEIGHT_FORMAT = "int8"
+#: Files an IR directory must hold to be used.
+_IR_FILES = ("openvino_model.xml", "openvino_model.bin", "config.json")
+_MARKER = "inference_service_ir.json"
+_TOOLS = ("openvino", "optimum-intel", "nncf", "transformers")
+#: Longest conversion allowed (s); SmolLM2-135M takes 10-20 s on 2 cores.
+CONVERT_TIMEOUT_S = 1800.0
+
+
+def tool_versions() -> dict[str, str]:
+    """The converter's package versions (part of the cache key): a new exporter converts again."""
+    versions = {}
+    for name in _TOOLS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+def _source_key(model_dir: Path) -> dict[str, object]:
+    """What identifies a model directory: its path and its files' names, sizes and times."""
+    files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in model_dir.iterdir() if p.is_file())
+    return {"model_dir": str(model_dir), "files": files}
+
+
+def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
+                 cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache (existing or not):
+    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>``."""
+    source = Path(model_dir).expanduser().resolve()
+    key = json.dumps({"source": _source_key(source), "format": weight_format, "tools": tool_versions()},
+                     sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    return root / "openvino" / f"{source.name}-{weight_format}-{digest}"
+
+
+def is_ir_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds an exported model (IR, its config and tokenizer files)."""
+    p = Path(path)
+    return all((p / name).is_file() for name in _IR_FILES)
+
+
+def export_command(model_dir: Path, target: Path, weight_format: str) -> list[str]:
+    """The exporter's command line (optimum-intel's ``optimum-cli export openvino``)."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ModelPreparationError(
+            f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
+    return [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino",
+            "--model", str(model_dir), "--task", "text-generation-with-past",
+            "--weight-format", weight_format, str(target)]
+
+
+def model_type(model_dir: Path) -> str:
+    """``config.json``'s ``model_type`` (``"unknown"`` when unreadable), for error messages."""
+    try:
+        return str(json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str) -> float:
+    """Export ``model_dir`` to an IR directory at ``target`` (written to a temporary sibling, then
+    renamed). Returns the seconds it took.
+
+    Raises:
+        ModelPreparationError: the exporter failed (the model type is not supported by the
+            converter, or a tool is missing); the message names the model type, the
+            exporter's last error line and the ``engine: torch`` fallback.
+    """
+    source = Path(model_dir).expanduser().resolve()
+    final = Path(target)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    start = time.perf_counter()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error")
+    try:
+        try:
+            done = subprocess.run(export_command(source, tmp, weight_format), env=env, capture_output=True,
+                                  text=True, timeout=CONVERT_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise ModelPreparationError(
+                f"converting {source} to OpenVINO took over {CONVERT_TIMEOUT_S:.0f} s; set 'engine: torch' "
+                "in the handler config to serve it with the torch engine") from None
+        if done.returncode != 0 or not is_ir_dir(tmp):
+            lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
+            reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
+            raise ModelPreparationError(
+                f"cannot convert {source} (model type {model_type(source)!r}) to OpenVINO: {reason[:300]}; "
+                "set 'engine: torch' in the handler config to serve it with the torch engine")
+        (tmp / _MARKER).write_text(json.dumps({"source": str(source), "format": weight_format,
+                                                "tools": tool_versions()}), encoding="utf-8")
+        for path in tmp.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not is_ir_dir(final):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return time.perf_counter() - start
+
+
+def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_WEIGHT_FORMAT,
+               cache_dir: str | os.PathLike[str] | None = None) -> tuple[Path, float | None]:
+    """The cached IR directory of ``model_dir`` in ``weight_format``, converting it first when
+    missing (one process converts; others wait on a lock file).
+
+    Returns:
+        ``(IR directory, seconds the conversion took or None when it was cached)``.
+
+    Raises:
+        ModelPreparationError: an unknown weight format, or the conversion failed.
+    """
+    if weight_format not in WEIGHT_FORMATS:
+        raise ModelPreparationError(
+            f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
+    target = ir_cache_dir(model_dir, weight_format, cache_dir)
+    if is_ir_dir(target):
+        return target, None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if is_ir_dir(target):
+            return target, None
+        log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
+        seconds = convert(model_dir, target, weight_format)
+        log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
+        return target, seconds
