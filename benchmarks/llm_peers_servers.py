@@ -101,16 +101,26 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, deadline_s: f
     raise RuntimeError(f"{url} did not answer (exit {proc.poll()}):\n{tail}")
 
 
-def start_ours(workdir: Path, threads: int, quantization: str | None = None) -> Running:
-    """This server with the bundled archive (scripts/build_llm_archive, default mode unless
-    ``quantization``; ``"eager"``: no quantization and no prepacking, the handler before issue
-    24), one worker, ``torch_threads``; OpenAI API on its HTTP port."""
+#: ``ours_<variant>``: the archive's build options and handler config on top of the default archive.
+OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "": ([], {}),
+    "fp32_ov": (["--weight-format", "fp32"], {}),
+    "torch": (["--engine", "torch"], {}),
+    "torch_active": (["--engine", "torch"], {"omp_wait_policy": "active"}),
+    "torch_passive": (["--engine", "torch"], {"omp_wait_policy": "passive"}),
+    "torch_bounded": (["--engine", "torch"], {"omp_wait_policy": "bounded"}),
+    "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
+}
+
+
+def start_ours(workdir: Path, threads: int, variant: str = "") -> Running:
+    """This server with the bundled archive (scripts/build_llm_archive) in one of
+    :data:`OUR_VARIANTS`, one worker of ``threads`` threads; OpenAI API on its HTTP port."""
     import yaml
 
     store = workdir / "store"
-    argv = [sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store)]
-    if quantization:
-        argv += ["--quantization", "none" if quantization == "eager" else quantization]
+    options, overrides = OUR_VARIANTS[variant]
+    argv = [sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store), *options]
     subprocess.run(argv, check=True, capture_output=True, timeout=900)
     # the worker's thread count as for the peers (worker_threads would do the same server-wide)
     import zipfile
@@ -120,8 +130,7 @@ def start_ours(workdir: Path, threads: int, quantization: str | None = None) -> 
         entries = {n: src.read(n) for n in src.namelist()}
     config = yaml.safe_load(entries["model-config.yaml"])
     config["handler"]["torch_threads"] = threads
-    if quantization == "eager":
-        config["handler"]["prepack"] = False
+    config["handler"].update(overrides)
     entries["model-config.yaml"] = yaml.safe_dump(config, sort_keys=False).encode()
     with zipfile.ZipFile(archive, "w") as dst:
         for n, data in entries.items():

@@ -61,7 +61,8 @@ class Settings:
         worker_threads: torch threads per worker (0: usable CPUs / workers, where usable CPUs
             are the affinity mask capped by the cgroup CPU quota).
         worker_omp_wait_policy: ``OMP_WAIT_POLICY`` of the workers, ``passive`` (idle threads
-            sleep; a busy neighbour core slows a worker in proportion) or ``active``.
+            sleep; a busy neighbour core slows a worker in proportion), ``active`` or ``bounded``
+            (spin ``GOMP_SPINCOUNT`` times, then sleep).
         install_py_dep_per_model: install archives' requirements.txt (false, as TorchServe).
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
@@ -401,7 +402,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
-    "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active")),
+    "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),
 }
 
 

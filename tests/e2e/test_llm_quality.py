@@ -1,5 +1,14 @@
 """Quality bar of every serving mode of the bundled LLM (SmolLM2-135M-Instruct), in-process.
 
+OpenVINO engine, per weight format of :mod:`inference_service.llm.openvino_ir`, with the CPU
+properties the engine sets (:data:`~inference_service.llm.openvino_engine.QUALITY_PROPERTIES`):
+perplexity (optimum-intel's ``OVModelForCausalLM`` over the same IR, one forward pass) within
+3 % of torch fp32 eager's; the factual prompts answered as fp32 eager answers them; for
+``fp32``, the first ``OV_NEW_TOKENS`` greedy tokens of the serving engine
+(:class:`~inference_service.llm.openvino_engine.OpenVINOEngine`) equal fp32 eager's on the 10
+committed prompts.
+
+Torch engine:
 For each mode of :func:`inference_service.llm.quantize.optimize_model` that the bundled
 handler offers (model-config ``quantization`` / ``prepack``):
 
@@ -47,11 +56,12 @@ def perplexity(model: Any, ids: Any) -> float:
         return math.exp(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:])))
 
 
-def greedy(model: Any, tokenizer: Any, prompts: list[list[int]]) -> list[list[int]]:
+def greedy(model: Any, tokenizer: Any, prompts: list[list[int]], tokens: int = NEW_TOKENS,
+           ignore_eos: bool = True) -> list[list[int]]:
     from inference_service.llm.generation import generate_pieces
     from inference_service.llm.params import GenerationParams
 
-    params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    params = GenerationParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=ignore_eos)
     outputs = []
     for ids in prompts:
         pieces = generate_pieces(model, tokenizer, ids, params)
@@ -96,6 +106,81 @@ def test_mode_holds_the_quality_bar(eager: dict[str, Any], mode: str) -> None:
         got = greedy(model, eager["tokenizer"], eager["prompts"])
         for index, (tokens, want) in enumerate(zip(got, eager["greedy"], strict=True)):
             assert tokens == want, f"{mode}: prompt {index} diverges from fp32 eager"
+
+
+OV_NEW_TOKENS = 32
+#: Questions the 135M model answers right in fp32, and the word each answer must hold.
+FACTS = {"What is the capital of France?": "Paris", "What is the capital of Japan?": "Tokyo",
+         "What is the capital of Germany?": "Berlin", "How many days are there in a week?": "seven"}
+
+
+def _ov_greedy(ir_dir: Any, tokenizer: Any, prompts: list[list[int]], weight_format: str, tokens: int,
+               ignore_eos: bool = True) -> list[list[int]]:
+    """Greedy token ids of the serving engine, all prompts in one continuous batch."""
+    from inference_service.llm.openvino_engine import OpenVINOEngine
+    from inference_service.llm.params import GenerationParams
+
+    engine = OpenVINOEngine(ir_dir, tokenizer, {tokenizer.eos_token_id}, max_num_seqs=16, max_model_len=8192,
+                            weight_format=weight_format, threads=2)
+    params = GenerationParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=ignore_eos)
+    for index, ids in enumerate(prompts):
+        engine.add(str(index), ids, params)
+    done: dict[str, list[int]] = {}
+    for _ in range(10 * tokens):
+        for key, out in engine.step().items():
+            if out.finished and out.result is not None:
+                done[key] = out.result.token_ids
+        if not len(engine):
+            break
+    return [done[str(index)] for index in range(len(prompts))]
+
+
+@pytest.fixture(scope="module")
+def torch_facts(eager: dict[str, Any]) -> dict[str, Any]:
+    """The fact prompts' ids and fp32 eager's greedy answers to them."""
+    from inference_service.llm.generation import build_prompt_ids
+    from inference_service.llm.params import GenerationParams
+    from inference_service.llm.requests import parse_request
+
+    tokenizer = eager["tokenizer"]
+    prompts = [build_prompt_ids(tokenizer, parse_request(json.dumps({"messages": [{"role": "user", "content": q}]}),
+                                                         GenerationParams())) for q in FACTS]
+    answers = [tokenizer.decode(ids, skip_special_tokens=True)
+               for ids in greedy(eager["model"], tokenizer, prompts, 48, ignore_eos=False)]
+    for answer, word in zip(answers, FACTS.values(), strict=True):
+        assert word.lower() in answer.lower(), f"fp32 eager no longer knows {word}: {answer!r}"
+    return {"prompts": prompts, "answers": answers}
+
+
+@pytest.mark.parametrize("weight_format", ["fp32", "int8"])
+def test_openvino_format_holds_the_quality_bar(eager: dict[str, Any], torch_facts: dict[str, Any],
+                                               weight_format: str) -> None:
+    import torch
+    from optimum.intel import OVModelForCausalLM
+
+    from inference_service.llm.model import resolve_model_dir
+    from inference_service.llm.openvino_engine import QUALITY_PROPERTIES
+    from inference_service.llm.openvino_ir import prepare_ir
+
+    ir_dir, _ = prepare_ir(resolve_model_dir({}), weight_format)
+    config = {key: str(value) for key, value in QUALITY_PROPERTIES[weight_format].items()}
+    model = OVModelForCausalLM.from_pretrained(str(ir_dir), ov_config={**config, "INFERENCE_NUM_THREADS": "2"})
+    ids = eager["ids"]
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, :-1].float()
+    ppl = math.exp(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:])))
+    del model
+    assert abs(ppl / eager["ppl"] - 1) <= PPL_TOLERANCE, f"{weight_format}: perplexity {ppl:.3f} vs {eager['ppl']:.3f}"
+    tokenizer = eager["tokenizer"]
+    answers = [tokenizer.decode(t, skip_special_tokens=True)
+               for t in _ov_greedy(ir_dir, tokenizer, torch_facts["prompts"], weight_format, 48, ignore_eos=False)]
+    for answer, word, fp32 in zip(answers, FACTS.values(), torch_facts["answers"], strict=True):
+        assert word.lower() in answer.lower(), f"{weight_format} answers {answer!r}; fp32 eager: {fp32!r}"
+    if weight_format == "fp32":
+        want = greedy(eager["model"], tokenizer, eager["prompts"], OV_NEW_TOKENS)
+        got = _ov_greedy(ir_dir, tokenizer, eager["prompts"], weight_format, OV_NEW_TOKENS)
+        for index, (tokens, expected) in enumerate(zip(got, want, strict=True)):
+            assert tokens == expected, f"fp32 IR: prompt {index} diverges from torch fp32 eager"
 
 
 def test_prepack_replaces_every_linear_layer(eager: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_llm_server import _build, _tiny_model_dir
+from test_llm_server import ENGINES, _build, _tiny_model_dir
 
 from conftest import BearerAuth, ServerProcess, read_key
 from inference_service._proto import inference_pb2, inference_pb2_grpc
@@ -38,8 +38,8 @@ def _with_config(mar: Path, top: str = "", handler: str = "") -> None:
             archive.writestr(name, data)
 
 
-@pytest.fixture(scope="module")
-def sched_server(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def sched_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     store = tmp_path_factory.mktemp("sched_store")
     from inference_service.llm.model import converted_model_dir, find_default_gguf
 
@@ -51,7 +51,7 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory):
         ("abort", "streamPausePreemptMSec: 0\nstreamPauseAbortMSec: 1500\n", ""),
         ("whole", "", "  max_num_batched_tokens: 100000\n"),
     ):
-        _build(store, "--model-path", str(tiny), "--name", name, "--batch-size", "2")
+        _build(store, "--model-path", str(tiny), "--name", name, "--batch-size", "2", *ENGINES[request.param])
         _with_config(store / f"{name}.mar", top, handler)
     srv = ServerProcess(tmp_path_factory.mktemp("sched_work"), store,
                         ["--models", "paused=paused.mar", "abort=abort.mar", "whole=whole.mar"])
@@ -165,11 +165,11 @@ def test_chunked_prefill_gives_the_text_of_a_whole_prefill(sched_server):
     assert chunked == whole and chunked[1]["usage"]["prompt_tokens"] > 200
 
 
-@pytest.fixture(scope="module")
-def smol_server(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def smol_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     store = tmp_path_factory.mktemp("smol_store")
     for name, budget in (("chunked", 16), ("whole", 100000)):
-        _build(store, "--name", name)
+        _build(store, "--name", name, *ENGINES[request.param])
         _with_config(store / f"{name}.mar", handler=f"  max_num_batched_tokens: {budget}\n")
     srv = ServerProcess(tmp_path_factory.mktemp("smol_work"), store,
                         ["--models", "chunked=chunked.mar", "whole=whole.mar"])

@@ -136,9 +136,12 @@ def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> Built
     start = time.perf_counter()
     engine = OpenVINOEngine(ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, max_model_len=context_length,
-                            weight_format=weight_format, kv_cache_gb=cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
+                            weight_format=weight_format, kv_cache_gb=cache_size or DEFAULT_CACHE_SIZE_GB,
+                            threads=worker_threads(config),
                             enable_prefix_caching=prefix_caching)
-    log.info("OpenVINO engine on %s compiled in %.2f s", ir_dir, time.perf_counter() - start)
+    size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
+    log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
+             time.perf_counter() - start)
     return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir))
 
 

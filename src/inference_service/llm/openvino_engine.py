@@ -159,10 +159,10 @@ class OpenVINOEngine:
         import openvino
 
         state = live.state
-        ids = state.all_tokens()
+        ids = state.all_tokens() + state.pending  # tokens drained at a preemption, not yet accepted
         self._next_id += 1
         live.pipeline_id = self._next_id
-        config = generation_config(state.params, len(state.result.token_ids), self.eos)
+        config = generation_config(state.params, len(state.result.token_ids) + len(state.pending), self.eos)
         live.handle = self.pipeline.add_request(
             live.pipeline_id, openvino.Tensor(np.asarray([ids], dtype=np.int64)), config
         )
@@ -276,7 +276,12 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     config.max_new_tokens = max(1, params.max_new_tokens - generated)
     config.ignore_eos = params.ignore_eos
     config.stop_token_ids = set(int(i) for i in eos_ids)
+    config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
+    config.presence_penalty = float(getattr(params, "presence_penalty", 0.0))
+    config.frequency_penalty = float(getattr(params, "frequency_penalty", 0.0))
     if params.temperature > 0:
+        if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all
+            config.top_k = int(params.top_k)
         config.do_sample = True
         config.temperature = params.temperature
         config.top_p = params.top_p

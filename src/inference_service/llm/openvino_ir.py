@@ -54,7 +54,8 @@ def tool_versions() -> dict[str, str]:
 
 def _source_key(model_dir: Path) -> dict[str, object]:
     """What identifies a model directory: its path and its files' names, sizes and times."""
-    files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in model_dir.iterdir() if p.is_file())
+    files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in model_dir.iterdir()
+                   if p.is_file()) if model_dir.is_dir() else []
     return {"model_dir": str(model_dir), "files": files}
 
 
@@ -123,7 +124,7 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
             raise ModelPreparationError(
                 f"cannot convert {source} (model type {model_type(source)!r}) to OpenVINO: {reason[:300]}; "
                 "set 'engine: torch' in the handler config to serve it with the torch engine")
-        (tmp / _MARKER).write_text(json.dumps({"source": str(source), "format": weight_format,
+        (tmp / _MARKER).write_text(json.dumps({"source": _source_key(source), "format": weight_format,
                                                 "tools": tool_versions()}), encoding="utf-8")
         for path in tmp.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -31,7 +31,7 @@ from typing import Any
 
 from inference_service.llm.kv_cache import cache_keyword, check_cache, output_cache, pad_left, select_rows
 from inference_service.llm.request_state import RequestState
-from inference_service.llm.sampling import sample_next_token
+from inference_service.llm.sampling import needs_logit_processing, penalize, sample_next_token
 from inference_service.llm.scheduler import PrefillChunk, SchedulerOutput
 
 __all__ = ["ModelRunner"]
@@ -205,7 +205,11 @@ class ModelRunner:
         tokens = []
         for i, request in zip(indices, requests, strict=True):
             params = request.params
-            if params.temperature <= 0.0:
+            if needs_logit_processing(params):
+                row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
+                tokens.append(sample_next_token(row, params.temperature, params.top_p, request.generator,
+                                                getattr(params, "top_k", 0)))
+            elif params.temperature <= 0.0:
                 if greedy is None:
                     greedy = logits.argmax(dim=-1).tolist()
                 tokens.append(int(greedy[i]))

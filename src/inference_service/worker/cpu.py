@@ -26,8 +26,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: Accepted wait policies (OpenMP's ``OMP_WAIT_POLICY`` values, case-insensitive).
-WAIT_POLICIES = ("passive", "active")
+#: Accepted wait policies: OpenMP's ``OMP_WAIT_POLICY`` values, and ``bounded`` (no
+#: ``OMP_WAIT_POLICY``; threads spin ``GOMP_SPINCOUNT`` = ``omp_spin_count`` times, then sleep).
+WAIT_POLICIES = ("passive", "active", "bounded")
+#: ``GOMP_SPINCOUNT`` of the ``bounded`` policy by default (libgomp's own default is 300,000).
+DEFAULT_SPIN_COUNT = 10000
 #: The server's default wait policy of a worker (``config.properties`` ``worker_omp_wait_policy``).
 DEFAULT_WAIT_POLICY = "passive"
 
@@ -153,6 +156,13 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
     if not isinstance(policy, str) or policy.lower() not in WAIT_POLICIES:
         raise ValueError(f"handler config: 'omp_wait_policy' must be one of {WAIT_POLICIES}, got {policy!r}")
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    env["OMP_WAIT_POLICY"] = policy.upper()
+    if policy.lower() == "bounded":
+        spins = handler_config.get("omp_spin_count", DEFAULT_SPIN_COUNT)
+        if isinstance(spins, bool) or not isinstance(spins, int) or spins < 0:
+            raise ValueError(f"handler config: 'omp_spin_count' must be a non-negative integer, got {spins!r}")
+        env.pop("OMP_WAIT_POLICY", None)
+        env["GOMP_SPINCOUNT"] = str(spins)
+    else:
+        env["OMP_WAIT_POLICY"] = policy.upper()
     return {"threads": threads, "wait_policy": policy.lower(),
             "affinity": sorted(affinity) if affinity is not None else None}
