@@ -18,7 +18,6 @@ Measured per run (medians over ``--runs`` after ``--warmup`` unmeasured runs):
 
 Usage: .venv/bin/python benchmarks/llm_inprocess.py [--model-path DIR] [--prompt TEXT]
            [--raw] [--max-new-tokens 64] [--runs 3] [--warmup 1] [--threads N]
-           [--quantization none|int8] [--prepack]   (the handler's modes, llm/quantize.py)
 """
 
 from __future__ import annotations
@@ -77,8 +76,6 @@ def measure_inprocess(
     warmup: int = 1,
     chat: bool = True,
     threads: int | None = None,
-    quantization: str = "none",
-    prepack: bool = False,
 ) -> dict[str, Any]:
     """Load the model and measure greedy generation speed in-process.
 
@@ -90,8 +87,6 @@ def measure_inprocess(
         warmup: unmeasured runs first.
         chat: apply the chat template (``messages``) rather than a raw prompt.
         threads: ``torch.set_num_threads`` value, if given.
-        quantization / prepack: :func:`inference_service.llm.quantize.optimize_model`'s
-            arguments (default: the eager fp32 model as loaded).
 
     Returns:
         A JSON-ready dict: ``model_dir``, ``load_s``, ``torch_threads``,
@@ -105,10 +100,6 @@ def measure_inprocess(
     directory = pathlib.Path(model_dir) if model_dir is not None else prepare_gguf()
     start = time.perf_counter()
     model, tokenizer = load_model(directory)
-    if quantization != "none" or prepack:
-        from inference_service.llm.quantize import optimize_model
-
-        optimize_model(model, quantization=quantization, prepack=prepack)
     load_s = time.perf_counter() - start
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     request = GenerationRequest(
@@ -124,8 +115,6 @@ def measure_inprocess(
         "model_dir": str(directory),
         "load_s": round(load_s, 3),
         "torch_threads": torch.get_num_threads(),
-        "quantization": quantization,
-        "prepack": prepack,
         "prompt_tokens": len(prompt_ids),
         "max_new_tokens": max_new_tokens,
         "runs": len(detail),
@@ -155,9 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--quantization", choices=("none", "int8"), default="none")
-    parser.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=False,
-                        help="oneDNN-prepacked linear layers (the bundled handler's default)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = measure_inprocess(
@@ -168,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup,
         not args.raw,
         args.threads,
-        args.quantization,
-        args.prepack,
     )
     print(json.dumps(result, indent=2))
     return 0

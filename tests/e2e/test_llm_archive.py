@@ -164,3 +164,20 @@ def test_conversion_is_announced_only_when_it_happens(tiny, tmp_path):
     assert same.returncode == 0 and "up to date" in same.stderr
     demo = (ROOT / "scripts" / "demo").read_text()
     assert "half a minute" not in demo and "build_llm_archive --model-store model_store --force" in demo
+
+
+def test_a_model_the_converter_cannot_take_is_refused_with_the_torch_fallback(tiny, tmp_path):
+    """A model type OpenVINO's exporter does not take as a causal LM: the build ends with one line
+    that names the model type and the ``--engine torch`` / ``engine: torch`` fallback."""
+    from transformers import BertConfig, BertModel
+
+    model = tmp_path / "tiny-bert"
+    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(str(model))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny / name, model / name)
+    refused = _run("--model-store", str(tmp_path / "store"), "--model-path", str(model))
+    assert refused.returncode == 1
+    assert "model type 'bert'" in refused.stderr and "engine: torch" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "store" / "tiny-bert.mar").exists()

@@ -67,9 +67,8 @@ section:
   (default 1.0): request defaults;
 - ``torch_threads``: ``torch.set_num_threads`` for this worker; ``omp_wait_policy`` and
   ``cpu_affinity``: see :mod:`inference_service.worker.cpu` (applied by the worker);
-- ``quantization`` (default ``none``): ``none`` or ``int8`` (dynamic int8 of the decoder
-  layers, LM head fp32); ``prepack`` (default true): oneDNN-prepacked fp32 linear layers,
-  CPU only (see :mod:`inference_service.llm.quantize`);
+- ``engine`` (``openvino`` on CPU, ``torch`` on a GPU), ``weight_format``, ``cache_size``,
+  ``enable_prefix_caching``: see :mod:`inference_service.llm.engines`;
 - ``max_prefill_requests`` (default 2): most newly arrived requests prefilled in one
   step; the rest join at the following steps (see
   :class:`~inference_service.llm.engine.GenerationEngine`'s ``max_prefill``);
@@ -131,6 +130,9 @@ DEFAULT_MAX_PREFILL = 2
 #: decoding request plus prompt-chunk tokens; chosen by measurement (benchmarks/RESULTS.md,
 #: "Issue 25: scheduler").
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 64
+#: Handler config keys of the torch engine's retired CPU modes (dynamic int8, oneDNN prepacking):
+#: accepted with a warning, so archives built before keep loading.
+RETIRED_KEYS = frozenset({"quantization", "prepack"})
 #: How long a continuous-batching call waits for a tokenization when it has nothing else to run.
 _PREPARE_WAIT_S = 0.05
 #: Request bodies up to this many bytes are parsed and tokenized in the step itself (well
@@ -208,8 +210,8 @@ class LLMHandler(BaseHandler):
             inference_service.llm.model.ModelPreparationError: the model cannot
                 be located, converted or loaded.
             ValueError: ``torch_threads``, ``max_prefill_requests`` or ``max_num_batched_tokens``
-                is not a positive integer, ``quantization`` is unknown or ``int8`` off CPU,
-                ``prepack`` is not a boolean.
+                is not a positive integer, or an engine setting is invalid
+                (:class:`~inference_service.llm.engines.EngineConfigError`).
         """
         config = (context.model_yaml_config or {}).get("handler") or {}
         on_gpu = (context.system_properties or {}).get("gpu_id") is not None
@@ -219,6 +221,9 @@ class LLMHandler(BaseHandler):
         else:
             super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
         self.initialized = False
+        for retired in RETIRED_KEYS & set(config):
+            log.warning("handler config: %r is retired and has no effect (the OpenVINO engine's int8 weights "
+                        "replace the torch engine's CPU modes; docs/llm.md, 'Engines')", retired)
         self.defaults = params_from_config(config)
         batch_size = (context.system_properties or {}).get("batch_size")
         max_num_seqs = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
@@ -264,14 +269,7 @@ class LLMHandler(BaseHandler):
             torch.set_num_threads(threads)
         model_dir = resolve_model_dir(config)
         self.model_path = str(model_dir)
-        quantization = config.get("quantization", "none")
-        prepack = config.get("prepack", True)
-        if not isinstance(prepack, bool):
-            raise ValueError(f"handler config: 'prepack' must be true or false, got {prepack!r}")
         self.model, self.tokenizer = load_model(model_dir, device=str(self.device))
-        from inference_service.llm.quantize import optimize_model
-
-        optimize_model(self.model, quantization=str(quantization), prepack=prepack)
         log.info("warm-up forward pass took %.2f s", warm_up(self.model))
         self.context_length = model_context_length(self.model)
         max_prefill = config.get("max_prefill_requests", DEFAULT_MAX_PREFILL)
