@@ -164,6 +164,11 @@ class GenerationEngine:
             "kv_cache_capacity_tokens": (self.max_num_seqs or 0) * (self.max_model_len or 0),
         }
 
+    @staticmethod
+    def refusal(params: GenerationParams) -> str | None:
+        """Why this engine cannot honour ``params``: never (it honours every sampling option)."""
+        return None
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; its prefill (and first token) starts at the next :meth:`step`
         that includes it.

@@ -320,6 +320,9 @@ class LLMHandler(BaseHandler):
             InvalidRequest: the request is malformed or its prompt too long.
         """
         request = parse_input_row(row, self.defaults)
+        refusal = self._engine().refusal(request.params)
+        if refusal is not None:
+            raise InvalidRequest(refusal)
         check_prompt_size(request, self.max_prompt_chars)
         return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 

@@ -137,6 +137,18 @@ class OpenVINOEngine:
         }
 
     # --- requests --------------------------------------------------------------------
+    @staticmethod
+    def refusal(params: GenerationParams) -> str | None:
+        """Why this engine cannot honour ``params`` (a message naming the field), or ``None``.
+
+        OpenVINO GenAI's presence and frequency penalties move a logit towards zero (a negative
+        logit goes up), where OpenAI's rule, which the torch engine follows, always lowers it."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(params, name, 0.0):
+                return (f"'{name}' is not supported by the OpenVINO engine (its rule differs from OpenAI's); "
+                        "serve the model with 'engine: torch' to use it")
+        return None
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; the pipeline schedules its prefill from the next :meth:`step` on.
 
@@ -277,8 +289,6 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     config.ignore_eos = params.ignore_eos
     config.stop_token_ids = set(int(i) for i in eos_ids)
     config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
-    config.presence_penalty = float(getattr(params, "presence_penalty", 0.0))
-    config.frequency_penalty = float(getattr(params, "frequency_penalty", 0.0))
     if params.temperature > 0:
         if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all
             config.top_k = int(params.top_k)

@@ -27,6 +27,10 @@ class GenerationParams:
         ignore_eos: if true, the end-of-sequence token does not end generation.
         include_usage: if true, the handler's final message is a JSON object
             with finish reason and token counts.
+        top_k: sample among the ``top_k`` most likely tokens (0: all).
+        repetition_penalty: > 1 discourages tokens of the prompt and output (1: off).
+        presence_penalty, frequency_penalty: subtracted from the logit of a token already
+            generated, once / per occurrence (0: off).
     """
 
     max_new_tokens: int = 256
@@ -36,6 +40,10 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     include_usage: bool = False
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass
