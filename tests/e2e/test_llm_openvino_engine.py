@@ -13,8 +13,9 @@ pytestmark = pytest.mark.llm
 
 
 @pytest.fixture(scope="module")
-def ir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    from transformers import AutoTokenizer
+def ir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """The tiny model's fp32 IR directory, its tokenizer, and the same model in torch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from inference_service.llm.model import converted_model_dir, find_default_gguf
     from inference_service.llm.openvino_ir import prepare_ir
@@ -22,18 +23,18 @@ def ir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
     ir_dir, seconds = prepare_ir(tiny, "fp32", tmp_path_factory.mktemp("cache"))
     assert seconds is not None and prepare_ir(tiny, "fp32", ir_dir.parent.parent)[1] is None  # cached now
-    return ir_dir, AutoTokenizer.from_pretrained(str(ir_dir))
+    return ir_dir, AutoTokenizer.from_pretrained(str(ir_dir)), AutoModelForCausalLM.from_pretrained(str(tiny)).eval()
 
 
-def _engine(ir: tuple[Path, Any], seqs: int = 4) -> Any:
+def _engine(ir: tuple[Path, Any, Any], seqs: int = 4) -> Any:
     from inference_service.llm.openvino_engine import OpenVINOEngine
 
-    ir_dir, tokenizer = ir
+    ir_dir, tokenizer, _ = ir
     return OpenVINOEngine(ir_dir, tokenizer, {tokenizer.eos_token_id}, max_num_seqs=seqs, max_model_len=2048,
                           weight_format="fp32", threads=1)
 
 
-def _ids(ir: tuple[Path, Any], text: str) -> list[int]:
+def _ids(ir: tuple[Path, Any, Any], text: str) -> list[int]:
     return list(ir[1](text)["input_ids"])
 
 
@@ -123,3 +124,19 @@ def test_stop_strings_and_max_new_tokens_are_ours(ir):
     stopped = _run(engine)["stopped"]
     assert stopped.finish_reason == "stop" and stopped.stop_string == stop
     assert full.finish_reason == "length" and full.completion_tokens == 12
+
+
+def test_a_stop_token_id_ends_generation_on_both_engines(ir):
+    """Each engine's third greedy token as a stop token id: generation stops there, with the
+    token counted and not emitted, even with ignore_eos."""
+    from inference_service.llm.engine import GenerationEngine
+
+    tokenizer = ir[1]
+    prompt = _ids(ir, "Tell me a story")
+    engines = {"openvino": _engine(ir), "torch": GenerationEngine(ir[2], tokenizer, max_num_seqs=4)}
+    for name, engine in engines.items():
+        engine.add("free", prompt, _params(max_new_tokens=8))
+        free = _run(engine)["free"].token_ids
+        engine.add("stopped", prompt, _params(max_new_tokens=8, stop_token_ids=(free[2],)))
+        stopped = _run(engine)["stopped"]
+        assert stopped.finish_reason == "stop" and stopped.token_ids == free[:3], name

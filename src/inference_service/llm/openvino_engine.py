@@ -287,7 +287,7 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = max(1, params.max_new_tokens - generated)
     config.ignore_eos = params.ignore_eos
-    config.stop_token_ids = set(int(i) for i in eos_ids)
+    config.stop_token_ids = {int(i) for i in eos_ids} | {int(i) for i in getattr(params, "stop_token_ids", ())}
     config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
     if params.temperature > 0:
         if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all

@@ -31,6 +31,8 @@ class GenerationParams:
         repetition_penalty: > 1 discourages tokens of the prompt and output (1: off).
         presence_penalty, frequency_penalty: subtracted from the logit of a token already
             generated, once / per occurrence (0: off).
+        stop_token_ids: token ids that end generation (finish reason ``stop``; the token is
+            counted, not emitted), even with ``ignore_eos``.
     """
 
     max_new_tokens: int = 256
@@ -44,6 +46,7 @@ class GenerationParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass

@@ -63,8 +63,8 @@ class RequestState:
     def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
         """Take one sampled token: ``(released text, finish reason or None while running)``."""
         self.result.token_ids.append(token)
-        if token in eos and not self.params.ignore_eos:
-            return "", "stop"  # the end-of-sequence token counts but is not decoded
+        if (token in eos and not self.params.ignore_eos) or token in self.params.stop_token_ids:
+            return "", "stop"  # the end-of-sequence (or a stop) token counts but is not decoded
         piece = self.stop_filter.push(self.decoder.push(token))
         if self.stop_filter.stopped:
             return piece, "stop"
