@@ -588,7 +588,8 @@ def _context(model_dir: str, batch: int) -> Context:
         batch_size=batch,
         gpu=None,
         server_version="test",
-        model_yaml_config={"handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0}},
+        model_yaml_config={"handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0,
+                                       "engine": "torch"}},
     )
     context.request_processor = [RequestProcessor({}) for _ in range(batch)]
     return context
@@ -695,7 +696,7 @@ def _continuous_context(model_dir: str) -> Context:
     context = _context(model_dir, 4)
     context.model_yaml_config = {
         "continuousBatching": True,
-        "handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0},
+        "handler": {"model_path": model_dir, "max_new_tokens": 6, "temperature": 0, "engine": "torch"},
     }
     return context
 
