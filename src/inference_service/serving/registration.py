@@ -120,19 +120,32 @@ class PreparedVersion:
     extra_paths: list[str]
 
 
-_NUMBER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
+#: Fields refused when negative (0 means unset, as in proto3), with the setting they override.
+_REFUSED_NEGATIVE = ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
 
 
 def _checked_request(req: RegisterRequest) -> RegisterRequest:
-    """``req`` with its numeric fields at or below 0 read as unset, as TorchServe's gRPC
-    RegisterModel does (``GRPCUtils.getRegisterParam``: a value counts only when > 0).
+    """``req`` checked: 0 means unset (proto3); a negative ``initial_workers`` is unset too, as
+    TorchServe's gRPC RegisterModel reads it (``GRPCUtils.getRegisterParam``, and its own test
+    data registers with ``initial_workers=-1``).
 
     Raises:
-        InvalidArgument: a runtime other than python.
+        InvalidArgument: a runtime other than python; a negative ``batch_size``,
+            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe takes
+            its default silently).
     """
     if req.runtime and req.runtime != "python":
         raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)", reason="RUNTIME")
-    return replace(req, **{name: max(0, getattr(req, name)) for name in _NUMBER_FIELDS})
+    for name in _REFUSED_NEGATIVE:
+        if getattr(req, name) < 0:
+            low, high = ModelConfig.LIMITS[_CONFIG_FIELD[name]]
+            raise InvalidArgument(f"{name} must be 0 (unset) or from {max(low, 1)} to {high}, "
+                                  f"got {getattr(req, name)}")
+    return replace(req, initial_workers=max(0, req.initial_workers))
+
+
+_CONFIG_FIELD = {"batch_size": "batch_size", "max_batch_delay": "max_batch_delay_ms",
+                 "response_timeout": "response_timeout_s", "startup_timeout": "startup_timeout_s"}
 
 
 async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir: Path) -> PreparedVersion:
