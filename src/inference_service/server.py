@@ -224,8 +224,8 @@ class Server:
         """Create the instance and extraction directories, read the TLS files, write the key
         file (before any port accepts) and start the health service; returns the gRPC
         credentials (None: plaintext)."""
-        self.instance_dir.mkdir(parents=True, exist_ok=True)
-        self.extract_dir.mkdir(parents=True, exist_ok=True)
+        self.instance_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # checked by the command line
+        self.extract_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         credentials = tls.server_credentials(self.settings)
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
