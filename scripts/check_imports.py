@@ -33,9 +33,9 @@ SKIP = ("_proto",)
 # its own room) or a top-level module; ``pkg`` is the package's ``__init__`` (its version).
 BASE = {"errors", "heap", "pkg"}
 ALLOWED: dict[str, set[str]] = {
-    "pkg": set(), "errors": set(), "heap": set(),
+    "pkg": set(), "errors": set(), "heap": set(), "connection_limits": set(),
     "archive": BASE,
-    "config": BASE | {"archive"},
+    "config": BASE | {"archive", "connection_limits"},
     "security": BASE | {"config"},
     "handler": BASE,
     "compat": BASE | {"handler"},
@@ -49,9 +49,9 @@ ALLOWED: dict[str, set[str]] = {
     "frontends.openai": BASE | {"frontends", "serving"},
     "frontends.grpc": BASE | {"frontends", "frontends.oip", "serving", "observability", "security", "config"},
     "frontends.http": BASE | {"frontends", "frontends.oip", "frontends.openai", "serving", "observability",
-                              "security", "config"},
+                              "security", "config", "connection_limits"},
     "launch": BASE | {"archive", "config", "observability", "security"},
-    "server": BASE | {"archive", "config", "security", "dispatch", "serving", "observability",
+    "server": BASE | {"archive", "config", "connection_limits", "security", "dispatch", "serving", "observability",
                       "frontends", "frontends.grpc", "frontends.http", "frontends.oip", "frontends.openai"},
     "cli": BASE | {"archive", "config", "security", "observability", "launch", "server"},
     "__main__": {"cli"},

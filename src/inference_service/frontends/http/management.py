@@ -58,6 +58,7 @@ from aiohttp import web
 from inference_service.config import Settings
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
+from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import (
     CLIENT_GONE_MESSAGE,
     NOT_FOUND_MESSAGE,
@@ -199,6 +200,7 @@ class HttpManagementApi:
             router.add_route("*", "/token", self.token)
         install_access_log(self.app, access_log)
         self._runner: web.AppRunner | None = None
+        self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 
     async def start(self, address: str, port: int) -> int:
         """Bind ``address:port`` (0: a free port) and serve; returns the bound port.
@@ -207,7 +209,8 @@ class HttpManagementApi:
             OSError: the address cannot be bound (the message names it).
         """
         self._runner, bound = await serve_app(self.app, "HTTP management API", address, port,
-                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s)
+                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s,
+                                              guard=self.connection_guard)
         warn_exposed_binds({"HTTP management": address}, self.auth is not None, self.ssl_context is not None,
                            tls_hint="use an https:// management_address")
         return bound
