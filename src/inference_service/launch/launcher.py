@@ -70,6 +70,18 @@ def running_pid(settings: Settings) -> int | None:
         return None
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
 def stop_instance(settings: Settings, timeout: float) -> int:
     """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s for it to exit.
 
@@ -89,10 +101,11 @@ def stop_instance(settings: Settings, timeout: float) -> int:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if running_pid(settings) != pid:  # the lock is dropped as the server exits
+        # the server drops its lock as it exits; then its process ends (or waits as a zombie)
+        if running_pid(settings) != pid and not _alive(pid):
             print(f"inference-service (pid {pid}, run directory {settings.instance_dir}) stopped")
             return 0
-        time.sleep(0.1)
+        time.sleep(0.05)
     print(f"inference-service (pid {pid}) did not stop within {timeout:.0f}s", file=sys.stderr)
     return 1
 
