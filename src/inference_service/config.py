@@ -55,6 +55,7 @@ class Settings:
         max_request_parts: parts of a ``multipart/*`` body or fields of an
             ``application/x-www-form-urlencoded`` body on the HTTP APIs (1000; more: 400).
         max_json_depth: nesting depth of a JSON request body, objects and arrays (64; deeper: 400).
+        max_json_nodes: objects and arrays in a JSON request body, counted before it is parsed (100000).
         inference_max_connection_age_ms / ..._grace_ms, and management twins: gRPC
             connection age settings (``None``: gRPC's default, unlimited).
         connections: limits on client connections (:class:`ConnectionLimits`).
@@ -133,6 +134,7 @@ class Settings:
     max_response_size: int = DEFAULT_MAX_MESSAGE_BYTES
     max_request_parts: int = 1000
     max_json_depth: int = 64
+    max_json_nodes: int = 100_000
     inference_max_connection_age_ms: int | None = None
     inference_max_connection_age_grace_ms: int | None = None
     management_max_connection_age_ms: int | None = None
@@ -373,6 +375,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "max_response_size": ("max_response_size", _int),
     "max_request_parts": ("max_request_parts", _positive_int),
     "max_json_depth": ("max_json_depth", _positive_int),
+    "max_json_nodes": ("max_json_nodes", _positive_int),
     "grpc_inference_max_connection_age_ms": ("inference_max_connection_age_ms", _int),
     "grpc_inference_max_connection_age_grace_ms": ("inference_max_connection_age_grace_ms", _int),
     "grpc_management_max_connection_age_ms": ("management_max_connection_age_ms", _int),
