@@ -499,3 +499,71 @@ def test_9_rapid_reset_streams_leave_memory_as_it_was(server: ServerProcess) -> 
     wait_for(lambda: _rss_mb(server.proc.pid) <= before * 1.2 + 10, 30, 0.5,
              f"the server's RSS back near {before:.0f} MB")
     ping_within(server)
+
+
+# --- item 2: readers that grant no flow-control window ----------------------------------------
+
+
+def _h2_frames(data: bytes) -> list[tuple[int, int, bytes]]:
+    """(type, stream, payload) of each whole frame in ``data``."""
+    frames, pos = [], 0
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos:pos + 3], "big")
+        if pos + 9 + length > len(data):
+            break
+        frames.append((data[pos + 3], int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
+                       data[pos + 9:pos + 9 + length]))
+        pos += 9 + length
+    return frames
+
+
+def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> None:
+    """80 streams asking for 1 MB answers on one connection that grants no window
+    (SETTINGS_INITIAL_WINDOW_SIZE 0): the server takes ``grpc_max_concurrent_streams`` (16
+    here) and refuses the others, so what it buffers for the connection is bounded."""
+    import socket
+
+    from inference_service._proto import inference_pb2
+
+    srv, _ = slow_server
+    message = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"repeat:1000000"})
+    body = message.SerializeToString()
+    grpc_message = b"\x00" + len(body).to_bytes(4, "big") + body
+    headers = b"".join(_hpack_literal(n, v) for n, v in (
+        (b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"127.0.0.1"),
+        (b":path", b"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"),
+        (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+        (b"authorization", f"Bearer {read_key(srv.key_file, 'inference')}".encode())))
+    before = _rss_mb(srv.proc.pid)
+    sock = socket.create_connection(("127.0.0.1", srv.inference_port), timeout=10)
+    try:
+        zero_window = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, zero_window))
+        frames = b"".join(_h2_frame(1, 4, s, headers) + _h2_frame(0, 1, s, grpc_message)
+                          for s in range(1, 161, 2))
+        sock.sendall(frames)
+        received = b""
+        deadline = time.monotonic() + 5
+        refused = 0
+        while time.monotonic() < deadline and refused < 64:
+            sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            received += chunk
+            refused = sum(1 for kind, _, payload in _h2_frames(received)
+                          # RST_STREAM REFUSED_STREAM or ENHANCE_YOUR_CALM (gRPC's answer)
+                          if kind == 3 and int.from_bytes(payload, "big") in (7, 11))
+        assert refused >= 64, [(k, s, p[:8]) for k, s, p in _h2_frames(received)][:12]
+        ping_within(srv)
+        wait_for(lambda: _rss_mb(srv.proc.pid) - before > 8, 20, 0.1, "the 16 answers held for the connection")
+        srv.wait_described("echo", lambda d: d["jobQueueStatus"]["pendingRequests"] == 0
+                           and all(w["status"] == "READY" for w in d["workers"]), 20)
+        grown = _rss_mb(srv.proc.pid) - before
+        assert grown < 16 * 4 + 50, f"the server grew {grown:.0f} MB"
+    finally:
+        sock.close()
+    ping_within(srv)
