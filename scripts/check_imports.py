@@ -43,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": BASE | {"handler"},
     "dispatch": BASE | {"worker"},
     "serving": BASE | {"archive", "config", "dispatch", "worker"},
-    "observability": BASE | {"config", "serving"},
+    "observability": BASE | {"config", "connection_limits", "serving"},
     "frontends": BASE | {"serving", "dispatch"},
     "frontends.oip": BASE | {"frontends", "serving"},
     "frontends.openai": BASE | {"frontends", "serving"},

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import resource
+import threading
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -93,3 +95,37 @@ def connection_cap(limits: ConnectionLimits, open_files: int, http_ports: int) -
                     limits.max_connections, share, open_files)
         return share
     return limits.max_connections
+
+
+class BoundedThreadingHTTPServer(ThreadingHTTPServer):
+    """The standard library's threading HTTP server (the metrics port) holding at most ``cap``
+    connections (one thread each): past it a new connection is closed at once
+    (``verify_request``, the library's hook). Give its handler a ``timeout`` too, so that a
+    connection that sends nothing or half a head ends."""
+
+    cap = 1000
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog (the library's default, 5, stalls a burst of connects)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._open = 0
+        self._open_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Whether there is room for one more connection."""
+        return self._open < self.cap
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Count the connection, then serve it in its thread."""
+        with self._open_lock:
+            self._open += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve the connection; it no longer counts once done."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1

@@ -153,6 +153,7 @@ class Server:
         self.http_api: HttpInferenceApi | None = None
         self.http_management: HttpManagementApi | None = None
         self.ports: dict[str, int] = {}
+        self.http_cap = 1000  # connections per HTTP port (and the metrics port), set at start
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
 
@@ -316,7 +317,7 @@ class Server:
             OSError: a port cannot be bound.
         """
         s = self.settings
-        cap = connection_cap(s.connections, raise_open_file_limit(), 3)  # 8080, 8081, metrics
+        self.http_cap = cap = connection_cap(s.connections, raise_open_file_limit(), 3)  # 8080, 8081, metrics
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
@@ -349,8 +350,9 @@ class Server:
         s = self.settings
         if self.metrics is not None:
             try:
-                self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
-                                                                s.metrics_port, self.telemetry.access_log)
+                self.ports["metrics"] = await asyncio.to_thread(
+                    self.metrics.serve, s.metrics_address, s.metrics_port, self.telemetry.access_log,
+                    self.http_cap, s.connections.request_head_timeout_s)
             except OSError as exc:
                 raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
                               f"{exc.strerror or exc}") from exc

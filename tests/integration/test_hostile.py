@@ -391,6 +391,31 @@ def test_1_partial_heads_and_slow_bodies_are_ended(slow_server: Any) -> None:
             sock.close()
 
 
+def test_1_metrics_port_caps_and_times_out_connections(slow_server: Any) -> None:
+    srv, lowered = slow_server
+    port = srv.status["metrics_port"]
+    socks = [_connect(port) for _ in range(200)]
+    try:
+        ping_within(srv)
+        if lowered:  # the cap (128 under 1,024 descriptors): the last ones are closed at once
+            _closed_within(socks[-1], 2)
+        for sock in socks[:20]:  # sent nothing: closed by request_head_timeout_sec (1 s)
+            _closed_within(sock, 4)
+    finally:
+        for sock in socks:
+            sock.close()
+
+    def scraped() -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+
+    wait_for(scraped, 10, what="/metrics served again")
+
+
 def test_1_grpc_connections_without_handshake_are_closed(slow_server: Any) -> None:
     srv, _ = slow_server
     silent = [_connect(srv.inference_port) for _ in range(30)]
