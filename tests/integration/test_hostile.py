@@ -592,3 +592,19 @@ def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> N
     finally:
         sock.close()
     ping_within(srv)
+
+
+def test_8_huge_values_get_bounded_messages(server: ServerProcess, store: Path, tmp_path: Path) -> None:
+    for fields in ({"model_name": "bad name " * 50_000}, {"url": "missing-" + "u" * 400_000 + ".mar"}):
+        with pytest.raises(grpc.RpcError) as caught:
+            server.register(fields.pop("url", "echo.mar"), **fields)
+        assert len(caught.value.details() or "") <= 4003, len(caught.value.details() or "")
+        ping_within(server)
+    config = tmp_path / "config.properties"
+    for line, key in (("request_head_timeout_sec=0", "request_head_timeout_sec"),
+                      ("http_max_connections=-1", "http_max_connections"),
+                      ("max_json_nodes=0", "max_json_nodes")):
+        config.write_text(line + "\n")
+        done = _cli("--foreground", "--ncs", "--ts-config", str(config), "--model-store", str(store),
+                    "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+        assert done.returncode != 0 and key in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 from inference_service.archive.model_archive import ModelArchive, install_requirements, open_archive
 from inference_service.config import Settings
-from inference_service.errors import InvalidArgument
+from inference_service.errors import InvalidArgument, shorten
 from inference_service.serving.model_config import ModelConfig
 from inference_service.serving.model_version import ModelVersion
 
@@ -176,7 +176,7 @@ async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir:
             raise InvalidArgument("model_name is required (the manifest has no modelName)")
         if not valid_model_name(name):
             raise InvalidArgument(
-                f"invalid model name {name!r}: use letters, digits, '_', '-' and '.' (at most 256)")
+                f"invalid model name {shorten(repr(name), 100)}: use letters, digits, '_', '-' and '.' (at most 256)")
         defaults = {
             "response_timeout_s": settings.default_response_timeout_s,
             "startup_timeout_s": settings.default_startup_timeout_s,
