@@ -2,15 +2,18 @@
 server. Tests are named by the issue's item numbers; after (or during) each attack a new
 client's Ping must be answered within 1 s.
 
-1. connections that never finish a request
-2. (zero-window streams: see the report; not covered here)
-3. wide JSON bodies
+1. connections that never finish a request: HTTP (idle, partial heads, trickling bodies, past
+   the cap under a 1,024 open-file limit), the metrics port, gRPC without a handshake
+2. readers that grant no flow-control window: gRPC, bounded per connection (the HTTP LLM
+   stream and the KV cache are not covered here)
+3. wide JSON bodies on every door that parses JSON
 4. ``--stop`` and startup with a pid file naming a stranger
 5. a run directory writable by others, owned by another user, or with planted links
 6. forged and flooded log lines
 7. keys in a worker's environment
-8. hostile model-config and registration values, ``scripts/build_llm_archive`` inputs
-9. (rapid reset: the gRPC settings of item 1)
+8. hostile model-config and registration values, unbounded messages, connection settings out
+   of range, ``scripts/build_llm_archive`` inputs
+9. HTTP/2 rapid reset (100,000 streams; the KV-cache padding part is not covered here)
 """
 
 from __future__ import annotations
