@@ -24,7 +24,7 @@ CONNECTION_KEYS: dict[str, tuple[str, float, float]] = {
     "connection_idle_timeout_sec": ("idle_timeout_s", 0.1, 86_400.0),
     "http_body_min_rate": ("body_min_rate", 0, 1 << 30),
     "http_max_connections": ("max_connections", 1, 1_000_000),
-    "grpc_max_concurrent_streams": ("max_concurrent_streams", 1, 1 << 20),
+    "grpc_max_concurrent_streams": ("max_concurrent_streams", 0, 1 << 20),
 }
 #: Descriptors kept for everything but HTTP clients (gRPC, workers, archives, logs).
 RESERVED_FDS = 256
@@ -46,7 +46,9 @@ class ConnectionLimits:
         max_connections: open connections per HTTP port; past it a new one is answered 503
             and closed. Lowered at start to what the open-file limit leaves. 1000.
         max_concurrent_streams: concurrent gRPC calls per connection (HTTP/2
-            ``SETTINGS_MAX_CONCURRENT_STREAMS``; a client queues the others). 100.
+            ``SETTINGS_MAX_CONCURRENT_STREAMS``; a client queues the others, but calls opened
+            in a burst past it may be refused with UNAVAILABLE, REFUSED_STREAM). It bounds what
+            zero-window readers and rapid resets cost. 100; 0: gRPC's default, no limit.
     """
 
     request_head_timeout_s: float = 10.0

@@ -85,9 +85,10 @@ def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | Non
         # in time, holds a bounded number of streams (which also bounds what resets can cost),
         # and is closed (GOAWAY) when it has no call for idle_timeout_s (connection_limits.py)
         ("grpc.server_handshake_timeout_ms", int(settings.connections.request_head_timeout_s * 1000)),
-        ("grpc.max_concurrent_streams", settings.connections.max_concurrent_streams),
         ("grpc.max_connection_idle_ms", int(settings.connections.idle_timeout_s * 1000)),
     ]
+    if settings.connections.max_concurrent_streams:
+        options.append(("grpc.max_concurrent_streams", settings.connections.max_concurrent_streams))
     if age_ms:
         options.append(("grpc.max_connection_age_ms", age_ms))
     if grace_ms:
