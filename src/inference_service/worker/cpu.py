@@ -20,6 +20,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -34,7 +35,12 @@ DEFAULT_SPIN_COUNT = 10000
 #: The server's default wait policy of a worker (``config.properties`` ``worker_omp_wait_policy``).
 DEFAULT_WAIT_POLICY = "passive"
 
+#: The highest CPU number Linux can have (``NR_CPUS`` is at most 8192).
+MAX_CPU = 8191
+
 _CGROUP = Path("/sys/fs/cgroup")
+
+log = logging.getLogger(__name__)
 
 
 def cgroup_cpu_limit(root: Path = _CGROUP) -> float | None:
@@ -83,30 +89,45 @@ def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def parse_affinity(value: Any) -> set[int] | None:
+def parse_affinity(value: Any, highest: int | None = None) -> set[int] | None:
     """``cpu_affinity`` of a handler config: a list of CPU numbers, or a string such as
     ``"0-3,6"``; ``None`` / ``""`` means unset.
 
+    Args:
+        value: the configured value.
+        highest: the highest CPU number accepted (default :data:`MAX_CPU`); checked before a
+            range is expanded, so ``"0-3000000"`` costs nothing.
+
     Raises:
-        ValueError: not a list of non-negative integers / ranges.
+        ValueError: not a list of non-negative integers / ranges, or a CPU above ``highest``
+            (the message quotes at most 60 characters of the value).
     """
     if value is None or value == "":
         return None
+    highest = MAX_CPU if highest is None else highest
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
     cpus: set[int] = set()
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if any(v > highest for v in value):
+            raise ValueError(f"handler config: 'cpu_affinity' must name CPUs from 0 to {highest}, got {shown}")
         cpus.update(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and len(value) <= 4096:
         try:
             for part in value.split(","):
                 first, dash, last = part.strip().partition("-")
                 low, high = int(first), int(last if dash else first)
                 if low < 0 or high < low:
                     raise ValueError(part)
+                if high > highest:
+                    raise ValueError(
+                        f"handler config: 'cpu_affinity' must name CPUs from 0 to {highest}, got {shown}")
                 cpus.update(range(low, high + 1))
-        except ValueError:
-            raise ValueError(f"handler config: 'cpu_affinity' must look like \"0-3,6\", got {value!r}") from None
+        except ValueError as exc:
+            if str(exc).startswith("handler config"):
+                raise
+            raise ValueError(f"handler config: 'cpu_affinity' must look like \"0-3,6\", got {shown}") from None
     else:
-        raise ValueError(f"handler config: 'cpu_affinity' must be a list of CPU numbers or \"0-3,6\", got {value!r}")
+        raise ValueError(f"handler config: 'cpu_affinity' must be a list of CPU numbers or \"0-3,6\", got {shown}")
     if not cpus:
         raise ValueError("handler config: 'cpu_affinity' names no CPU")
     return cpus
@@ -143,6 +164,10 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
             )
         os.sched_setaffinity(0, affinity)
     threads = _positive_int(handler_config, "torch_threads")
+    if threads is not None and threads > (cap := math.floor(usable_cpus())):
+        log.warning("handler config: torch_threads %d is more than the %d usable CPUs; using %d",
+                    threads, cap, cap)
+        threads = cap
     if threads is None:
         try:
             threads = max(1, int(env.get("OMP_NUM_THREADS", "")))
