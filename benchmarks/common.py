@@ -403,15 +403,16 @@ class Meter:
 
 
 # --------------------------------------------------------------------------- figures
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100, linear interpolation between order statistics, numpy's default);
-    None if empty. The only percentile of the benchmarks."""
+def percentile(values: Sequence[float], q: float, ndigits: int | None = None) -> float | None:
+    """The q-th percentile (0..100, linear interpolation between order statistics, numpy's default),
+    rounded to ``ndigits`` if given; None if empty. The only percentile of the benchmarks."""
     if not values:
         return None
     ordered = sorted(values)
     k = (len(ordered) - 1) * q / 100
     lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    value = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    return value if ndigits is None else round(value, ndigits)
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

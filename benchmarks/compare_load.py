@@ -110,8 +110,8 @@ async def unary(server: Server, stub: Any, model: str, concurrency: int, total: 
     result = meter.done(total, "req")
     result.update({"requests": total, "concurrency": concurrency, "errors": errors,
                    "req_per_s": round(len(latencies) / result["wall_s"], 1),
-                   "p50_ms": round(percentile(latencies, 50), 2), "p90_ms": round(percentile(latencies, 90), 2),
-                   "p99_ms": round(percentile(latencies, 99), 2)})
+                   "p50_ms": percentile(latencies, 50, 2), "p90_ms": percentile(latencies, 90, 2),
+                   "p99_ms": percentile(latencies, 99, 2)})
     return result
 
 
