@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 from common import (
     BENCH,
     ROOT,
@@ -193,8 +194,6 @@ async def stream_one(session: aiohttp.ClientSession, stub: Any, server: Server, 
 
 async def run_scenario(server: Server, scenario: str, tokens: int, timeout_s: float) -> dict[str, Any]:
     """The scenario's requests over one HTTP session (or gRPC channel); its figures."""
-    import grpc
-
     from inference_service._proto import inference_pb2_grpc
 
     count = 1 if scenario == "single" else 8
@@ -412,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
             try:
                 results[name] = measure(name, scenarios, args.tokens, args.threads)
-            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError,
+            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError, grpc.RpcError,
                     subprocess.SubprocessError) as exc:
                 print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)
                 continue
