@@ -28,7 +28,8 @@ def test_log_config_routes_the_server_loggers(store: Path, tmp_path: Path) -> No
     access, metrics = tmp_path / "access.log", tmp_path / "model_metrics.log"
     config = tmp_path / "log.yaml"
     config.write_text(LOG_CONFIG.format(access=access, metrics=metrics))
-    srv = ServerProcess(tmp_path / "work", store, ["--models", "metered=metered.mar", "--log-config", str(config)])
+    srv = ServerProcess(tmp_path / "work", store, ["--models", "metered=metered.mar", "--workers-per-model", "1",
+                                                   "--log-config", str(config)])
     try:
         srv.wait_workers("metered", 1)
         assert srv.predict("metered", "hello") == b"hello"
@@ -59,8 +60,8 @@ def test_log_config_json_and_refusals(store: Path, tmp_path: Path) -> None:
 
 def test_log_file_rotates_at_the_size_given(store: Path, tmp_path: Path) -> None:
     log = tmp_path / "logs" / "server.log"
-    srv = ServerProcess(tmp_path / "work", store, ["--models", "echo=echo.mar", "--log-file", str(log),
-                                                   "--log-max-bytes", "4000"])
+    srv = ServerProcess(tmp_path / "work", store, ["--models", "echo=echo.mar", "--workers-per-model", "1",
+                                                   "--log-file", str(log), "--log-max-bytes", "4000"])
     try:
         srv.wait_workers("echo", 1)
 
@@ -77,3 +78,23 @@ def test_log_file_rotates_at_the_size_given(store: Path, tmp_path: Path) -> None
         assert srv.stop() == 0
     # the process's own stderr followed the current file: the shutdown lines are in it
     assert "shutting down" in log.read_text()
+
+
+def test_progress_bars_and_library_warnings_stay_out(store: Path, tmp_path: Path) -> None:
+    build_mar(store, "noisy", "noisy_handler.py")
+    for level in ("INFO", "DEBUG"):
+        srv = ServerProcess(tmp_path / level, store, ["--models", "noisy=noisy.mar", "--workers-per-model", "1",
+                                                      "--log-level", level])
+        try:
+            srv.wait_workers("noisy", 1)
+            assert srv.predict("noisy", "x") == b"x"
+        finally:
+            assert srv.stop() == 0, srv.log()
+        log = srv.log()
+        assert "noisy progress" not in log and "it/s" not in log
+        warned = [line for line in log.splitlines() if "noisy library warning" in line]
+        if level == "INFO":
+            assert not warned and "noisy transformers warning" not in log
+        else:  # once, at DEBUG
+            assert len(warned) == 1 and " DEBUG " in warned[0], warned
+            assert "noisy transformers warning" in log
