@@ -89,8 +89,7 @@ class WorkerProcess:
                  options: WorkerOptions = WorkerOptions()) -> None:
         self.spec = spec
         self.metrics_sink = options.metrics_sink
-        # prometheus mode: never logged per request; dropped here when the metrics API is off
-        spec.forward_metrics = options.forward_handler_metrics
+        spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
         self.concurrent = spec.mode != protocol.MODE_BATCH
