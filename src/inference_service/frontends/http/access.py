@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from inference_service.errors import shorten
 from inference_service.frontends.request_ids import ACCESS_MODEL, REQUEST_ID_HEADER, request_id
@@ -61,7 +62,14 @@ def install_access_log(app: web.Application, access_log: AccessLog | None) -> No
         request["request_id"] = request_id(request.headers.get(REQUEST_ID_HEADER))
         return await handler(request)
 
-    access = access_log
+    if access_log is not None:
+        app.middlewares.insert(0, _log_requests(access_log))
+    app.middlewares.insert(0, name_request)  # outermost: the id exists for every inner middleware
+    app.on_response_prepare.append(on_prepare)
+
+
+def _log_requests(access_log: AccessLog) -> Middleware:
+    """The middleware writing each request's access line (its status, chunks, model and id)."""
 
     @web.middleware
     async def log_request(request: web.Request, handler: _Handler) -> web.StreamResponse:
@@ -87,12 +95,8 @@ def install_access_log(app: web.Application, access_log: AccessLog | None) -> No
                 messages = 1 if status < 400 else 0
             match = request.match_info
             model = request.get(ACCESS_MODEL) or match.get("model_name", "")  # /v1: the body's model
-            if access is not None:
-                access.record_http(request.method, shorten(request.rel_url.raw_path), shorten(model),
-                               shorten(match.get("model_version", "")), status, start, messages, peer,
+            access_log.record_http(request.method, shorten(request.rel_url.raw_path), shorten(model),
+                                   shorten(match.get("model_version", "")), status, start, messages, peer,
                                    request["request_id"])
 
-    if access is not None:
-        app.middlewares.insert(0, log_request)
-    app.middlewares.insert(0, name_request)
-    app.on_response_prepare.append(on_prepare)
+    return log_request
