@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from inference_service.frontends.http.streams import NDJSON, TEXT, StreamFraming, usage_object, wants_ndjson
+from inference_service.frontends.http.streams import (
+    NDJSON,
+    PEEK_BYTES,
+    TEXT,
+    StreamFraming,
+    usage_object,
+    wants_ndjson,
+)
 
 USAGE = {"text": "", "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
 
@@ -22,7 +29,7 @@ def test_accept_header(accept: str, expected: bool) -> None:
 def test_usage_object_is_recognised_by_its_shape_only() -> None:
     assert usage_object(json.dumps(USAGE).encode()) == USAGE
     for other in (b"plain text", b"{not json", b'{"text": "x"}', b'{"text": 1, "finish_reason": "stop", "usage": {}}',
-                  b"[1, 2]"):
+                  b"[1, 2]", json.dumps({**USAGE, "text": "x" * PEEK_BYTES}).encode()):  # too long to parse
         assert usage_object(other) is None
 
 
@@ -42,6 +49,7 @@ def test_raw_form_without_text_before_adds_no_blank_line() -> None:
 
 def test_binary_first_chunk_keeps_the_default_content_type() -> None:
     assert StreamFraming(ndjson=False).content_type(b"\xff\xfe\x00") is None
+    assert StreamFraming(ndjson=False).content_type("é".encode() * PEEK_BYTES) == TEXT  # a cut character is text
 
 
 def test_ndjson_form_is_one_object_per_line() -> None:

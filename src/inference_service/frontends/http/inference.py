@@ -24,7 +24,8 @@ model with ``batchSize`` 1 (a batch of one) and for every continuous-batching
 gRPC ``Predictions``) for a batch-mode model with a larger batch size. A handler that sends
 intermediate responses gets a ``Transfer-Encoding: chunked`` answer, one chunk per
 intermediate response and then the final one (an empty message sends no chunk); any other
-answer is one body with a ``Content-Length``. The headers and the first chunk leave the moment
+answer is one body with a ``Content-Length``; :mod:`.streams` says what the chunks hold (raw, the
+LLM's usage on its own line, NDJSON). The headers and the first chunk leave the moment
 the first intermediate response arrives; every later chunk leaves the moment it is produced. An error
 after the first chunk ends the connection without the terminating chunk, so the client sees
 an incomplete body rather than a complete one. A client that disconnects cancels its request

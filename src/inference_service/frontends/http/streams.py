@@ -12,18 +12,21 @@ Three forms, chosen per request:
 - NDJSON (``Accept: application/x-ndjson``): one JSON object per line, each text piece as
   ``{"text": "..."}``, then the usage object when there is one.
 
-A stream whose first message is UTF-8 text says ``Content-Type: text/plain; charset=utf-8``
+A stream whose first message starts as UTF-8 text says ``Content-Type: text/plain; charset=utf-8``
 (NDJSON: ``application/x-ndjson``); other answers keep aiohttp's ``application/octet-stream``.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 from typing import Any
 
 NDJSON = "application/x-ndjson"
 TEXT = "text/plain; charset=utf-8"
+#: Bytes of a message looked at to tell text or the usage object (bounded work on the event loop).
+PEEK_BYTES = 4096
 
 
 def wants_ndjson(accept: str) -> bool:
@@ -32,17 +35,21 @@ def wants_ndjson(accept: str) -> bool:
 
 
 def is_text(payload: bytes) -> bool:
-    """True when ``payload`` is valid UTF-8."""
+    """True when the first :data:`PEEK_BYTES` of ``payload`` are UTF-8 (a character cut at the
+    end counts as text)."""
     try:
-        payload.decode("utf-8")
+        codecs.getincrementaldecoder("utf-8")().decode(payload[:PEEK_BYTES], final=False)
     except UnicodeDecodeError:
         return False
     return True
 
 
 def usage_object(payload: bytes) -> dict[str, Any] | None:
-    """The LLM handler's final usage object (``{"text", "finish_reason", "usage"}``), else ``None``."""
-    if payload[:1] != b"{":
+    """The LLM handler's final usage object (``{"text", "finish_reason", "usage"}``), else ``None``.
+
+    Only a message of at most :data:`PEEK_BYTES` is parsed (on the event loop): the usage
+    object is about 100 bytes, its ``text`` empty on a stream."""
+    if payload[:1] != b"{" or len(payload) > PEEK_BYTES:
         return None
     obj: Any = None
     with contextlib.suppress(ValueError):
