@@ -101,8 +101,7 @@ class Settings:
             Kubernetes Secret shared by all replicas); unset: random keys per start.
         log_level: logging level name (``log_level``; workers use it too).
         log_format: ``"plain"`` or ``"json"`` (one JSON object per line), for the whole log.
-        log_file / log_max_bytes / log_config: the log file, rotated at this size (``None``:
-            stderr), and a dictConfig file applied over it (:mod:`...observability.logfiles`).
+        log_file / log_max_bytes / log_config: see :mod:`inference_service.observability.logfiles`.
         access_log: write one ``inference_service.access`` line per RPC (``enable_access_log``).
         metrics_address / metrics_port: the Prometheus endpoint's bind (TorchServe's
             ``metrics_address=http://127.0.0.1:8082``; port 0 = ephemeral).
