@@ -430,8 +430,9 @@ def infer_stream(
     the output unless it already ends with one. The bundled LLM handler's usage
     message (the last message when the request asks ``include_usage``: a JSON
     object with ``finish_reason`` and ``usage``) is not printed as text: its
-    ``text`` is, and ``finish_reason: ..., prompt_tokens: ..., completion_tokens: ...``
-    goes to stderr. A message of that shape that is not the last one is text.
+    ``text`` is, the answer's line is ended, and then
+    ``finish_reason: ..., prompt_tokens: ..., completion_tokens: ...`` goes to stderr.
+    A message of that shape that is not the last one is text.
     """
     request = _prediction_request(model_name, model_version, read_input(model_input))
     call = stub.StreamPredictions(request, metadata=metadata, timeout=timeout)
@@ -459,6 +460,8 @@ def infer_stream(
                     show(response.prediction)
         if held is not None:  # the stream's last message: the usage, not text
             show(held[1]["text"].encode("utf-8"))
+            if last and not last.endswith("\n"):
+                show(b"\n")  # the answer's line ends before the usage
             counts = held[1]["usage"]
             print(f"finish_reason: {held[1]['finish_reason']}, prompt_tokens: {counts.get('prompt_tokens')}, "
                   f"completion_tokens: {counts.get('completion_tokens')}", file=sys.stderr, flush=True)

@@ -36,6 +36,7 @@ from inference_service.launch.launcher import (
 from inference_service.launch.preflight import model_store_problem
 from inference_service.launch.rundir import PidLock, RunDirError, prepare_run_dir, stale_pid
 from inference_service.observability.accesslog import configure_logging
+from inference_service.observability.logfiles import apply_log_config, log_to_file, read_log_config
 from inference_service.security import tls
 
 log = logging.getLogger("inference_service")
@@ -65,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-token-auth", action="store_true", help="turn token authorization off")
     p.add_argument("--enable-model-api", action="store_true",
                    help="allow RegisterModel and UnregisterModel")
-    for name in ("--log-config", "--workflow-store", "--plugins-path", "--cpp-log-config"):
+    p.add_argument("--log-config", type=Path,
+                   help="a Python logging configuration (dictConfig, YAML or JSON) applied over the defaults")
+    p.add_argument("--log-file", type=Path, help="write the log to this file, rotated by size (--start: "
+                                                "logs/inference_service.log)")
+    p.add_argument("--log-max-bytes", type=int, help="size at which the log file rotates (104857600)")
+    for name in ("--workflow-store", "--plugins-path", "--cpp-log-config"):
         p.add_argument(name, help=argparse.SUPPRESS)
     p.add_argument("--grpc-inference-address", help="inference API bind address (127.0.0.1)")
     p.add_argument("--grpc-inference-port", type=int, help="inference API port (7070; 0 = any free port)")
@@ -161,6 +167,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_backoff_s": args.max_backoff,
         "log_level": args.log_level.upper() if args.log_level else None,
         "log_format": args.log_format,
+        "log_file": args.log_file.resolve() if args.log_file else None,
+        "log_max_bytes": args.log_max_bytes,
+        "log_config": args.log_config,
         "event_loop": args.event_loop,
         "grpc_status_codes": args.grpc_status_codes,
         "metrics_address": args.metrics_address,
@@ -267,7 +276,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inference-service: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    for name in ("log_config", "workflow_store", "plugins_path", "cpp_log_config"):
+    try:
+        log_config = read_log_config(settings.log_config) if settings.log_config else None
+    except ValueError as exc:
+        print(f"inference-service: {exc}", file=sys.stderr)
+        return 2
+    if settings.log_max_bytes < 1:
+        print("inference-service: --log-max-bytes must be positive", file=sys.stderr)
+        return 2
+    if args.foreground:
+        if settings.log_file is not None:
+            log_to_file(settings.log_file, settings.log_max_bytes)
+        if log_config is not None and settings.log_config is not None:
+            try:
+                apply_log_config(log_config, settings.log_config)
+            except ValueError as exc:
+                log.error("%s", exc)
+                return 2
+    for name in ("workflow_store", "plugins_path", "cpp_log_config"):
         if getattr(args, name):
             log.warning("--%s is not supported by this server; ignored", name.replace("_", "-"))
     if args.stop:

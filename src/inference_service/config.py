@@ -101,6 +101,7 @@ class Settings:
             Kubernetes Secret shared by all replicas); unset: random keys per start.
         log_level: logging level name (``log_level``; workers use it too).
         log_format: ``"plain"`` or ``"json"`` (one JSON object per line), for the whole log.
+        log_file / log_max_bytes / log_config: see :mod:`inference_service.observability.logfiles`.
         access_log: write one ``inference_service.access`` line per RPC (``enable_access_log``).
         metrics_address / metrics_port: the Prometheus endpoint's bind (TorchServe's
             ``metrics_address=http://127.0.0.1:8082``; port 0 = ephemeral).
@@ -174,6 +175,9 @@ class Settings:
     management_key: str | None = None
     log_level: str = "INFO"
     log_format: str = "plain"
+    log_file: Path | None = None
+    log_max_bytes: int = 100 * 1024**2
+    log_config: Path | None = None
     access_log: bool = True
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8082

@@ -17,7 +17,7 @@ from conftest import ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 
 PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) version=(\S+) status=(\w+) "
-                   r"reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) peer=(\S+)$")
+                   r"reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) peer=(\S+) request_id=(\S+)$")
 
 
 def new_lines(srv: ServerProcess, since: int) -> list[str]:
@@ -45,7 +45,7 @@ def test_plain_line_per_rpc(server):
     wait_for(lambda: any(r[0] == "StreamPredictions2" for r in access(new_lines(server, since))))
     rows = access(new_lines(server, since))
     by_call = [(method, model, version, status, reason, messages) for method, model, version, status, reason, _,
-               messages, _ in rows if method != "DescribeModel" or model == missing]
+               messages, _, _ in rows if method != "DescribeModel" or model == missing]
     assert by_call == [
         ("Predictions", "echo", "1.0", "OK", "-", "1"),
         ("StreamPredictions", "echo", "-", "OK", "-", "3"),
@@ -55,6 +55,8 @@ def test_plain_line_per_rpc(server):
         ("StreamPredictions2", "-", "-", "OK", "-", "1"),
     ]
     assert all(float(r[5]) >= 0 and r[7].startswith("ipv4:127.0.0.1:") for r in rows)
+    ids = [r[8] for r in rows]  # one made id per call (none sent one)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in ids) and len(set(ids)) == len(ids)
 
 
 def test_cancelled_stream_is_logged_cancelled(server):
@@ -125,7 +127,7 @@ def test_switches_access_log_off_and_level_warning(store, tmp_path):
 
 HTTP_LINE = re.compile(r"^\S+ \S+ INFO inference_service\.access: ([A-Z]+) (\S+) model=(\S+) version=(\S+) "
                        r"status=(\d+) reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) "
-                       r"peer=(ipv4:127\.0\.0\.1:\d+)$")
+                       r"peer=(ipv4:127\.0\.0\.1:\d+) request_id=(\S+)$")
 
 
 def _http(port: int, method: str, path: str, key: str | None, body: bytes | None = None) -> int:
@@ -169,7 +171,7 @@ def test_http_line_per_request_on_every_front_door(server):
              what="an access line per HTTP request")
     rows = [m.groups() for line in new_lines(server, since) if (m := HTTP_LINE.match(line))]
     got = {(method, path): (model, version, status, reason, messages) for method, path, model, version, status,
-           reason, _, messages, _ in rows}
+           reason, _, messages, _, _ in rows}
     assert got[("GET", "/ping")] == ("-", "-", "200", "-", "1")
     assert got[("POST", "/predictions/echo/1.0")] == ("echo", "1.0", "200", "-", "4")  # 3 parts, then the end
     assert got[("POST", "/predictions/nope-http")] == ("nope-http", "-", "404", "NOT_FOUND", "0")

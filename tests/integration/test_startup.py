@@ -196,3 +196,16 @@ def test_foreground_bind_failure_lists_every_port(workdir):
             f"HTTP inference any (--http-port), HTTP management {port} (--http-management-port), "
             "metrics any (--metrics-port)") in proc.stderr
     assert _nothing_running(workdir)
+
+
+def test_start_names_models_and_repeats_the_thread_warning(store, workdir):
+    """load_models=echo.mar is the model echo; two models that each take every CPU for their
+    one worker are more threads than CPUs, and --start says so on its terminal."""
+    started = _cli(workdir, "--start", "--ncs", "--model-store", str(store), "--models", "echo.mar", "fn.mar",
+                   "--workers-per-model", "1", *FREE_PORTS)
+    assert started.returncode == 0, started.stderr
+    assert re.search(r"models ready: (echo, fn|fn, echo);", started.stdout), started.stdout
+    warning = [line for line in started.stderr.splitlines() if line.startswith("inference-service: warning: ")]
+    assert warning and "workers x threads = " in warning[0] and "usable CPUs" in warning[0], started.stderr
+    assert (workdir / "logs" / "inference_service.log").is_file()
+    assert _cli(workdir, "--stop").returncode == 0

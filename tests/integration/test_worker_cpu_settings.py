@@ -50,3 +50,19 @@ def test_malformed_setting_fails_the_load(server, value: str, message: str) -> N
         server.register(url, model_name="cpu_bad")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
     assert server.predict("echo", "still serving", timeout=30) == b"still serving"
+
+
+def test_threads_above_the_cpus_are_warned(server) -> None:
+    """Each model's default takes every CPU for its one worker: a second model doubles the
+    threads asked for, and the server says workers x threads exceeds the usable CPUs."""
+    since = len(server.log())
+    for name in ("cpu_a", "cpu_b"):
+        url = build_dir(server.store, name, "cpu_settings_handler.py", model_name=name,
+                        config_yaml="minWorkers: 1\nmaxWorkers: 1\n", handler_entry="cpu_settings_handler:handle")
+        server.register(url, model_name=name)
+    threads = default_threads(1)
+    warnings = [line for line in server.log()[since:].splitlines() if "usable CPUs: they slow each other down" in line]
+    assert any(f"cpu_a 1x{threads}" in line and f"cpu_b 1x{threads}" in line and " WARNING " in line
+               for line in warnings), warnings
+    for name in ("cpu_a", "cpu_b"):
+        server.unregister(name)

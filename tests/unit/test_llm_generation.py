@@ -272,6 +272,7 @@ MESSAGES_OK = [{"role": "user", "content": "hi"}]
         (b'{"prompt": 5}', "'prompt' must be a string"),
         (b'{"prompt": ""}', "'prompt' must not be empty"),
         (b'{"prompt": "x", "max_tokens": 5}', "unknown field(s): max_tokens"),
+        (b'{"id": "1", "model_name": "m", "inputs": [{"name": "x"}]}', "not an Open Inference Protocol (v2) body"),
         (b'{"prompt": "x", "max_new_tokens": 0}', "'max_new_tokens' must be between 1 and 4096"),
         (b'{"prompt": "x", "max_new_tokens": 4097}', "'max_new_tokens' must be between 1 and 4096"),
         (b'{"prompt": "x", "max_new_tokens": 2.5}', "'max_new_tokens' must be an integer"),

@@ -104,17 +104,25 @@ class FrameChannel(asyncio.Protocol):
         self.owner.on_channel_closed()
 
 
+#: Where the handler metric lines of every worker go (``metrics_mode=log``; TorchServe's model_metrics.log).
+MODEL_METRICS_LOGGER = "inference_service.model_metrics"
+_METRIC_LINE = "inference_service.metrics: "  # the worker's metrics logger (handler/metrics.py)
+
+
 async def relay_output(stream: asyncio.StreamReader | None, level: int, logger: logging.Logger, prefix: str,
                        extra: dict[str, Any]) -> None:
     """Log each line of a worker's stdout/stderr as ``<prefix> <line>`` on ``logger``.
 
     Blank lines are skipped. A line the worker's logging wrote (``LEVEL logger: message``)
-    keeps its level; traceback lines keep the level of the line they follow; any other line
-    (``print`` output) gets ``level``. Each record carries ``extra`` (the JSON log format's
+    keeps its level (logged as ``<prefix> logger: message``); traceback lines keep the level
+    of the line they follow; any other line (``print`` output) gets ``level``. Handler metric
+    lines go to :data:`MODEL_METRICS_LOGGER` instead of ``logger``. Each record
+    carries ``extra`` (the JSON log format's
     ``model``, ``model_version``, ``worker_id``, ``worker_pid``).
     """
     if stream is None:
         return
+    metrics_logger = logging.getLogger(MODEL_METRICS_LOGGER)
     current, in_traceback = level, False
     while line := await stream.readline():
         text = line.decode("utf-8", "replace").rstrip()
@@ -123,6 +131,7 @@ async def relay_output(stream: asyncio.StreamReader | None, level: int, logger: 
         head = text.split(" ", 1)[0]
         if head in LEVELS:
             current, in_traceback = LEVELS[head], False
+            text = text[len(head) + 1:]  # the record carries the level: one prefix per line
         elif text.startswith("Traceback ("):
             in_traceback = True
         elif text[:1].isspace():
@@ -131,4 +140,5 @@ async def relay_output(stream: asyncio.StreamReader | None, level: int, logger: 
             in_traceback = False
         else:
             current = level
-        logger.log(current, "%s %s", prefix, text, extra=extra)
+        target = metrics_logger if text.startswith(_METRIC_LINE) else logger
+        target.log(current, "%s %s", prefix, text, extra=extra)

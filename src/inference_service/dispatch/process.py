@@ -89,7 +89,7 @@ class WorkerProcess:
                  options: WorkerOptions = WorkerOptions()) -> None:
         self.spec = spec
         self.metrics_sink = options.metrics_sink
-        spec.forward_metrics = options.forward_handler_metrics and options.metrics_sink is not None
+        spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
         self.concurrent = spec.mode != protocol.MODE_BATCH

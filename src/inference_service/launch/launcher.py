@@ -1,7 +1,8 @@
 """``--start`` and ``--stop``: run the server in the background and say what happened.
 
 ``--start`` (:func:`start_background`) runs the server detached, logging to
-``<working dir>/logs/inference_service.log``:
+``<working dir>/logs/inference_service.log`` (or ``--log-file``), rotated by size
+(:mod:`inference_service.observability.logfiles`):
 
 1. before starting, it refuses (exit 1, the cause on stderr) a startup archive that is
    missing or unreadable (:mod:`inference_service.launch.preflight`; the model store was checked
@@ -47,8 +48,12 @@ from inference_service.observability.status import (
     read_status,
 )
 
+#: The words of the server's warning that workers x threads exceed the CPUs (repeated by ``--start``).
+CPU_WARNING = "usable CPUs: they slow each other down"
 #: How long ``--start`` waits for the startup models to be READY unless ``--wait-ready`` says (s).
 DEFAULT_WAIT_READY_S = 300.0
+#: The words of the server's warning that workers x threads exceed the CPUs (repeated by ``--start``).
+CPU_WARNING = "usable CPUs: they slow each other down"
 #: How long ``--start`` waits for the server to listen (s).
 LISTEN_TIMEOUT_S = 60.0
 #: Polling interval of ``--start``'s waits (s); each poll reads the status file once.
@@ -161,11 +166,12 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
             print(f"inference-service: {settings.ports_message()}", file=sys.stderr)
         print("inference-service: not started", file=sys.stderr)
         return 1
-    logs = settings.files_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / "inference_service.log"
+    log_path = settings.log_file or settings.files_dir / "logs" / "inference_service.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     offset = log_path.stat().st_size if log_path.exists() else 0
     child_argv = [a for a in argv if a != "--start"] + ["--foreground"]
+    if settings.log_file is None:  # the child writes it, rotated (observability/logfiles.py)
+        child_argv += ["--log-file", str(log_path)]
     with open(log_path, "ab") as out:
         child = subprocess.Popen([sys.executable, "-m", "inference_service", *child_argv],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -180,6 +186,9 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
         return 1
     print(f"inference-service started (pid {child.pid}): {listening(info, settings.health_address)}{ready}; "
           f"log: {log_path}{keys}")
+    for message in log_messages(log_path, offset):
+        if CPU_WARNING in message:  # serving/cpu_budget.py: workers x threads above the CPUs
+            print(f"inference-service: warning: {message.split(': ', 1)[-1]}", file=sys.stderr)
     return 0
 
 
@@ -263,8 +272,8 @@ class _Run:
                     return None
             pending = {key: entry.get("state", REGISTERING) for key, entry in models.items()
                        if not _settled(entry, wait_ready_s)}
-            if not pending:
-                return f"; models {what}: {', '.join(models)}"
+            if not pending:  # named as registered: load_models=tiny.mar is the model tiny
+                return f"; models {what}: {', '.join(entry.get('model_name') or key for key, entry in models.items())}"
             if time.monotonic() > deadline:
                 print(f"inference-service: startup models not {what} within {limit:g} s: "
                       f"{', '.join(f'{key} ({state})' for key, state in pending.items())}; the server keeps "

@@ -165,6 +165,16 @@ def _criterion(finished: bool) -> Callable[[Any], bool]:
     return lambda _result: finished
 
 
+def _log_id(context: Context, idx: int) -> str | None:
+    """The id request ``idx``'s log lines carry: its ``x-request-id`` header (the one its access
+    line names), else the worker's request id."""
+    try:
+        header = context.get_request_header(idx, "x-request-id")
+    except (IndexError, AttributeError):  # no request properties: called outside a worker
+        header = None
+    return header or context.request_ids.get(idx)
+
+
 @dataclass
 class _ActiveRequest:
     """A request in the engine: its parsed form, id and start time."""
@@ -422,7 +432,7 @@ class LLMHandler(BaseHandler):
                     results[idx] = prepared
                     continue
                 request, prompt_ids = prepared
-                job = _ActiveRequest(f"batch{self._batches}:{idx}", request, context.request_ids.get(idx),
+                job = _ActiveRequest(f"batch{self._batches}:{idx}", request, _log_id(context, idx),
                                      time.perf_counter())
                 engine.add(job.key, prompt_ids, request.params)
                 live[idx] = job
@@ -552,7 +562,7 @@ class LLMHandler(BaseHandler):
                     continue
                 request, prompt_ids = prepared
                 engine.add(key, prompt_ids, request.params)
-                self._jobs[key] = _ActiveRequest(key, request, request_id, time.perf_counter())
+                self._jobs[key] = _ActiveRequest(key, request, _log_id(context, idx), time.perf_counter())
             keys[idx] = key
         if not keys and self._preparing:  # nothing to run until a tokenization ends: do not spin
             wait(list(self._preparing.values()), timeout=_PREPARE_WAIT_S, return_when=FIRST_COMPLETED)

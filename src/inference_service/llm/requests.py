@@ -73,6 +73,14 @@ REQUEST_FIELDS = frozenset(
 )
 
 
+#: The answer to an Open Inference Protocol (v2) body: which body this handler takes, and where.
+V2_REFUSAL = (
+    'this model is an LLM: it takes {"prompt": "..."} or {"messages": [...]}, not an Open Inference '
+    "Protocol (v2) body with \"inputs\"; send it to /predictions/<model> (gRPC: StreamPredictions), "
+    "or an OpenAI body to /v1/chat/completions or /v1/completions"
+)
+
+
 class InvalidRequest(ValueError):
     """A request (or config value) is malformed; the message explains it to the client."""
 
@@ -233,6 +241,8 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
         raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
 
     unknown = set(obj) - REQUEST_FIELDS
+    if "inputs" in unknown and not {"prompt", "messages"} & set(obj):
+        raise InvalidRequest(V2_REFUSAL)
     if unknown:
         raise InvalidRequest(
             f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(REQUEST_FIELDS))}"

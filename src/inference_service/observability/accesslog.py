@@ -3,11 +3,13 @@
 Access lines go to the logger ``inference_service.access`` at INFO, for every front door in
 the same format::
 
-    Predictions model=echo version=- status=OK reason=- latency_ms=0.912 messages=1 peer=ipv4:127.0.0.1:50312
-    POST /predictions/echo model=echo version=- status=200 reason=- latency_ms=1.2 messages=1 peer=ipv4:127.0.0.1:50318
+    Predictions model=echo version=- status=OK reason=- latency_ms=0.9 messages=1 peer=ipv4:127.0.0.1:5031 request_id=a1
+    POST /predictions/echo model=echo version=- status=200 reason=- latency_ms=1.2 messages=1 peer=- request_id=b2
 
 (``-`` where the request names no model or version, or the status has no
-reason). A gRPC line starts with the RPC's name and its ``status`` is the gRPC code's name; an
+reason; ``request_id`` is the client's ``x-request-id`` or one the server made, see
+:mod:`inference_service.frontends.request_ids`). A gRPC line starts with the RPC's name and its
+``status`` is the gRPC code's name; an
 HTTP line (8080, 8081, ``/v1``, ``/v2``, the metrics port) starts with the HTTP method and the
 path as sent (without the query), ``status`` is the HTTP status, ``reason`` its name
 (``NOT_FOUND``, ``SERVICE_UNAVAILABLE``...) when it is 400 or above, and ``messages`` the
@@ -16,7 +18,8 @@ chunks a streamed answer wrote (1 for a whole answer, 0 for an error).
 With ``--log-format json`` every log record is one JSON object per
 line: ``time``, ``level``, ``logger``, ``message``, plus the record's own fields:
 an access line adds ``method``, ``model``, ``version``, ``status``, ``code``
-(the gRPC code's number, or the HTTP status), ``reason``, ``latency_ms``, ``messages``, ``peer``; a worker's relayed
+(the gRPC code's number, or the HTTP status), ``reason``, ``latency_ms``, ``messages``, ``peer``,
+``request_id``; a worker's relayed
 stdout/stderr line adds ``model``, ``model_version``, ``worker_id``,
 ``worker_pid``. ``--no-access-log`` (``enable_access_log=false``) turns the
 access log off: then nothing is formatted per RPC.
@@ -37,6 +40,7 @@ import grpc
 ACCESS_LOGGER = "inference_service.access"
 LOG_FORMATS = ("plain", "json")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_LINE = "%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s request_id=%s"
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 #: Control characters (C0, DEL, C1) and Unicode line/paragraph separators, written escaped.
 _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
@@ -130,7 +134,7 @@ class AccessLog:
         self.logger.setLevel(logging.INFO)
 
     def record(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
-               start: float, messages: int) -> None:
+               start: float, messages: int, request_id: str = "") -> None:
         """Log one RPC (arguments as :meth:`inference_service.observability.metrics.Telemetry.rpc_done`)."""
         logger = self.logger
         if not logger.isEnabledFor(logging.INFO):
@@ -140,14 +144,15 @@ class AccessLog:
         version = getattr(request, "model_version", "")
         model = model[:MAX_FIELD] if isinstance(model, str) and model else "-"
         version = version[:MAX_FIELD] if isinstance(version, str) and version else "-"
-        self._write(method, model, version, code.name, code.value[0], reason, latency_ms, messages, peer)
+        self._write(method, model, version, code.name, code.value[0], reason, latency_ms, messages, peer,
+                    request_id)
 
     def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,
-                    messages: int, peer: str) -> None:
+                    messages: int, peer: str, request_id: str = "") -> None:
         """Log one HTTP request: ``method`` (``GET``...), ``path`` (as sent, no query), the model and
         version the route names ("" when none), the HTTP ``status``, ``start`` (``time.perf_counter()``
         when it arrived), the chunks written (``messages``) and the client's ``peer`` (gRPC's form,
-        ``ipv4:127.0.0.1:50312``)."""
+        ``ipv4:127.0.0.1:50312``) and its ``request_id`` ("" none)."""
         if not self.logger.isEnabledFor(logging.INFO):
             return
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)
@@ -156,18 +161,18 @@ class AccessLog:
         except ValueError:  # a status outside the standard list (a handler's own 499...)
             reason = f"HTTP_{status}"
         self._write(f"{method} {path}", model or "-", version or "-", str(status), status, reason, latency_ms,
-                    messages, peer)
+                    messages, peer, request_id)
 
     def _write(self, method: str, model: str, version: str, status: str, code: int, reason: str,
-               latency_ms: float, messages: int, peer: str) -> None:
+               latency_ms: float, messages: int, peer: str, request_id: str) -> None:
         logger = self.logger
         peer = peer or "-"
+        request_id = request_id or "-"
         if self.json_fields:
             extra = {"method": method, "model": model, "version": version, "status": status,
                      "code": code, "reason": reason or "-", "latency_ms": latency_ms,
-                     "messages": messages, "peer": peer}
-            logger.info("%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s",
-                        method, model, version, status, reason or "-", latency_ms, messages, peer, extra=extra)
+                     "messages": messages, "peer": peer, "request_id": request_id}
+            logger.info(_LINE, method, model, version, status, reason or "-", latency_ms, messages, peer, request_id,
+                        extra=extra)
         else:
-            logger.info("%s model=%s version=%s status=%s reason=%s latency_ms=%s messages=%d peer=%s",
-                        method, model, version, status, reason or "-", latency_ms, messages, peer)
+            logger.info(_LINE, method, model, version, status, reason or "-", latency_ms, messages, peer, request_id)

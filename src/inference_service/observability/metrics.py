@@ -612,7 +612,7 @@ class Telemetry:
         return context.peer() if self.access_log is not None else ""
 
     def rpc_done(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
-                 start: float, messages: int) -> None:
+                 start: float, messages: int, request_id: str = "") -> None:
         """One RPC ended: count an error status; write its access-log line.
 
         Args:
@@ -622,8 +622,9 @@ class Telemetry:
             code / reason: the final status and the ``ErrorInfo`` reason ("" when OK).
             start: ``time.perf_counter()`` when the RPC began.
             messages: response messages sent.
+            request_id: the call's request id (the client's ``x-request-id`` or a made one).
         """
         if code is not _OK and self.metrics is not None:
             self.metrics.error(method, code, reason)
         if self.access_log is not None:
-            self.access_log.record(method, request, peer, code, reason, start, messages)
+            self.access_log.record(method, request, peer, code, reason, start, messages, request_id)

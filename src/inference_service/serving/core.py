@@ -34,6 +34,7 @@ from inference_service.errors import (
     WorkerLoadError,
     shorten,
 )
+from inference_service.serving.cpu_budget import CpuBudget
 from inference_service.serving.model_version import ModelVersion
 from inference_service.serving.registration import (
     ModelEntry,
@@ -80,6 +81,7 @@ class InferenceCore:
         self._register_lock = asyncio.Lock()
         self.accepting = True
         self.on_models_changed: Callable[[], None] = lambda: None
+        self.cpu_budget = CpuBudget()
         self.gpus = GpuAllocator(number_of_gpu)
         self.inflight = 0
         self.startup = "pending"  # then "done", or "failed": a startup model could not be registered
@@ -141,10 +143,6 @@ class InferenceCore:
         except TimeoutError:
             return False
 
-    @staticmethod
-    def _deadline(time_remaining: float | None) -> float | None:
-        return None if time_remaining is None else time.monotonic() + time_remaining
-
     async def predict(self, name: str, version: str, inputs: dict[str, bytes],
                       headers: dict[str, str] | None = None,
                       time_remaining: float | None = None) -> bytes:
@@ -205,7 +203,7 @@ class InferenceCore:
         telemetry = self.telemetry
         stats = telemetry.model(name, version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
-                  deadline=self._deadline(time_remaining))
+                  deadline=None if time_remaining is None else time.monotonic() + time_remaining)
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)
@@ -304,6 +302,7 @@ class InferenceCore:
             exc.model_version = model.version  # RegisterModel's request names none
             raise
         self._on_health_change()
+        self.cpu_budget.check(self.models)
         self.on_models_changed()
         return model
 
@@ -361,10 +360,10 @@ class InferenceCore:
             raise InvalidArgument(f"max_worker ({max_worker}) is less than min_worker ({min_worker})",
                                   reason="MAX_BELOW_MIN")
         model = self.get(name, version)
-        stop_timeout = 10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout))
-        stop_timeout = min(stop_timeout, 3600.0)
+        stop_timeout = min(10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout)), 3600.0)
         await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout, number_gpu or None)
         self._on_health_change()
+        self.cpu_budget.check(self.models)
         self.on_models_changed()
         return model
 

@@ -116,16 +116,27 @@ class ModelVersion:
             max_running=self.config.max_running,
         )
 
+    def cpu_demand(self) -> tuple[int, int]:
+        """``(worker processes, torch threads each)`` of its running workers (torchrun: ranks)."""
+        live = sum(1 for slot in self.slots.values() if not slot.stopping) * max(1, self.world_size)
+        handler = (self.archive.config or {}).get("handler")
+        threads = handler.get("torch_threads") if isinstance(handler, dict) else None
+        if not isinstance(threads, int) or threads < 1:
+            threads = self._threads()
+        return live, threads
+
+    def _threads(self) -> int:
+        if self.world_size > 1:
+            return self.rank_threads  # per rank; TorchServe's default is 1
+        return self.config.worker_threads or default_threads(len(self.slots))
+
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """Environment of a worker: the server's without its keys (``INFERENCE_SERVICE_*_KEY``:
         handler code never sees them); torch threads = usable CPUs (affinity and cgroup quota)
         / workers unless configured; OpenMP wait policy from the server's settings."""
         env = {k: v for k, v in self.base_env.items()
                if not (k.startswith("INFERENCE_SERVICE_") and k.endswith("_KEY"))}
-        if self.world_size > 1:
-            threads = self.rank_threads  # per rank; TorchServe's default is 1
-        else:
-            threads = self.config.worker_threads or default_threads(len(self.slots))
+        threads = self._threads()
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("MKL_NUM_THREADS", str(threads))
         env.setdefault("OMP_WAIT_POLICY", self.config.worker_wait_policy.upper())

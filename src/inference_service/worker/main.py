@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import traceback
+import warnings
 
 from inference_service.worker import protocol
 from inference_service.worker.async_runner import AsyncRunner
@@ -33,6 +34,28 @@ from inference_service.worker.runtime import Worker
 log = logging.getLogger("inference_service.worker")
 
 COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compat")
+
+
+#: Libraries whose own warnings reach the log only at DEBUG.
+LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "optimum", "nncf", "openvino", "accelerate")
+
+
+def quiet_libraries(level: str) -> None:
+    """Keep progress bars and library warnings out of the server's log: no tqdm bars, Python
+    warnings once each at DEBUG (logger ``py.warnings``), the libraries' own loggers at ERROR
+    unless ``level`` is DEBUG. Call before the handler imports them (tqdm reads its switch then)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warned = logging.getLogger("py.warnings")
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        warned.debug("%s:%d: %s: %s", filename, lineno, category.__name__, message)
+
+    warnings.showwarning = show
+    if level != "DEBUG":
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()
     # The frontend relays each stderr line at the level it starts with, under its own
     # timestamp and the worker's model and id (worker/process.py).
-    logging.basicConfig(
-        level=os.environ.get("INFERENCE_SERVICE_LOG_LEVEL") or spec.log_level or "INFO",
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    level = (os.environ.get("INFERENCE_SERVICE_LOG_LEVEL") or spec.log_level or "INFO").upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_libraries(level)
     if COMPAT_PATH not in sys.path:
         sys.path.insert(0, COMPAT_PATH)
     for path in reversed(spec.extra_paths):

@@ -37,6 +37,7 @@ from grpc_status import rpc_status
 
 from inference_service.errors import TORCHSERVE, InferenceError, InvalidArgument, shorten, torchserve_status
 from inference_service.frontends.grpc.registration import Malformed
+from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current, request_id
 from inference_service.observability.metrics import Telemetry
 
 log = logging.getLogger("inference_service.rpc")
@@ -99,6 +100,17 @@ def _failure(servicer: Any, exc: BaseException, method: str,
     return rich_status(error, request, code, message), code, error.reason
 
 
+def _name_call(context: grpc.aio.ServicerContext) -> str:
+    """The call's request id (the client's ``x-request-id`` metadata, else a new one): made the
+    task's current id (the handler's ``x-request-id`` header) and set as trailing metadata."""
+    client = next((value for key, value in context.invocation_metadata() or ()
+                   if key == REQUEST_ID_HEADER and isinstance(value, str)), None)
+    rid = request_id(client)
+    current.set(rid)
+    context.set_trailing_metadata(((REQUEST_ID_HEADER, rid),))
+    return rid
+
+
 def _end_with(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
     """Make ``status`` (with its trailers) the RPC's status; the servicer method then returns.
 
@@ -109,7 +121,7 @@ def _end_with(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
     """
     context.set_code(status.code)
     context.set_details(status.details)
-    context.set_trailing_metadata(status.trailing_metadata)
+    context.set_trailing_metadata(((REQUEST_ID_HEADER, current.get()), *status.trailing_metadata))
 
 
 def check_parsed(request: Any) -> None:
@@ -157,6 +169,7 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         telemetry = _telemetry(self)
         start = time.perf_counter()
         peer = telemetry.peer(context) if telemetry is not None else ""
+        rid = _name_call(context)
         code, reason = _OK, ""
         try:
             try:
@@ -174,7 +187,7 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             return None  # type: ignore[return-value] # gRPC sends no message with a non-OK status
         finally:
             if telemetry is not None:
-                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0)
+                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0, rid)
 
     return wrapper
 
@@ -187,6 +200,7 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
         telemetry = _telemetry(self)
         start = time.perf_counter()
         peer = telemetry.peer(context) if telemetry is not None else ""
+        rid = _name_call(context)
         code, reason, messages = _OK, "", 0
         try:
             status = None
@@ -208,7 +222,7 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
                 _end_with(context, status)
         finally:
             if telemetry is not None:
-                telemetry.rpc_done(name, request, peer, code, reason, start, messages)
+                telemetry.rpc_done(name, request, peer, code, reason, start, messages, rid)
 
     return wrapper
 

@@ -16,6 +16,7 @@ from inference_service._proto import inference_pb2, inference_pb2_grpc
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.grpc.base import bidi_streaming, refusal, streaming, unary
 from inference_service.frontends.grpc.registration import Malformed
+from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
 
@@ -28,11 +29,13 @@ _SKIP_HEADERS = ("authorization", "grpc-", ":")
 
 def request_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     """gRPC metadata passed to the handler as request headers (credentials and
-    transport keys left out; binary ``-bin`` values skipped)."""
+    transport keys left out; binary ``-bin`` values skipped; ``x-request-id`` the call's id)."""
     headers = {}
     for key, value in context.invocation_metadata() or ():
         if not key.startswith(_SKIP_HEADERS) and isinstance(value, str):
             headers[key] = value
+    if rid := current.get():
+        headers[REQUEST_ID_HEADER] = rid  # the call's id, as its access line names it
     return headers
 
 

@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from inference_service.errors import shorten
+from inference_service.frontends.request_ids import ACCESS_MODEL, REQUEST_ID_HEADER, request_id
 from inference_service.observability.accesslog import AccessLog
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -35,13 +37,15 @@ def peer_of(request: web.Request) -> str:
 
 
 def install_access_log(app: web.Application, access_log: AccessLog | None) -> None:
-    """Log every request of ``app`` on ``access_log`` (``None``: nothing is added, nothing is
-    measured). Call before the application starts."""
-    if access_log is None:
-        return
+    """Give every request of ``app`` its request id (``request["request_id"]``, echoed as
+    ``X-Request-Id``) and log it on ``access_log`` (``None``: not logged, nothing measured).
+    Call before the application starts."""
 
-    async def count_writes(request: web.Request, response: web.StreamResponse) -> None:
-        """Wrap the response's ``write`` (per instance) so that a streamed answer's chunks are counted."""
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        """Echo the request id; wrap the response's ``write`` (per instance) to count a stream's chunks."""
+        rid = request.get("request_id")
+        if rid is not None:
+            response.headers["X-Request-Id"] = rid
         counter = request.get("access_log_writes")
         if counter is None:
             return
@@ -52,6 +56,20 @@ def install_access_log(app: web.Application, access_log: AccessLog | None) -> No
             await write(data)
 
         response.write = counted  # type: ignore[method-assign]
+
+    @web.middleware
+    async def name_request(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        request["request_id"] = request_id(request.headers.get(REQUEST_ID_HEADER))
+        return await handler(request)
+
+    if access_log is not None:
+        app.middlewares.insert(0, _log_requests(access_log))
+    app.middlewares.insert(0, name_request)  # outermost: the id exists for every inner middleware
+    app.on_response_prepare.append(on_prepare)
+
+
+def _log_requests(access_log: AccessLog) -> Middleware:
+    """The middleware writing each request's access line (its status, chunks, model and id)."""
 
     @web.middleware
     async def log_request(request: web.Request, handler: _Handler) -> web.StreamResponse:
@@ -76,9 +94,9 @@ def install_access_log(app: web.Application, access_log: AccessLog | None) -> No
             else:
                 messages = 1 if status < 400 else 0
             match = request.match_info
-            access_log.record_http(request.method, shorten(request.rel_url.raw_path),
-                                   shorten(match.get("model_name", "")), shorten(match.get("model_version", "")),
-                                   status, start, messages, peer)
+            model = request.get(ACCESS_MODEL) or match.get("model_name", "")  # /v1: the body's model
+            access_log.record_http(request.method, shorten(request.rel_url.raw_path), shorten(model),
+                                   shorten(match.get("model_version", "")), status, start, messages, peer,
+                                   request["request_id"])
 
-    app.middlewares.insert(0, log_request)
-    app.on_response_prepare.append(count_writes)
+    return log_request

@@ -24,7 +24,8 @@ model with ``batchSize`` 1 (a batch of one) and for every continuous-batching
 gRPC ``Predictions``) for a batch-mode model with a larger batch size. A handler that sends
 intermediate responses gets a ``Transfer-Encoding: chunked`` answer, one chunk per
 intermediate response and then the final one (an empty message sends no chunk); any other
-answer is one body with a ``Content-Length``. The headers and the first chunk leave the moment
+answer is one body with a ``Content-Length``; :mod:`.streams` says what the chunks hold (raw, the
+LLM's usage on its own line, NDJSON). The headers and the first chunk leave the moment
 the first intermediate response arrives; every later chunk leaves the moment it is produced. An error
 after the first chunk ends the connection without the terminating chunk, so the client sees
 an incomplete body rather than a complete one. A client that disconnects cancels its request
@@ -67,8 +68,10 @@ from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
 from inference_service.frontends.http.limits import PartCounter, form_fields
+from inference_service.frontends.http.streams import StreamFraming, usage_object, wants_ndjson
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
+from inference_service.frontends.request_ids import handler_headers
 from inference_service.observability.accesslog import AccessLog
 from inference_service.security.auth import INFERENCE, KeyStore, read_bearer, warn_exposed_binds
 from inference_service.serving.core import InferenceCore
@@ -322,7 +325,7 @@ class HttpInferenceApi:
         version = request.match_info.get("model_version", "")
         model = self.core.get(name, version)
         inputs = await self._inputs(request)
-        headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        headers = handler_headers(request.headers.items(), request["request_id"])
         headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
         if model.config.batch_size > 1 and not model.config.streams_in_batches:
             # batch mode: a stream would be a batch of one, so the request is batched dynamically
@@ -384,20 +387,33 @@ class HttpInferenceApi:
         """One body for a single message; chunked transfer, a chunk per message, for several.
 
         The first chunk leaves as soon as the handler sends its first intermediate response.
+        The bytes written follow :class:`~inference_service.frontends.http.streams.StreamFraming`
+        (raw, or NDJSON for ``Accept: application/x-ndjson``).
         """
+        framing = StreamFraming(wants_ndjson(request.headers.get("Accept", "")))
         async with contextlib.aclosing(messages):  # type: ignore[type-var]
             first = await anext(messages, None)
             if first is None:  # pragma: no cover - the core always ends with a final message
                 return web.Response(body=b"")
             if first[1]:
-                return web.Response(body=first[0])
+                if not framing.ndjson and usage_object(first[0]) is None:
+                    return web.Response(body=first[0])  # a whole answer, as TorchServe's
+                content_type = framing.content_type(first[0])
+                return web.Response(body=framing.final(first[0]),
+                                    headers={"Content-Type": content_type} if content_type else None)
             response = web.StreamResponse()
+            content_type = framing.content_type(first[0])
+            if content_type is not None:
+                response.headers["Content-Type"] = content_type
             response.enable_chunked_encoding()
             await response.prepare(request)
             try:
-                await response.write(first[0])
-                async for payload, _final in messages:
-                    await response.write(payload)
+                if data := framing.piece(first[0]):
+                    await response.write(data)
+                async for payload, final in messages:
+                    data = framing.final(payload) if final else framing.piece(payload)
+                    if data:
+                        await response.write(data)
             except InferenceError as exc:
                 # The status line is gone already: end the connection without the terminating chunk.
                 log.warning("HTTP stream of %s failed after its first chunk: %s", request.path, exc.message)
@@ -406,4 +422,3 @@ class HttpInferenceApi:
                 return response
             await response.write_eof()
             return response
-

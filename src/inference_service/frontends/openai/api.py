@@ -83,6 +83,7 @@ from inference_service.frontends.openai.schemas import (
     ModelList,
     validation_error_param,
 )
+from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
 from inference_service.serving.core import InferenceCore
 
 log = logging.getLogger("inference_service.openai")
@@ -295,8 +296,9 @@ class OpenAIApi:
         3. Closing the core's stream (always, also when the client went away and the handler
            task is cancelled) aborts the request in the worker if it is still running.
         """
+        request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
-        headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
         stream = self.core.stream(name, version, {"body": json.dumps(body).encode()}, headers)
         async with contextlib.aclosing(stream):
             first = await anext(stream)

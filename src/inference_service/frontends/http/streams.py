@@ -1,0 +1,100 @@
+"""How ``/predictions`` writes a streamed answer so that a plain client can split it.
+
+Three forms, chosen per request:
+
+- raw (the default, TorchServe's): each message's bytes as they come. When the final message
+  is the LLM handler's usage object (``"include_usage": true``), it stands on its own last
+  line: a newline before it (when text came first), one after::
+
+      The capital of France is Paris.
+      {"text": "", "finish_reason": "stop", "usage": {"prompt_tokens": 36, "completion_tokens": 8}}
+
+- NDJSON (``Accept: application/x-ndjson``): one JSON object per line, each text piece as
+  ``{"text": "..."}``, then the usage object when there is one.
+
+A stream whose first message starts as UTF-8 text says ``Content-Type: text/plain; charset=utf-8``
+(NDJSON: ``application/x-ndjson``); other answers keep aiohttp's ``application/octet-stream``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+from typing import Any
+
+NDJSON = "application/x-ndjson"
+TEXT = "text/plain; charset=utf-8"
+#: Bytes of a message looked at to tell text or the usage object (bounded work on the event loop).
+PEEK_BYTES = 4096
+
+
+def wants_ndjson(accept: str) -> bool:
+    """True when the ``Accept`` header names ``application/x-ndjson``."""
+    return any(part.split(";")[0].strip().lower() == NDJSON for part in accept.split(","))
+
+
+def is_text(payload: bytes) -> bool:
+    """True when the first :data:`PEEK_BYTES` of ``payload`` are UTF-8 (a character cut at the
+    end counts as text)."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(payload[:PEEK_BYTES], final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def usage_object(payload: bytes) -> dict[str, Any] | None:
+    """The LLM handler's final usage object (``{"text", "finish_reason", "usage"}``), else ``None``.
+
+    Only a message of at most :data:`PEEK_BYTES` is parsed (on the event loop): the usage
+    object is about 100 bytes, its ``text`` empty on a stream."""
+    if payload[:1] != b"{" or len(payload) > PEEK_BYTES:
+        return None
+    obj: Any = None
+    with contextlib.suppress(ValueError):
+        obj = json.loads(payload)
+    if isinstance(obj, dict) and isinstance(obj.get("text"), str) and "finish_reason" in obj \
+            and isinstance(obj.get("usage"), dict):
+        return obj
+    return None
+
+
+class StreamFraming:
+    """Turns one answer's messages into the bytes written, in the raw or the NDJSON form.
+
+    Args:
+        ndjson: write one JSON object per line (``Accept: application/x-ndjson``).
+    """
+
+    def __init__(self, ndjson: bool) -> None:
+        self.ndjson = ndjson
+        self._wrote = False
+
+    def content_type(self, first: bytes) -> str | None:
+        """The answer's Content-Type from its first message (``None``: leave aiohttp's default)."""
+        if self.ndjson:
+            return NDJSON
+        return TEXT if is_text(first) else None
+
+    def piece(self, payload: bytes) -> bytes:
+        """An intermediate message as written."""
+        self._wrote = self._wrote or bool(payload)
+        if not self.ndjson:
+            return payload
+        return _line({"text": payload.decode("utf-8", "replace")}) if payload else b""
+
+    def final(self, payload: bytes) -> bytes:
+        """The final message as written: the usage object on a line of its own."""
+        usage = usage_object(payload)
+        if usage is None:
+            return self.piece(payload)
+        text, usage["text"] = usage["text"], ""
+        head = self.piece(text.encode()) if text else b""
+        if self.ndjson or not self._wrote:
+            return head + _line(usage)
+        return head + b"\n" + _line(usage)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"

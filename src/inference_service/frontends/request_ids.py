@@ -1,0 +1,38 @@
+"""One request id per request: in its access line, in the handler's headers, in the answer.
+
+A client's ``x-request-id`` (1 to 128 characters of ``A-Z a-z 0-9 . _ : / + = @ -``) is kept;
+otherwise one is made (32 hex digits). The front doors put it in the handler's request headers
+as ``x-request-id`` (the bundled LLM handler names it in its per-request log line) and echo it:
+an HTTP response header ``X-Request-Id``, a gRPC trailing metadata entry ``x-request-id``.
+The id is a log key only: the worker routes by its own ids, so two requests with one client
+id never mix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from contextvars import ContextVar
+
+from inference_service.dispatch.jobs import new_request_id
+
+REQUEST_ID_HEADER = "x-request-id"
+_VALID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+#: Where a route that reads its model from the body (``/v1``) leaves it for the access line.
+ACCESS_MODEL = "access_log_model"
+#: The id of the gRPC call the current task serves ("" outside one).
+current: ContextVar[str] = ContextVar("request_id", default="")
+
+
+def request_id(client_value: str | None) -> str:
+    """The client's id when it is valid, else a new one."""
+    if client_value is not None and _VALID.fullmatch(client_value):
+        return client_value
+    return new_request_id()
+
+
+def handler_headers(items: Iterable[tuple[str, str]], rid: str) -> dict[str, str]:
+    """The request headers a handler gets: ``Authorization`` left out, ``x-request-id`` = ``rid``."""
+    headers = {key: value for key, value in items if key.lower() not in ("authorization", REQUEST_ID_HEADER)}
+    headers[REQUEST_ID_HEADER] = rid
+    return headers

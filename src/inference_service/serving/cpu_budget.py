@@ -1,0 +1,46 @@
+"""The warning when the workers of all models ask for more threads than the machine has CPUs.
+
+Each model's default is ``floor(usable CPUs / its own workers)``
+(:func:`~inference_service.worker.cpu.default_threads`): two models of one worker each on
+2 CPUs get 2 threads each, 4 in all. Threads that outnumber the CPUs wait for each other at
+every operator, so the server says so once per new total::
+
+    workers x threads = 4 (smollm2 1x2, tiny 1x2) exceeds the 2 usable CPUs: they slow each other down; ...
+
+``--start`` repeats the warning on its terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from inference_service.serving.registration import ModelEntry
+from inference_service.worker.cpu import usable_cpus
+
+log = logging.getLogger("inference_service.serving.cpu_budget")
+#: The words ``--start`` looks for in the log to repeat the warning (launch/launcher.py).
+MARK = "usable CPUs: they slow each other down"
+
+
+class CpuBudget:
+    """Warns when the running workers' threads exceed the usable CPUs (once per new total)."""
+
+    def __init__(self) -> None:
+        self._warned = 0
+
+    def check(self, models: Mapping[str, ModelEntry]) -> None:
+        """Sum workers x threads over every registered version; warn when above the CPUs."""
+        parts, total = [], 0
+        for name, entry in sorted(models.items()):
+            for version in entry.versions.values():
+                workers, threads = version.cpu_demand()
+                if workers:
+                    parts.append(f"{name} {workers}x{threads}")
+                    total += workers * threads
+        cpus = usable_cpus()
+        if total > cpus and total != self._warned:
+            self._warned = total
+            log.warning("workers x threads = %d (%s) exceeds the %g %s; set worker_threads "
+                        "(--worker-threads) or the handler's torch_threads so that the sum fits",
+                        total, ", ".join(parts), cpus, MARK)
