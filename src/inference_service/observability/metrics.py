@@ -119,7 +119,7 @@ _TS_COUNTERS = (
 _OK = grpc.StatusCode.OK
 
 #: A decoded handler metric update: ``(name, type, unit, dimensions, value)``, as
-#: ``worker.protocol.decode_metrics`` gives it.
+#: ``contracts.wire.decode_metrics`` gives it.
 
 class VersionStats(Protocol):
     """One model version as the collector reads it at scrape time (plain values).
