@@ -58,11 +58,14 @@ class StepOutput:
         result: when finished, how it ended; its ``remaining_text`` is the tail released
             only at the end (not part of ``piece``), as
             :func:`~inference_service.llm.generation.generate_pieces` returns it.
+        tokens: the tokens sampled for the request that this output accounts for (this
+            engine: 1; an engine that hands over held tokens: their number, possibly 0).
     """
 
     piece: str = ""
     finished: bool = False
     result: GenerationResult | None = None
+    tokens: int = 1
 
 
 class GenerationEngine:

@@ -329,12 +329,13 @@ class LLMHandler(BaseHandler):
         check_prompt_size(request, self.max_prompt_chars)
         return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 
-    def _count(self, job: _ActiveRequest, sampled: bool) -> None:
-        """Count a token ``job`` sampled in this step (its prompt with its first token), or, for a
-        request that leaves unsampled (cancelled), its prompt if no token came yet."""
-        if sampled:
-            self._iteration.generation_tokens += 1
-        if not job.prefilled:
+    def _count(self, job: _ActiveRequest, tokens: int | None) -> None:
+        """Count the ``tokens`` an engine step sampled for ``job``, with its prompt at its first
+        token; ``None``: the request leaves unfinished (cancelled), its prompt counts if no
+        token came yet. Every token is counted once, when the step hands it over."""
+        if tokens:
+            self._iteration.generation_tokens += tokens
+        if not job.prefilled and tokens != 0:
             job.prefilled = True
             self._iteration.prompt_tokens += job.prompt_tokens
 
@@ -428,7 +429,7 @@ class LLMHandler(BaseHandler):
                     job = live.pop(idx)
                     cancelled = engine.cancel(job.key)
                     if cancelled is not None:
-                        self._count(job, sampled=False)
+                        self._count(job, None)
                         results[idx] = self._finish(job, cancelled, idx)
                 if not live:
                     break
@@ -439,7 +440,7 @@ class LLMHandler(BaseHandler):
                     out = outputs.get(job.key)
                     if out is None:
                         continue
-                    self._count(job, sampled=True)
+                    self._count(job, out.tokens)
                     if out.piece:
                         pieces[idx] = out.piece
                     if out.finished and out.result is not None:
@@ -460,7 +461,7 @@ class LLMHandler(BaseHandler):
         finally:
             for job in live.values():  # closed early: client gone, error, GeneratorExit
                 if engine.cancel(job.key) is not None:
-                    self._count(job, sampled=False)
+                    self._count(job, None)
             self._report_engine()
         return results
 
@@ -565,7 +566,7 @@ class LLMHandler(BaseHandler):
             out = outputs.get(key)
             if out is None:
                 continue
-            self._count(self._jobs[key], sampled=True)
+            self._count(self._jobs[key], out.tokens)
             if out.finished and out.result is not None:
                 job = self._jobs.pop(key)
                 text = out.piece + out.result.remaining_text
@@ -628,5 +629,5 @@ class LLMHandler(BaseHandler):
             result = engine.cancel(request_id)
             if job is not None and result is not None:
                 log.info("request %s dropped after %d completion tokens", request_id, result.completion_tokens)
-                self._count(job, sampled=False)  # the tokens it took count (its sampled ones already did)
+                self._count(job, None)  # the tokens it took count (its sampled ones already did)
         self._report_engine()
