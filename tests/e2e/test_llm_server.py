@@ -176,6 +176,7 @@ def test_llm_metrics_and_log_lines_per_request(llm_server):
                         timeout=10, what="the request's metric line")
     assert "HandlerTime" not in log_text
     assert "RequestGenerationTime.ms:" in log_text and "PromptTokens.Count:" in log_text
+    assert "engine stats of tiny: running=" in log_text  # the engine statistics' log metrics line
     url = f"http://127.0.0.1:{llm_server.status['metrics_port']}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         metrics = response.read().decode()

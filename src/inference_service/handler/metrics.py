@@ -123,16 +123,17 @@ class Metrics:
         self.pending = []
         return pending
 
-    def add_stats(self, stats: Any) -> None:
-        """Report an engine statistic (``contracts.stats.SchedulerStats``, ``IterationStats``):
+    def add_stats(self, *stats: Any) -> None:
+        """Report engine statistics (``contracts.stats.SchedulerStats``, ``IterationStats``):
         counters as increments, totals as their increase since the last report, gauges when
         they changed. Queued for the server's ``/metrics`` in every ``metrics_mode``."""
-        for spec, value in stat_values(stats):
-            if spec.kind == "total":
-                value, self._stat_totals[spec.name] = value - self._stat_totals.get(spec.name, 0.0), value
-            changed = self._stats.get(spec.name) != value if spec.kind == "gauge" else value > 0
-            if changed:
-                self._serving(spec, value)
+        for one in stats:
+            for spec, value in stat_values(one):
+                if spec.kind == "total":
+                    value, self._stat_totals[spec.name] = value - self._stat_totals.get(spec.name, 0.0), value
+                changed = self._stats.get(spec.name) != value if spec.kind == "gauge" else value > 0
+                if changed:
+                    self._serving(spec, value)
         self._log_stats()
 
     def add_serving_stat(self, name: str, value: float) -> None:
@@ -161,7 +162,7 @@ class Metrics:
     def _log_stats(self) -> None:
         """The log metrics line of the engine statistics (``metrics_mode=log``): every statistic
         reported so far, counters as totals with their rate since the previous line."""
-        if self._forward:
+        if self._forward or not self._stats:
             return
         now = time.monotonic()
         last = self._logged

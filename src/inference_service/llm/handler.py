@@ -347,8 +347,7 @@ class LLMHandler(BaseHandler):
         if engine is None or not callable(add):
             return
         iteration, self._iteration = self._iteration, IterationStats()
-        add(iteration)
-        add(engine.stats())
+        add(engine.stats(), iteration)
 
     def _finish(self, job: _ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]:
         """Log and record the request's token counts and speed (once per request, never per
