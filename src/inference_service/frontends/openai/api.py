@@ -276,8 +276,8 @@ class OpenAIApi:
                    fmt: AnswerFormat) -> web.StreamResponse:
         """Run the request on the core as the LLM request and answer in ``fmt``'s shape.
 
-        1. Build the LLM request (400 beyond its limits, ``param`` the OpenAI field), resolve
-           ``model`` (404), start the core's stream and wait for its first message: a failure
+        1. Resolve ``model`` (404), build the LLM request (400 beyond its limits, ``param`` the
+           OpenAI field), start the core's stream and wait for its first message: a failure
            until then is an error answer with its own status.
         2. ``stream``: send the headers and the opening chunks with the first text, then one
            chunk per message, the closing chunks, the usage chunk (``include_usage``) and
@@ -285,11 +285,11 @@ class OpenAIApi:
         3. Closing the core's stream (always, also when the client went away and the handler
            task is cancelled) aborts the request in the worker if it is still running.
         """
+        name, version = self._resolve(openai_request.model)
         try:
             body = openai_request.to_generation_request().to_body()
         except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
             raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
-        name, version = self._resolve(openai_request.model)
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
         stream = self.core.stream(name, version, {"body": body}, headers)
         async with contextlib.aclosing(stream):
