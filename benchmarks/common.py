@@ -1,8 +1,11 @@
-"""The plumbing the benchmarks share: starting and stopping servers, their keys, health and
-registration, one streamed call, CPU and memory of a process tree, percentiles and tables.
+"""The plumbing the benchmarks share: the one way to start each server (this project,
+TorchServe, the bare server, llama.cpp's llama-server, ``transformers serve``), keys, health
+and registration, CPU and memory of a process tree, the percentile and tables.
 
 Importing it puts ``src/`` and ``benchmarks/`` first on ``sys.path``, so a benchmark run as
-``.venv/bin/python benchmarks/x.py`` measures the checkout it lives in.
+``.venv/bin/python benchmarks/x.py`` measures the checkout it lives in. It imports only the
+standard library at the top (grpc, psutil and the stubs where used), so the in-process GPU
+check can take :func:`percentile` from it with nothing but torch and transformers installed.
 """
 
 from __future__ import annotations
@@ -12,17 +15,14 @@ import math
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import grpc
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -31,8 +31,6 @@ TS_VENV = BENCH / ".venv-torchserve"
 for _path in (str(BENCH), str(ROOT / "src")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
-
-from inference_service._proto import inference_pb2, management_pb2  # noqa: E402
 
 #: Words of a worker's command line (this server's, TorchServe's): the rest of a tree is the server.
 WORKER_MARKERS = ("inference_service.worker", "model_service_worker")
@@ -54,7 +52,10 @@ class Server:
     started_at: float = 0.0  #: time.perf_counter() just before the spawn
     http_port: int | None = None
     transport: str = "grpc"  #: how clients call it: grpc, or http (TorchServe's streaming /predictions)
-    extra: dict[str, Any] = field(default_factory=dict)
+    base_url: str = ""  #: where its OpenAI-compatible API is (the LLM servers)
+    model: str = ""  #: the model name that API expects
+    headers: dict[str, str] = field(default_factory=dict)  #: that API's authorization
+    start_s: float = 0.0  #: seconds from the spawn to a first answer, where the starter waited for one
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 30 s."""
@@ -175,12 +176,126 @@ def start_torchserve(store: Path, workdir: Path, load_models: str, *, model_api:
                   transport=transport)
 
 
+def start_bare(workdir: Path, uvloop: bool = False) -> Server:
+    """benchmarks/bare_server.py in its own process (on uvloop: server ``bare_uvloop``)."""
+    port_file = workdir / "port.json"
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(BENCH / "bare_server.py"), "--port-file", str(port_file),
+                             *(["--uvloop"] if uvloop else [])],
+                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    info = wait_for(port_file, proc, time.monotonic() + 60)
+    return Server("bare_uvloop" if uvloop else "bare", proc, workdir, int(info["inference_port"]), started_at=started)
+
+
+def start_project_openai(name: str, store: Path, workdir: Path, model: str, *, env: dict[str, str] | None = None,
+                         startup_s: float = 300) -> Server:
+    """:func:`start_project` serving ``model`` (``<model>.mar`` of ``store``), returned once its
+    OpenAI ``/v1/completions`` answers one token.
+
+    Raises:
+        RuntimeError: it did not answer within ``startup_s`` seconds.
+    """
+    server = start_project(name, store, workdir, [f"{model}={model}.mar"], env=env, startup_s=startup_s)
+    try:
+        server.base_url, server.model = f"http://127.0.0.1:{server.http_port}", model
+        server.headers = {"Authorization": dict(server.metadata)["authorization"]}
+        body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1}).encode()
+        wait_http(server, "/v1/completions", startup_s, body)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+# llama.cpp and transformers serve, as benchmarks/build_llama_server.sh leaves them
+LLAMA = ROOT / ".cache" / "llama"
+HF_SITE = ROOT / ".cache" / "hf-serve-site"
+PEER_FILES = {
+    "llama_f32": (LLAMA / "llama-server", LLAMA / "smollm2-f32.gguf"),
+    "llama_q4": (LLAMA / "llama-server", LLAMA / "smollm2-q4_1.gguf"),
+    "hf_serve": (HF_SITE / "fastapi",),
+}
+
+
+def missing_peers(names: Sequence[str]) -> list[str]:
+    """The peers of ``names`` whose files benchmarks/build_llama_server.sh has not made."""
+    return [n for n in names if n in PEER_FILES and not all(p.exists() for p in PEER_FILES[n])]
+
+
+def _spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> Server:
+    """``argv`` in its own process group, output to ``workdir/server.log``; no port known yet."""
+    with open(workdir / "server.log", "wb") as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return Server(name, proc, workdir, 0, started_at=started)
+
+
+def wait_http(server: Server, path: str, deadline_s: float, body: bytes | None = None) -> None:
+    """Poll ``server.base_url + path`` (POST ``body`` if given) until it answers 200; sets ``start_s``.
+
+    Raises:
+        RuntimeError: the process exited or the deadline passed (with the log's tail).
+    """
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        request = urllib.request.Request(server.base_url + path, data=body,
+                                         headers={"Content-Type": "application/json", **server.headers})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                if answer.status == 200:
+                    server.start_s = time.perf_counter() - server.started_at
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    log = server.workdir / "server.log"
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise RuntimeError(f"{server.name}: {path} did not answer (exit {server.proc.poll()}):\n{tail}")
+
+
+def _started(server: Server, port: int, model: str, path: str, body: bytes | None) -> Server:
+    server.inference_port, server.base_url, server.model = port, f"http://127.0.0.1:{port}", model
+    try:
+        wait_http(server, path, 300, body)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_llama(name: str, workdir: Path, threads: int, slots: int = 8) -> Server:
+    """llama-server on the F32 (``llama_f32``) or Q4_1 (``llama_q4``) GGUF: ``slots`` parallel
+    sequences with continuous batching, ``threads`` threads for decode and for prefill."""
+    binary, gguf = PEER_FILES[name]
+    port = free_port()
+    server = _spawn(name, [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(512 * slots),
+                           "--no-webui"], workdir, dict(os.environ))
+    return _started(server, port, "smollm2", "/health", None)
+
+
+def start_hf_serve(workdir: Path, threads: int, model_dir: Path) -> Server:
+    """``transformers serve --continuous-batching`` with the fp32 model folder preloaded
+    (FastAPI and Uvicorn from ``.cache/hf-serve-site``)."""
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join([str(HF_SITE), str(ROOT / "src")]))
+    server = _spawn("hf_serve", [str(Path(sys.executable).parent / "transformers"), "serve", str(model_dir),
+                                 "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
+                                 "--device", "cpu"], workdir, env)
+    body = json.dumps({"model": str(model_dir), "messages": [{"role": "user", "content": "Hi"}],
+                       "max_tokens": 1}).encode()
+    return _started(server, port, str(model_dir), "/v1/chat/completions", body)
+
+
 def wait_model_serving(port: int, model: str, timeout_s: float) -> None:
     """Until ``grpc.health.v1`` on ``port`` says ``model/<model>`` is SERVING (its worker loaded it).
 
     Raises:
         SystemExit: not SERVING within ``timeout_s`` seconds.
     """
+    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
@@ -199,6 +314,8 @@ def wait_model_serving(port: int, model: str, timeout_s: float) -> None:
 
 async def register(server: Server, mgmt: Any, name: str, **kwargs: Any) -> float:
     """Synchronous RegisterModel of echo.mar (or ``url=``) with 1 worker; returns ms."""
+    from inference_service._proto import management_pb2
+
     request = management_pb2.RegisterModelRequest(model_name=name, url=kwargs.pop("url", "echo.mar"),
                                                   initial_workers=1, synchronous=True, **kwargs)
     t0 = time.perf_counter()
@@ -206,31 +323,19 @@ async def register(server: Server, mgmt: Any, name: str, **kwargs: Any) -> float
     return (time.perf_counter() - t0) * 1000
 
 
-# --------------------------------------------------------------------------- clients
-def stream_once(stub: Any, model: str, body: bytes, metadata: Metadata, timeout_s: float) -> tuple[float, float, bytes]:
-    """One blocking StreamPredictions of ``body`` as input ``data``: (seconds to the first message,
-    seconds to the end, the last message)."""
-    start = time.perf_counter()
-    first = None
-    last = b""
-    request = inference_pb2.PredictionsRequest(model_name=model, input={"data": body})
-    for response in stub.StreamPredictions(request, timeout=timeout_s, metadata=metadata):
-        if first is None:
-            first = time.perf_counter()
-        last = response.prediction
-    end = time.perf_counter()
-    return (first or end) - start, end - start, last
-
-
 # --------------------------------------------------------------------------- processes
-def tree(pid: int) -> list[psutil.Process]:
-    """The process and all its live descendants."""
+def tree(pid: int) -> list[Any]:
+    """The process and all its live descendants (``psutil.Process``)."""
+    import psutil
+
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
 
 
 def tree_cpu_s(pid: int) -> float:
     """User+sys CPU seconds of the process tree (live processes only)."""
+    import psutil
+
     total = 0.0
     for proc in tree(pid):
         try:
@@ -243,6 +348,8 @@ def tree_cpu_s(pid: int) -> float:
 
 def memory_mib(pid: int) -> dict[str, Any]:
     """RSS in MiB of the server (non-worker processes of the tree) and of its largest worker."""
+    import psutil
+
     server, workers = 0.0, []
     for proc in tree(pid):
         try:
@@ -258,24 +365,22 @@ def memory_mib(pid: int) -> dict[str, Any]:
             "workers": len(workers)}
 
 
-def reset_peak_rss(pid: int) -> bool:
-    """Reset VmHWM of ``pid`` to its current RSS (``echo 5 > /proc/<pid>/clear_refs``); False if refused."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+def tree_stats(pid: int) -> dict[str, float]:
+    """RSS (MiB) and threads summed over ``pid`` and its descendants."""
+    import psutil
 
-
-def peak_rss_mib(pid: int) -> float | None:
-    """VmHWM (peak resident set) of ``pid`` in MiB, None if unreadable."""
+    rss = threads = 0
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
+        procs = tree(pid)
+    except psutil.NoSuchProcess:
+        procs = []
+    for proc in procs:
+        try:
+            rss += proc.memory_info().rss
+            threads += proc.num_threads()
+        except psutil.NoSuchProcess:
+            continue
+    return {"rss_mib": round(rss / 2**20, 1), "threads": threads}
 
 
 class Meter:
@@ -298,21 +403,16 @@ class Meter:
 
 
 # --------------------------------------------------------------------------- figures
-def pct(values: list[float], q: int) -> float:
-    """The q-th percentile (1..99, ``statistics.quantiles``' exclusive method); NaN if empty."""
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100)[q - 1]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0..100, linear interpolation between order statistics); None if empty."""
+def percentile(values: Sequence[float], q: float, ndigits: int | None = None) -> float | None:
+    """The q-th percentile (0..100, linear interpolation between order statistics, numpy's default),
+    rounded to ``ndigits`` if given; None if empty. The only percentile of the benchmarks."""
     if not values:
         return None
     ordered = sorted(values)
     k = (len(ordered) - 1) * q / 100
     lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    value = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    return value if ndigits is None else round(value, ndigits)
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -320,10 +420,3 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     return "\n".join([fmt.format(*header), fmt.format(*["-" * w for w in widths]), *(fmt.format(*r) for r in rows)])
-
-
-def fmt(value: Any, width: int, digits: int) -> str:
-    """Right-aligned number with ``digits`` decimals, or ``-`` for None."""
-    if value is None:
-        return f"{'-':>{width}}"
-    return f"{value:>{width}.{digits}f}"

@@ -18,8 +18,6 @@ ports, and runs the same client load (grpc.aio, this project's generated stubs) 
   concurrent streams;
 - (e) RegisterModel (synchronous, 1 worker) of the echo archive: ms (median of 3 in a full
   run), each followed by UnregisterModel;
-- (d), with ``--llm`` only: benchmarks/llm_bench.py (the real SmolLM2 streaming 64 tokens,
-  this project against generating in-process; TorchServe cannot load this project's LLM handler).
 
 For every load scenario the server's CPU time (user+sys of the server and all its child
 processes, via psutil, sampled before and after a fixed number of requests/messages) is
@@ -33,7 +31,9 @@ project/bare, then one JSON line per server and scenario and one with the ratios
 ``--smoke`` runs in seconds with tiny amounts of work and never starts TorchServe (for CI);
 without it TorchServe must be installed by benchmarks/setup_torchserve.sh.
 
-Usage: .venv/bin/python benchmarks/compare.py [--smoke] [--servers project,torchserve,bare] [--llm]
+The LLM (streamed, against in-process generation and the peers) is benchmarks/llm_peers.py's.
+
+Usage: .venv/bin/python benchmarks/compare.py [--smoke] [--servers project,torchserve,bare]
 """
 
 from __future__ import annotations
@@ -45,20 +45,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-# TS_VENV, free_port, wait_for and register_stream are re-exported (``X as X``): benchmarks
-# written before benchmarks/common.py import them from compare
-from common import BENCH, format_table
-from common import TS_VENV as TS_VENV
-from common import free_port as free_port
-from common import wait_for as wait_for
+from common import format_table
 from compare_load import FULL, SMOKE, bench_server, build_archives, start_server
-from compare_load import register_stream as register_stream
 
 ROWS = [  # (scenario, metric, label, higher is better)
     ("f_cold_start", "cold_start_s", "(f) cold start to SERVING, s", False),
@@ -82,21 +75,7 @@ ROWS = [  # (scenario, metric, label, higher is better)
     ("c_stream", "client_cpu_share", "(c) stream client CPU share", False),
     ("c_stream", "msg_per_s_4_streams", "(c) 4 streams msg/s", True),
     ("c_stream", "server_cpu_us_per_msg_4_streams", "(c) 4 streams server CPU µs/msg", False),
-    ("d_llm_stream", "server_tokens_per_s", "(d) LLM 64 tokens streamed, tokens/s", True),
-    ("d_llm_stream", "inprocess_tokens_per_s", "(d) LLM in-process tokens/s", True),
-    ("d_llm_stream", "server_ttft_s", "(d) LLM time to first token, s", False),
-    ("d_llm_stream", "inprocess_ttft_s", "(d) LLM in-process time to first token, s", False),
-    ("d_llm_stream", "tokens_per_s_ratio", "(d) LLM tokens/s served / in-process", True),
-    ("d_llm_stream", "ttft_ratio", "(d) LLM TTFT served / in-process", False),
 ]
-
-
-def llm_scenario(runs: int) -> dict[str, Any]:
-    """(d): benchmarks/llm_bench.py (SmolLM2, 64 tokens, this project only); its JSON line."""
-    done = subprocess.run([sys.executable, str(BENCH / "llm_bench.py"), "--runs", str(runs), "--max-new-tokens", "64"],
-                          check=True, capture_output=True, text=True, timeout=1800)
-    line = [text for text in done.stdout.splitlines() if text.startswith("{")][-1]
-    return {"server": "project", **json.loads(line), "scenario": "d_llm_stream"}
 
 
 def table(results: list[dict[str, Any]], servers: list[str]) -> tuple[str, dict[str, dict[str, float]]]:
@@ -156,8 +135,6 @@ TARGETS = [  # (label, scenario, metric, other server (or "server:scenario") or 
     ("(a) unary c=32 req/s >= 0.8x bare", "a_unary_c32", "req_per_s", "bare", 0.8, ">="),
     ("(a) unary c=32 req/s > TorchServe's", "a_unary_c32", "req_per_s", "torchserve", 1.0, ">"),
     ("(a) unary c=1 p50 <= 1.3x bare", "a_unary_c1", "p50_ms", "bare", 1.3, "<="),
-    ("(d) LLM tokens/s served >= 0.95x in-process", "d_llm_stream", "tokens_per_s_ratio", None, 0.95, ">="),
-    ("(d) LLM TTFT served <= 1.1x in-process", "d_llm_stream", "ttft_ratio", None, 1.1, "<="),
     ("(e) RegisterModel <= 1/3 TorchServe's", "e_register", "register_ms", "torchserve", 1 / 3, "<="),
     ("(f) cold start to SERVING <= 1 s", "f_cold_start", "cold_start_s", None, 1.0, "<="),
     ("(g) idle server RSS <= 1/2 TorchServe's", "g_idle_memory", "server_rss_mib", "torchserve", 0.5, "<="),
@@ -191,9 +168,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="seconds of tiny work; never starts TorchServe")
     parser.add_argument("--servers", default=None, help="comma list of project,torchserve,bare,bare_uvloop")
-    parser.add_argument("--llm", action="store_true",
-                        help="also (d): benchmarks/llm_bench.py, SmolLM2 streaming 64 tokens (project only, minutes)")
-    parser.add_argument("--llm-runs", type=int, default=5, help="alternating (d) runs whose median is reported (5)")
     parser.add_argument("--ts-warmup", type=float, default=None, help="TorchServe JVM warm-up seconds (60)")
     parser.add_argument("--scenarios", default="abcde",
                         help="letters of the load scenarios to run: a (unary), b (batching), c (streams), "
@@ -224,11 +198,6 @@ def main() -> int:
                 finally:
                     server.stop()
                 print(f"# run {run + 1}: {name} done", file=sys.stderr, flush=True)
-        if args.llm:
-            try:
-                results.append({**llm_scenario(1 if args.smoke else args.llm_runs), "run": 0})
-            except subprocess.CalledProcessError as exc:  # keep the load scenarios' figures
-                print(f"# (d) llm_bench.py failed:\n{(exc.stderr or '')[-2000:]}", file=sys.stderr)
     except BaseException:
         print(f"# logs kept in {root}", file=sys.stderr)
         raise
@@ -237,7 +206,7 @@ def main() -> int:
     if runs > 1:
         for run in range(runs):
             print(f"# run {run + 1} of {runs}")
-            print(table([r for r in results if r["run"] == run or r["scenario"] == "d_llm_stream"], servers)[0])
+            print(table([r for r in results if r["run"] == run], servers)[0])
     summary = medians(results)
     text, ratios = table(summary, servers)
     print(f"# {'smoke' if args.smoke else 'full'} run on {os.cpu_count()} CPUs; absolute numbers are this machine's"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,16 +14,15 @@ from typing import Any
 
 import grpc
 from common import (
-    BENCH,
     HANDLERS,
     Meter,
     Server,
     memory_mib,
-    pct,
+    percentile,
     register,
+    start_bare,
     start_project,
     start_torchserve,
-    wait_for,
 )
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
@@ -74,17 +72,6 @@ def start_server(name: str, store: Path, workdir: Path) -> Server:
     raise SystemExit(f"unknown server {name!r}: project, torchserve, bare or bare_uvloop")
 
 
-def start_bare(workdir: Path, uvloop: bool = False) -> Server:
-    """benchmarks/bare_server.py in its own process (on uvloop: server ``bare_uvloop``)."""
-    port_file = workdir / "port.json"
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(BENCH / "bare_server.py"), "--port-file", str(port_file),
-                             *(["--uvloop"] if uvloop else [])],
-                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    info = wait_for(port_file, proc, time.monotonic() + 60)
-    return Server("bare_uvloop" if uvloop else "bare", proc, workdir, int(info["inference_port"]), started_at=started)
-
-
 async def wait_serving(server: Server, stub: Any, deadline_s: float = 180.0) -> float:
     """Seconds since the server was spawned until a Predictions of ``echo`` succeeds (cold start)."""
     request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": PAYLOAD})
@@ -123,8 +110,8 @@ async def unary(server: Server, stub: Any, model: str, concurrency: int, total: 
     result = meter.done(total, "req")
     result.update({"requests": total, "concurrency": concurrency, "errors": errors,
                    "req_per_s": round(len(latencies) / result["wall_s"], 1),
-                   "p50_ms": round(pct(latencies, 50), 2), "p90_ms": round(pct(latencies, 90), 2),
-                   "p99_ms": round(pct(latencies, 99), 2)})
+                   "p50_ms": percentile(latencies, 50, 2), "p90_ms": percentile(latencies, 90, 2),
+                   "p99_ms": percentile(latencies, 99, 2)})
     return result
 
 

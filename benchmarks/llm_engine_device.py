@@ -10,8 +10,12 @@ timing, the engine's invariant is checked on the device: each request's greedy t
 batch of 8 equal the same request alone (up to ``--allow-diverging`` prompts that diverge late
 on floating-point near-ties).
 
-Prints a table and one JSON line. Usage: python benchmarks/llm_engine_device.py --model-path DIR
-    [--random-weights] [--device cuda] [--dtype float32|bfloat16] [--tokens 64] [--streams 1,8,32]
+Prints a table and one JSON line (with the peak RSS). ``benchmarks/llm_peers.py --in-process``
+runs it on the CPU (``--no-check``, its prompts, its threads). It needs only torch, transformers
+and ``src/``: ``common`` imports nothing else at its top. Usage: python
+benchmarks/llm_engine_device.py --model-path DIR [--random-weights] [--device cuda]
+    [--dtype float32|bfloat16] [--tokens 64] [--streams 1,8,32] [--threads N] [--prompts FILE]
+    [--no-check]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import resource
 import sys
 import time
 from typing import Any
@@ -26,22 +31,14 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from common import percentile  # noqa: E402 - the benchmarks' one percentile; no grpc at import
+
 from inference_service.llm.engine import GenerationEngine  # noqa: E402
 from inference_service.llm.params import GenerationParams  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea.",
            "Why is the sky blue?", "Explain how a refrigerator works.", "List three fruits.",
            "Who wrote Hamlet?", "Describe a cat in one sentence."]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between order statistics, as benchmarks/common.py's."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def load(model_dir: str, random_weights: bool, device: str, dtype: str) -> tuple[Any, Any]:
@@ -84,7 +81,8 @@ def run(model: Any, tokenizer: Any, prompts: list[list[int]], tokens: int, devic
     ttft = [times[0] - start for times in arrivals.values() if times]
     itl = [1000 * (b - a) for times in arrivals.values() for a, b in zip(times, times[1:], strict=False)]
     return {"streams": len(prompts), "tokens_per_s": sum(len(r) for r in results.values()) / elapsed,
-            "ttft_p50_s": percentile(ttft, 50), "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
             "steps": steps, "tokens": [results[str(i)] for i in range(len(prompts))]}
 
 
@@ -99,15 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--streams", default="1,8,32")
     parser.add_argument("--allow-diverging", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--prompts", default=None, help="a JSON list of prompts instead of the built-in 8")
+    parser.add_argument("--no-check", action="store_true", help="skip the batch-of-8-vs-alone check")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load(args.model_path, args.random_weights, args.device, args.dtype)
+    prompts = json.loads(pathlib.Path(args.prompts).read_text()) if args.prompts else PROMPTS
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in PROMPTS]
+             for p in prompts[:8]]
     ids = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     run(model, tokenizer, ids[:2], 4, args.device)  # warm-up: kernels, allocator
-    batch = run(model, tokenizer, ids, args.tokens, args.device)["tokens"]
-    alone = [run(model, tokenizer, [i], args.tokens, args.device)["tokens"][0] for i in ids]
-    diverging = sum(a != b for a, b in zip(batch, alone, strict=True))
+    diverging = 0
+    if not args.no_check:
+        batch = run(model, tokenizer, ids, args.tokens, args.device)["tokens"]
+        alone = [run(model, tokenizer, [i], args.tokens, args.device)["tokens"][0] for i in ids]
+        diverging = sum(a != b for a, b in zip(batch, alone, strict=True))
     rows = []
     for count in (int(n) for n in args.streams.split(",")):
         figures = run(model, tokenizer, [ids[i % len(ids)] for i in range(count)], args.tokens, args.device)
@@ -115,13 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(figures)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     print(f"device: {device}; torch {torch.__version__}; dtype {args.dtype}; {args.tokens} tokens; "
-          f"batch of 8 vs alone: {len(ids) - diverging}/{len(ids)} identical")
+          + ("check skipped" if args.no_check else f"batch of 8 vs alone: {len(ids) - diverging}/{len(ids)} identical"))
     print("| streams | tokens/s | TTFT p50 s | ITL p50 ms | ITL p99 ms | steps |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['streams']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.4f} | {r['itl_p50_ms']:.2f} "
               f"| {r['itl_p99_ms']:.2f} | {r['steps']} |")
+    peak_rss_mib = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps({"device": device, "torch": torch.__version__, "dtype": args.dtype, "identical_of_8":
-                      len(ids) - diverging, "rows": rows}))
+                      None if args.no_check else len(ids) - diverging, "peak_rss_mib": peak_rss_mib, "rows": rows}))
     return 0 if diverging <= args.allow_diverging else 1
 
 

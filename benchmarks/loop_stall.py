@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from common import Server, start_project, wait_model_serving
 from google.protobuf import empty_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -164,7 +165,8 @@ def scenarios(info: dict[str, Any], keys: dict[str, Any]) -> list[tuple[str, Cal
     ]
 
 
-def start(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any], dict[str, Any]]:
+def start(workdir: Path) -> tuple[Server, dict[str, Any], dict[str, Any]]:
+    """The server with ``echo`` and ``v2echo`` (one worker each), returned once both are SERVING."""
     store = workdir / "store"
     store.mkdir()
     (workdir / "v2echo.py").write_text(V2_ECHO)
@@ -172,27 +174,16 @@ def start(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any], dict[
     for name, handler in (("echo", ECHO), ("v2echo", workdir / "v2echo.py")):
         subprocess.run([str(archiver), "--model-name", name, "--version", "1.0", "--handler", str(handler),
                         "--export-path", str(store)], check=True, capture_output=True, timeout=120)
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen([sys.executable, "-m", "inference_service", "--foreground", "--ncs", "--model-store",
-                             str(store), "--models", "echo=echo.mar", "v2echo=v2echo.mar", "--workers-per-model", "1",
-                             "--grpc-inference-port", "0", "--grpc-management-port", "0", "--http-port", "0",
-                             "--http-management-port", "0", "--metrics-port", "0"],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    status = workdir / ".inference_service" / "status.json"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            info = json.loads(status.read_text())
-            models = info.get("models") or {}
-            if info.get("http_port") and models and all(m.get("state") == "ready" for m in models.values()):
-                return proc, info, json.loads((workdir / "key_file.json").read_text())
-        except (OSError, ValueError, AttributeError):
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.terminate()
-    raise SystemExit(f"server did not start; see {workdir / 'server.log'}")
+    server = start_project("loop_stall", store, workdir, ["echo=echo.mar", "v2echo=v2echo.mar"],
+                           extra_args=["--workers-per-model", "1"])
+    try:
+        for model in ("echo", "v2echo"):
+            wait_model_serving(server.inference_port, model, 180)
+    except BaseException:
+        server.stop()
+        raise
+    info = {"http_port": server.http_port, "inference_port": server.inference_port}
+    return server, info, json.loads((workdir / "key_file.json").read_text())
 
 
 def main() -> int:
@@ -200,7 +191,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc, info, keys = start(Path(tmp))
+        server, info, keys = start(Path(tmp))
         try:
             rows = []
             for name, call in scenarios(info, keys):
@@ -221,8 +212,7 @@ def main() -> int:
                 rows.append((name, "/".join(sorted(statuses)), statistics.median(times), statistics.median(pings),
                              max(pings), max(checks), failures))
         finally:
-            proc.terminate()
-            proc.wait(60)
+            server.stop()
     print(f"{'scenario':42} {'status':>18} {'request s':>9} {'Ping p50 ms':>11} {'Ping max ms':>11} "
           f"{'Check max ms':>12} {'failed':>6}")
     for name, status, took, p50, pmax, cmax, failures in rows:

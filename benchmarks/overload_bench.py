@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
-from common import ROOT, pct, start_project, wait_model_serving  # noqa: E402
+from common import ROOT, percentile, start_project, wait_model_serving  # noqa: E402
 from google.protobuf import empty_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
@@ -86,8 +86,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     result = {"scenario": "health_under_overload", "samples": args.samples,
-              "ping_p50_ms": round(pct(ping_ms, 50), 2), "ping_p99_ms": round(pct(ping_ms, 99), 2),
-              "check_p50_ms": round(pct(check_ms, 50), 2), "check_p99_ms": round(pct(check_ms, 99), 2),
+              "ping_p50_ms": percentile(ping_ms, 50, 2), "ping_p99_ms": percentile(ping_ms, 99, 2),
+              "check_p50_ms": percentile(check_ms, 50, 2), "check_p99_ms": percentile(check_ms, 99, 2),
               "load_outcomes": outcomes}
     print(f"while saturated ({outcomes}): Ping p50 {result['ping_p50_ms']} ms, p99 {result['ping_p99_ms']} ms; "
           f"health Check p50 {result['check_p50_ms']} ms, p99 {result['check_p99_ms']} ms (this machine)")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates benchmarks/.venv-torchserve with TorchServe 0.12.0 (the comparison baseline of
-# benchmarks/compare.py and benchmarks/llm_concurrency.py). torch comes from the local CPU wheel
+# benchmarks/compare.py and benchmarks/llm_peers.py). torch comes from the local CPU wheel
 # pinned in constraints.txt; TorchServe's frontend needs a JDK 17 (`java -version`).
-# For llm_concurrency.py the venv can also import this project's `inference_service` package
+# For llm_peers.py (server torchserve) the venv can also import this project's `inference_service` package
 # (installed editable, without its server dependencies) with transformers, gguf and accelerate,
 # so that TorchServe's worker runs the very LLM handler this project bundles.
 # Idempotent: re-running reinstalls nothing.

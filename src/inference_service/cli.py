@@ -34,6 +34,7 @@ from inference_service.launch.launcher import (
     stop_instance,
 )
 from inference_service.launch.preflight import model_store_problem
+from inference_service.launch.rundir import PidLock, RunDirError, prepare_run_dir, stale_pid
 from inference_service.observability.accesslog import configure_logging
 from inference_service.security import tls
 
@@ -227,21 +228,26 @@ def _foreground(settings: Settings) -> int:
     except ConfigError as exc:
         print(f"inference-service: {exc}", file=sys.stderr)
         return 2
-    settings.instance_dir.mkdir(parents=True, exist_ok=True)
     pid_path = pid_file(settings)
-    other = running_pid(settings)
-    if other is not None and other != os.getpid():
-        log.error("another instance (pid %d) uses %s; pass --run-dir to run side by side",
-                  other, settings.instance_dir)
+    try:
+        prepare_run_dir(settings.instance_dir)
+        stale = stale_pid(pid_path)
+        lock = PidLock.acquire(pid_path)
+    except (RunDirError, OSError) as exc:
+        log.error("%s", exc)
         return 1
-    pid_path.write_text(str(os.getpid()))
+    if lock is None:
+        log.error("another instance (pid %s) uses %s; pass --run-dir to run side by side",
+                  running_pid(settings), settings.instance_dir)
+        return 1
+    if stale:
+        log.warning("replaced the stale pid file %s (pid %s: no server held it)", pid_path, stale[:12])
     log.info("event loop: %s", settings.event_loop)
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
             return runner.run(serve(settings))
     finally:
-        if pid_path.exists() and pid_path.read_text().strip() == str(os.getpid()):
-            pid_path.unlink()
+        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 import javaproperties
 
 from inference_service.archive.model_archive import UrlPolicy
+from inference_service.connection_limits import CONNECTION_KEYS, ConnectionLimits, parser
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,10 @@ class Settings:
         max_request_parts: parts of a ``multipart/*`` body or fields of an
             ``application/x-www-form-urlencoded`` body on the HTTP APIs (1000; more: 400).
         max_json_depth: nesting depth of a JSON request body, objects and arrays (64; deeper: 400).
+        max_json_nodes: objects and arrays in a JSON request body, counted before it is parsed (100000).
         inference_max_connection_age_ms / ..._grace_ms, and management twins: gRPC
             connection age settings (``None``: gRPC's default, unlimited).
+        connections: limits on client connections (:class:`ConnectionLimits`).
         working_dir: where logs and snapshots go (the current directory).
         run_dir: per-instance directory (pid file, status file, extracted archives).
         worker_threads: torch threads per worker (0: usable CPUs / workers, where usable CPUs
@@ -132,10 +135,12 @@ class Settings:
     max_response_size: int = DEFAULT_MAX_MESSAGE_BYTES
     max_request_parts: int = 1000
     max_json_depth: int = 64
+    max_json_nodes: int = 100_000
     inference_max_connection_age_ms: int | None = None
     inference_max_connection_age_grace_ms: int | None = None
     management_max_connection_age_ms: int | None = None
     management_max_connection_age_grace_ms: int | None = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     working_dir: Path = field(default_factory=Path.cwd)
     run_dir: Path | None = None
     worker_threads: int = 0
@@ -355,6 +360,7 @@ def _level(value: str) -> str:
 
 
 PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
+    **{key: (f"connections.{name}", parser(key)) for key, (name, _, _) in CONNECTION_KEYS.items()},
     "grpc_inference_address": ("inference_address", str.strip),
     "grpc_inference_port": ("inference_port", _int),
     "grpc_management_address": ("management_address", str.strip),
@@ -370,6 +376,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "max_response_size": ("max_response_size", _int),
     "max_request_parts": ("max_request_parts", _positive_int),
     "max_json_depth": ("max_json_depth", _positive_int),
+    "max_json_nodes": ("max_json_nodes", _positive_int),
     "grpc_inference_max_connection_age_ms": ("inference_max_connection_age_ms", _int),
     "grpc_inference_max_connection_age_grace_ms": ("inference_max_connection_age_grace_ms", _int),
     "grpc_management_max_connection_age_ms": ("management_max_connection_age_ms", _int),
@@ -436,8 +443,9 @@ def apply_properties(settings: Settings, props: dict[str, str], source: str) -> 
             log.warning("config key %r in %s is not supported by this server; ignored", key, source)
             continue
         name, parse = target
+        owner, _, name = name.rpartition(".")  # "connections.idle_timeout_s": a field of a field
         try:
-            setattr(settings, name, parse(value))
+            setattr(getattr(settings, owner) if owner else settings, name, parse(value))
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{source}: invalid value for {key}: {value!r} ({exc})") from exc
     return unsupported

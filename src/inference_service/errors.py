@@ -11,6 +11,8 @@ import grpc
 
 MAX_ECHOED = 300
 """Characters of a client's value (a name, a URL) quoted in an error message at most."""
+MAX_MESSAGE = 4000
+"""Characters of an error message at most, whatever it quotes (gRPC carries it in a header)."""
 
 
 def shorten(text: str, limit: int = MAX_ECHOED) -> str:
@@ -28,7 +30,7 @@ class InferenceError(Exception):
     name and version) and, where a retry can succeed, a ``RetryInfo``.
 
     Args:
-        message: what went wrong, in words a user can act on.
+        message: what went wrong, in words a user can act on (cut to :data:`MAX_MESSAGE`).
         reason: stable machine-readable reason (default: the class's).
         retry_after_s: suggested retry delay in seconds (``None``: retrying will not help).
     """
@@ -40,6 +42,7 @@ class InferenceError(Exception):
     model_version: str | None = None  # the version it is about, where the request named none
 
     def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
+        message = shorten(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
         if reason is not None:

@@ -27,6 +27,7 @@ import inference_service
 from inference_service._proto import grpc_predict_v2_pb2, inference_pb2, management_pb2, open_inference_grpc_pb2
 from inference_service.archive.model_archive import MANIFEST
 from inference_service.config import Settings
+from inference_service.connection_limits import connection_cap, raise_open_file_limit
 from inference_service.dispatch.gpu import detect_gpus
 from inference_service.dispatch.process import WorkerOptions
 from inference_service.errors import InferenceError
@@ -37,6 +38,7 @@ from inference_service.frontends.grpc.management import ManagementServicer
 from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
 from inference_service.frontends.grpc.registration import add_service
 from inference_service.frontends.http import limits as http_limits
+from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.heap import return_large_buffers_to_the_os
@@ -79,7 +81,14 @@ def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | Non
         # call reaches the core, which answers RESOURCE_EXHAUSTED when the job queue is full.
         ("grpc.server.max_pending_requests", PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+        # hostile clients: a connection must finish its handshake (HTTP/2 preface and SETTINGS)
+        # in time, holds a bounded number of streams (which also bounds what resets can cost),
+        # and is closed (GOAWAY) when it has no call for idle_timeout_s (connection_limits.py)
+        ("grpc.server_handshake_timeout_ms", int(settings.connections.request_head_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(settings.connections.idle_timeout_s * 1000)),
     ]
+    if settings.connections.max_concurrent_streams:
+        options.append(("grpc.max_concurrent_streams", settings.connections.max_concurrent_streams))
     if age_ms:
         options.append(("grpc.max_connection_age_ms", age_ms))
     if grace_ms:
@@ -145,6 +154,7 @@ class Server:
         self.http_api: HttpInferenceApi | None = None
         self.http_management: HttpManagementApi | None = None
         self.ports: dict[str, int] = {}
+        self.http_cap = 1000  # connections per HTTP port (and the metrics port), set at start
         self._stopped = asyncio.Event()
         self._startup_tasks: list[asyncio.Task[None]] = []
 
@@ -224,8 +234,8 @@ class Server:
         """Create the instance and extraction directories, read the TLS files, write the key
         file (before any port accepts) and start the health service; returns the gRPC
         credentials (None: plaintext)."""
-        self.instance_dir.mkdir(parents=True, exist_ok=True)
-        self.extract_dir.mkdir(parents=True, exist_ok=True)
+        self.instance_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # checked by the command line
+        self.extract_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         credentials = tls.server_credentials(self.settings)
         if self.auth is not None:
             self.auth.start()  # key_file.json exists before the ports accept
@@ -308,12 +318,14 @@ class Server:
             OSError: a port cannot be bound.
         """
         s = self.settings
+        self.http_cap = cap = connection_cap(s.connections, raise_open_file_limit(), 3)  # 8080, 8081, metrics
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
             ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
                                              max_request_size=s.max_request_size, ssl_context=ssl_context,
                                              access_log=self.telemetry.access_log)
             self.http_api.app.middlewares.insert(0, self.loop_lag.middleware)
+            self.http_api.connection_guard = ConnectionGuard(s.connections, cap, "HTTP inference API")
             self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
             log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
                      "HTTPS" if ssl_context is not None else "plaintext")
@@ -324,6 +336,7 @@ class Server:
                 max_request_size=s.max_request_size, ssl_context=ssl_context,
                 access_log=self.telemetry.access_log)
             self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
+            self.http_management.connection_guard = ConnectionGuard(s.connections, cap, "HTTP management API")
             self.ports["http_management"] = await self.http_management.start(s.http_management_address,
                                                                               s.http_management_port)
             log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
@@ -338,8 +351,9 @@ class Server:
         s = self.settings
         if self.metrics is not None:
             try:
-                self.ports["metrics"] = await asyncio.to_thread(self.metrics.serve, s.metrics_address,
-                                                                s.metrics_port, self.telemetry.access_log)
+                self.ports["metrics"] = await asyncio.to_thread(
+                    self.metrics.serve, s.metrics_address, s.metrics_port, self.telemetry.access_log,
+                    self.http_cap, s.connections.request_head_timeout_s)
             except OSError as exc:
                 raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
                               f"{exc.strerror or exc}") from exc

@@ -42,7 +42,10 @@ def test_requests_at_the_limits_are_served(server):
 
 def test_a_burst_on_one_connection_is_served_or_refused_with_resource_exhausted(server):
     """2,000 calls at once on one connection, far beyond the job queue: each is served or gets
-    RESOURCE_EXHAUSTED (which clients retry), none CANCELLED by the transport's backlog."""
+    RESOURCE_EXHAUSTED (which clients retry), none CANCELLED by the transport's backlog. Calls
+    past ``grpc_max_concurrent_streams`` (100) that the client opened before it saw the limit
+    may be refused by HTTP/2 before the server sees them (UNAVAILABLE, REFUSED_STREAM: safe to
+    retry)."""
     import asyncio
     import collections
 
@@ -66,5 +69,6 @@ def test_a_burst_on_one_connection_is_served_or_refused_with_resource_exhausted(
     outcomes = asyncio.run(burst())
     assert outcomes["OK"] > 0, outcomes
     refused = {outcome for outcome in outcomes if outcome != "OK"}
-    assert all(o.startswith("RESOURCE_EXHAUSTED: job queue is full") for o in refused), outcomes
+    assert all(o.startswith("RESOURCE_EXHAUSTED: job queue is full") or "RST_STREAM with error code 7" in o
+               for o in refused), outcomes
     assert server.predict("echo", "after the burst", timeout=10) == b"after the burst"

@@ -198,9 +198,14 @@ def test_negative_fields_are_unset_as_in_torchserve(server):
     """TorchServe's gRPC RegisterModel reads a number at or below 0 as unset
     (``GRPCUtils.getRegisterParam``), and its ScaleWorker ignores number_gpu; its own
     management test data registers with ``initial_workers=-1`` and scales with
-    ``number_gpu=-1``."""
-    msg = server.register("echo.mar", model_name="negatives", initial_workers=-1, batch_size=-1,
-                          max_batch_delay=-5, response_timeout=-1, startup_timeout=-1, synchronous=True)
+    ``number_gpu=-1``: both still work. A negative batch size, batch delay or timeout is
+    refused, naming the field (issue 34, item 8)."""
+    for field in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout"):
+        with pytest.raises(grpc.RpcError) as caught:
+            server.register("echo.mar", model_name="negatives", **{field: -1})
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith(f"{field} must be 0 (unset) or from"), caught.value.details()
+    msg = server.register("echo.mar", model_name="negatives", initial_workers=-1, synchronous=True)
     assert "negatives" in msg
     desc = server.describe("negatives")[0]
     assert desc["batchSize"] == 1 and desc["responseTimeout"] > 0 and desc["startupTimeout"] > 0

@@ -41,12 +41,12 @@ def test_model_config_sets_threads_policy_and_affinity(server) -> None:
 @pytest.mark.parametrize(("value", "message"), [
     ("omp_wait_policy: spin", "'omp_wait_policy' must be one of"),
     ("cpu_affinity: \"0-\"", "'cpu_affinity' must look like"),
-    ("torch_threads: 0", "'torch_threads' must be a positive integer"),
+    ("torch_threads: 0", "'torch_threads' must be an integer from 1 to"),
 ])
 def test_malformed_setting_fails_the_load(server, value: str, message: str) -> None:
     url = build_dir(server.store, "cpu_bad", "cpu_settings_handler.py", model_name="cpu_bad",
                     config_yaml=f"minWorkers: 1\nhandler:\n  {value}\n", handler_entry="cpu_settings_handler:handle")
     with pytest.raises(grpc.RpcError) as caught:
         server.register(url, model_name="cpu_bad")
-    assert message in caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
     assert server.predict("echo", "still serving", timeout=30) == b"still serving"

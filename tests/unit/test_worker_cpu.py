@@ -113,7 +113,7 @@ def test_apply_affinity_caps_threads() -> None:
     ({"torch_threads": True}, "torch_threads"),
     ({"omp_wait_policy": "spin"}, "omp_wait_policy"),
     ({"omp_wait_policy": 1}, "omp_wait_policy"),
-    ({"cpu_affinity": [100000]}, "outside this worker's allowed CPUs"),
+    ({"cpu_affinity": [100000]}, "'cpu_affinity' must name CPUs from 0 to"),
 ])
 def test_apply_rejects_bad_values(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):

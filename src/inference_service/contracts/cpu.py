@@ -1,7 +1,7 @@
-"""The CPUs a process can count on, and the default intra-op threads of a worker from them.
+"""The CPUs a process can count on, the default intra-op threads of a worker, and the CPU
+settings the server checks at registration and the worker applies (docs/configuration.md).
 
-Read by the server (the threads it gives each worker) and by the worker (its own default), so
-it lives below both; docs/configuration.md explains the settings. Nothing here imports torch.
+Read by the server and by the worker, so it lives below both. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,6 +9,18 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
+
+#: Accepted wait policies: OpenMP's ``OMP_WAIT_POLICY`` values, and ``bounded`` (no
+#: ``OMP_WAIT_POLICY``; threads spin ``GOMP_SPINCOUNT`` = ``omp_spin_count`` times, then sleep).
+WAIT_POLICIES = ("passive", "active", "bounded")
+#: ``GOMP_SPINCOUNT`` of the ``bounded`` policy by default (libgomp's own default is 300,000).
+DEFAULT_SPIN_COUNT = 10000
+#: The server's default wait policy of a worker (``config.properties`` ``worker_omp_wait_policy``).
+DEFAULT_WAIT_POLICY = "passive"
+
+#: The highest CPU number Linux can have (``NR_CPUS`` is at most 8192).
+MAX_CPU = 8191
 
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -48,3 +60,47 @@ def default_threads(workers: int, root: Path = _CGROUP) -> int:
     """Intra-op threads per worker when none is configured: ``floor(usable CPUs / workers)``,
     at least 1 (2 workers under ``limits.cpu: 3`` get 1 thread each)."""
     return max(1, math.floor(usable_cpus(root) / max(1, workers)))
+
+
+def parse_affinity(value: Any, highest: int | None = None) -> set[int] | None:
+    """``cpu_affinity`` of a handler config: a list of CPU numbers, or a string such as
+    ``"0-3,6"``; ``None`` / ``""`` means unset.
+
+    Args:
+        value: the configured value.
+        highest: the highest CPU number accepted (default :data:`MAX_CPU`); checked before a
+            range is expanded, so ``"0-3000000"`` costs nothing.
+
+    Raises:
+        ValueError: not a list of non-negative integers / ranges, or a CPU above ``highest``
+            (the message quotes at most 60 characters of the value).
+    """
+    if value is None or value == "":
+        return None
+    highest = MAX_CPU if highest is None else highest
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+    cpus: set[int] = set()
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if any(v > highest for v in value):
+            raise ValueError(f"handler config: 'cpu_affinity' must name CPUs from 0 to {highest}, got {shown}")
+        cpus.update(value)
+    elif isinstance(value, str) and len(value) <= 4096:
+        try:
+            for part in value.split(","):
+                first, dash, last = part.strip().partition("-")
+                low, high = int(first), int(last if dash else first)
+                if low < 0 or high < low:
+                    raise ValueError(part)
+                if high > highest:
+                    raise ValueError(
+                        f"handler config: 'cpu_affinity' must name CPUs from 0 to {highest}, got {shown}")
+                cpus.update(range(low, high + 1))
+        except ValueError as exc:
+            if str(exc).startswith("handler config"):
+                raise
+            raise ValueError(f"handler config: 'cpu_affinity' must look like \"0-3,6\", got {shown}") from None
+    else:
+        raise ValueError(f"handler config: 'cpu_affinity' must be a list of CPU numbers or \"0-3,6\", got {shown}")
+    if not cpus:
+        raise ValueError("handler config: 'cpu_affinity' names no CPU")
+    return cpus

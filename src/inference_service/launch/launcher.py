@@ -18,7 +18,8 @@
 
 TorchServe's ``torchserve --start`` returns before anything is loaded; scripts that poll for
 readiness afterwards keep working, they just find it ready. ``--stop`` (:func:`stop_instance`)
-signals the instance of the pid file and waits for it to exit.
+signals the instance of the pid file, only while a server holds the file's lock
+(:mod:`inference_service.launch.rundir`), and waits for it to exit.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from inference_service.config import Settings
 from inference_service.launch.ports import busy_ports, port_in_use_message
 from inference_service.launch.preflight import startup_problems
+from inference_service.launch.rundir import RunDirError, locked_pid, prepare_run_dir, stale_pid
 from inference_service.observability.status import (
     FAILED,
     READY,
@@ -59,14 +61,25 @@ def pid_file(settings: Settings) -> Path:
 
 
 def running_pid(settings: Settings) -> int | None:
-    """The pid of the instance's running server; ``None`` without a pid file or when that
-    process is gone."""
+    """The pid of the instance's running server; ``None`` without a pid file, or when no server
+    holds its lock (the process of that pid, if any, is not this instance's server:
+    :mod:`inference_service.launch.rundir`; a pid file that is a link names none)."""
     try:
-        pid = int(pid_file(settings).read_text().strip())
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError):
+        return locked_pid(pid_file(settings))
+    except (OSError, RunDirError):
         return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
 
 
 def stop_instance(settings: Settings, timeout: float) -> int:
@@ -78,18 +91,21 @@ def stop_instance(settings: Settings, timeout: float) -> int:
     """
     pid = running_pid(settings)
     if pid is None:
+        stale = stale_pid(pid_file(settings))
+        if stale is not None:  # a server killed without its cleanup; that pid may be anyone's now
+            print(f"inference-service: the pid file {pid_file(settings)} (pid {stale[:12]}) is stale: no server "
+                  "holds it; nothing signalled", file=sys.stderr)
         print(f"inference-service is not running: no live server in the run directory {settings.instance_dir} "
               "(a server started elsewhere: --stop from its working directory, or --run-dir DIR)", file=sys.stderr)
         return 1
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
+        # the server drops its lock as it exits; then its process ends (or waits as a zombie)
+        if running_pid(settings) != pid and not _alive(pid):
             print(f"inference-service (pid {pid}, run directory {settings.instance_dir}) stopped")
             return 0
-        time.sleep(0.1)
+        time.sleep(0.05)
     print(f"inference-service (pid {pid}) did not stop within {timeout:.0f}s", file=sys.stderr)
     return 1
 
@@ -127,7 +143,12 @@ def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -
         The exit status: 0 when the server runs with its startup models ready (or registered),
         1 otherwise (the cause on stderr).
     """
-    pid = running_pid(settings)
+    try:
+        prepare_run_dir(settings.instance_dir)
+        pid = running_pid(settings)
+    except RunDirError as exc:
+        print(f"inference-service: {exc}; not started", file=sys.stderr)
+        return 1
     if pid is not None:
         print(f"inference-service is already running (pid {pid}); stop it with --stop", file=sys.stderr)
         return 1

@@ -38,6 +38,27 @@ ACCESS_LOGGER = "inference_service.access"
 LOG_FORMATS = ("plain", "json")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+#: Control characters (C0, DEL, C1) and Unicode line/paragraph separators, written escaped.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_ESCAPES.update({0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+#: Characters of a client's name (model, version, path) an access line keeps at most.
+MAX_FIELD = 300
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters written as ``\\n``, ``\\r``, ``\\t``, ``\\xNN``: a
+    name holding a newline cannot start a forged log line."""
+    return text if text.isprintable() else text.translate(_ESCAPES)
+
+
+class PlainFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, the message's control characters escaped
+    (:func:`escape_controls`); a traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        """The record's line with its message escaped."""
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -87,7 +108,7 @@ def configure_logging(level: str, log_format: str = "plain") -> None:
     root.setLevel(level.upper())
     if not root.handlers:
         root.addHandler(logging.StreamHandler(sys.stderr))
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
+    formatter = JsonFormatter() if log_format == "json" else PlainFormatter(PLAIN_FORMAT)
     for handler in root.handlers:
         handler.setFormatter(formatter)
 
@@ -117,8 +138,8 @@ class AccessLog:
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)
         model = getattr(request, "model_name", "")
         version = getattr(request, "model_version", "")
-        model = model if isinstance(model, str) and model else "-"
-        version = version if isinstance(version, str) and version else "-"
+        model = model[:MAX_FIELD] if isinstance(model, str) and model else "-"
+        version = version[:MAX_FIELD] if isinstance(version, str) and version else "-"
         self._write(method, model, version, code.name, code.value[0], reason, latency_ms, messages, peer)
 
     def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,

@@ -12,7 +12,8 @@ keeps it busy delays them all. :class:`LoopLagMonitor` measures that delay two w
   logs how long it was held in all.
 
 A loop that is late without any callback of its own running (the interpreter held by another
-thread) is reported as "no request running".
+thread, e.g. a request's body parsed in a thread) is reported as "no request running", with
+the HTTP routes in flight then ("in flight: POST /models").
 
 Quick start::
 
@@ -145,7 +146,11 @@ class LoopLagMonitor:
         except RuntimeError:
             task = None
         if task is None:
-            return "no request running"
+            try:  # read from this thread while the loop may change it
+                in_flight = sorted(set(self._routes.values()))[:3]
+            except RuntimeError:
+                in_flight = []
+            return f"no request running (in flight: {', '.join(in_flight)})" if in_flight else "no request running"
         route = self._routes.get(task)
         if route is not None:
             return route

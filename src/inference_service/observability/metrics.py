@@ -80,6 +80,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from inference_service.connection_limits import BoundedThreadingHTTPServer
 from inference_service.contracts.stats import SERVING_PREFIX, STAT_TYPES, StatSpec, VersionStats, specs
 from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
@@ -351,18 +352,20 @@ class ServerMetrics:
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
         return "".join(out).encode() + generate_latest(registry)
 
-    def serve(self, address: str, port: int, access_log: AccessLog | None = None) -> int:
+    def serve(self, address: str, port: int, access_log: AccessLog | None = None, cap: int = 1000,
+              timeout_s: float | None = None) -> int:
         """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
-        Each request gets an ``access_log`` line (``None``: none).
+        Each request gets an ``access_log`` line (``None``: none); at most ``cap`` connections,
+        each given ``timeout_s`` per read (``request_head_timeout_sec``).
 
         Raises:
             OSError: the address cannot be bound.
         """
         host = address.strip("[]")
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,),
-                            {"address_family": family, "daemon_threads": True})
-        handler = type("MetricsHandler", (_MetricsHandler,), {"metrics": self, "access_log": access_log})
+        server_class = type("MetricsHTTPServer", (BoundedThreadingHTTPServer,), {"address_family": family, "cap": cap})
+        handler = type("MetricsHandler", (_MetricsHandler,),
+                       {"metrics": self, "access_log": access_log, "timeout": timeout_s})
         self._httpd = server_class((host, port), handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
                                         name="metrics-http", daemon=True)

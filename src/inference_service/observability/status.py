@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,15 +52,22 @@ STARTUP_STATES = (REGISTERING, REGISTERED, READY, FAILED, UNREGISTERED)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and rename.
+    """Write ``data`` as JSON to ``path`` via a new temporary file (mode 0600, created with
+    ``O_EXCL``: a link planted in the directory is never written through) and rename.
 
     Raises:
         OSError: the directory is not writable.
         TypeError: ``data`` holds something JSON cannot encode.
     """
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def read_status(path: Path) -> dict[str, Any] | None:

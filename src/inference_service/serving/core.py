@@ -3,10 +3,9 @@
 Servicers translate protos to calls on :class:`InferenceCore` and back; every
 failure is an :class:`~inference_service.errors.InferenceError`.
 
-The core knows neither metrics nor TorchServe's JSON shapes: it records requests into a
-:class:`~inference_service.serving.stats.RequestTelemetry` it is given (``metrics.Telemetry`` implements it), offers a
-read-only :meth:`InferenceCore.stats` view for the metrics collector, and hands the
-management servicer the model versions to describe.
+The core knows neither metrics nor TorchServe's JSON shapes: it records requests into the
+``stats.RequestTelemetry`` it is given (``metrics.Telemetry``), offers a read-only
+:meth:`InferenceCore.stats` view for the metrics, and hands out model versions to describe.
 """
 
 from __future__ import annotations
@@ -346,13 +345,15 @@ class InferenceCore:
         ``number_gpu`` at or below 0 means unset (TorchServe's gRPC ScaleWorker ignores it).
 
         Raises:
-            InvalidArgument: negative or inconsistent counts (TorchServe reads a negative count
-                as its default and may fail later with INTERNAL).
+            InvalidArgument: negative or inconsistent counts, a ``timeout`` below -1 (TorchServe
+                reads a negative count as its default and may fail later with INTERNAL).
             NotFound: unknown model or version.
             WorkerLoadError: synchronous and a new worker failed to load.
         """
         if min_worker < 0 or max_worker < 0:
             raise InvalidArgument("min_worker and max_worker must not be negative", reason="WORKER_COUNT")
+        if timeout < -1:
+            raise InvalidArgument(f"timeout must be -1 (no end), 0 (10 s) or 1..3600 s, got {timeout}")
         number_gpu = max(0, number_gpu)
         if min_worker > 64 or max_worker > 64:
             raise InvalidArgument("at most 64 workers per model version")

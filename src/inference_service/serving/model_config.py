@@ -3,11 +3,13 @@ defaults merged and range-checked) and TorchServe's distributed-worker keys."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 from inference_service.contracts import wire
-from inference_service.errors import InvalidArgument
+from inference_service.contracts.cpu import WAIT_POLICIES, parse_affinity
+from inference_service.errors import InvalidArgument, shorten
 
 
 @dataclass
@@ -153,14 +155,73 @@ class ModelConfig:
                     value = float(value)
                 else:
                     value = str(value)
-            except (TypeError, ValueError):
-                raise InvalidArgument(f"{name} must be a number, got {value!r}") from None
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidArgument(f"{name} must be a number, got {shorten(repr(value), 60)}") from None
             low, high = cls.LIMITS.get(name, (None, None))
             if low is not None and high is not None and not low <= value <= high:
                 raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}")
             setattr(config, name, value)
         config.max_workers = max(config.max_workers, config.min_workers)
+        check_handler_section(yaml_config.get("handler"))
         return config
+
+
+#: ``handler:`` keys of model-config.yaml read as integers, and their lowest value.
+HANDLER_INTEGERS = {"torch_threads": 1, "max_num_batched_tokens": 1, "max_prefill_requests": 1}
+#: The highest value of such a key (a larger budget only allocates more).
+HANDLER_INTEGER_MAX = 1_000_000
+
+
+def check_handler_section(section: Any) -> None:
+    """Check the ``handler:`` keys the server and the bundled handlers read (``torch_threads``,
+    ``omp_wait_policy``, ``cpu_affinity``, ``max_num_batched_tokens``, ``max_prefill_requests``)
+    before any worker starts, so a bad value is a clear refusal rather than a failed load.
+
+    ``torch_threads`` above the usable CPUs is accepted here; the worker caps it with a warning
+    (``worker/cpu.py``).
+
+    Raises:
+        InvalidArgument: a value of the wrong type or out of range (the message names the key,
+            the allowed range and at most 60 characters of the value).
+    """
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise InvalidArgument("model config key handler must be a mapping")
+    for key, low in HANDLER_INTEGERS.items():
+        value = section.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= HANDLER_INTEGER_MAX:
+            raise InvalidArgument(f"handler config: '{key}' must be an integer from {low} to {HANDLER_INTEGER_MAX}, "
+                                  f"got {shorten(repr(value), 60)}")
+    policy = section.get("omp_wait_policy")
+    if policy is not None and (not isinstance(policy, str) or policy.lower() not in WAIT_POLICIES):
+        raise InvalidArgument(f"handler config: 'omp_wait_policy' must be one of {', '.join(WAIT_POLICIES)}, "
+                              f"got {shorten(repr(policy), 60)}")
+    affinity = section.get("cpu_affinity")
+    if affinity is None or affinity == "":
+        return
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    try:
+        cpus = parse_affinity(affinity, max(allowed))
+    except ValueError as exc:
+        raise InvalidArgument(shorten(str(exc), 200)) from None
+    if cpus is not None and not cpus <= allowed:
+        raise InvalidArgument(f"handler config: 'cpu_affinity' must name CPUs of {_ranges(allowed)}, "
+                              f"got {shorten(repr(affinity), 60)}")
+
+
+def _ranges(cpus: set[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``, at most 60 characters."""
+    parts: list[str] = []
+    for cpu in sorted(cpus):
+        if parts and cpu == int(parts[-1].rpartition("-")[2]) + 1:
+            parts[-1] = f"{parts[-1].partition('-')[0]}-{cpu}"
+        else:
+            parts.append(str(cpu))
+    return shorten(",".join(parts), 60)
+
 
 
 PARALLEL_TYPES = ("tp", "pp", "pptp", "custom")

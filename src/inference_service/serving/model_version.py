@@ -117,9 +117,11 @@ class ModelVersion:
         )
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
-        """Environment of a worker: torch threads = usable CPUs (affinity and cgroup quota) /
-        workers unless configured; OpenMP wait policy from the server's settings."""
-        env = dict(self.base_env)
+        """Environment of a worker: the server's without its keys (``INFERENCE_SERVICE_*_KEY``:
+        handler code never sees them); torch threads = usable CPUs (affinity and cgroup quota)
+        / workers unless configured; OpenMP wait policy from the server's settings."""
+        env = {k: v for k, v in self.base_env.items()
+               if not (k.startswith("INFERENCE_SERVICE_") and k.endswith("_KEY"))}
         if self.world_size > 1:
             threads = self.rank_threads  # per rank; TorchServe's default is 1
         else:

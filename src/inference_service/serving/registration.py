@@ -17,7 +17,7 @@ from typing import Any
 
 from inference_service.archive.model_archive import ModelArchive, install_requirements, open_archive
 from inference_service.config import Settings
-from inference_service.errors import InvalidArgument
+from inference_service.errors import InvalidArgument, shorten
 from inference_service.serving.model_config import ModelConfig
 from inference_service.serving.model_version import ModelVersion
 
@@ -120,19 +120,32 @@ class PreparedVersion:
     extra_paths: list[str]
 
 
-_NUMBER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
+#: Fields refused when negative (0 means unset, as in proto3), with the setting they override.
+_REFUSED_NEGATIVE = ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
 
 
 def _checked_request(req: RegisterRequest) -> RegisterRequest:
-    """``req`` with its numeric fields at or below 0 read as unset, as TorchServe's gRPC
-    RegisterModel does (``GRPCUtils.getRegisterParam``: a value counts only when > 0).
+    """``req`` checked: 0 means unset (proto3); a negative ``initial_workers`` is unset too, as
+    TorchServe's gRPC RegisterModel reads it (``GRPCUtils.getRegisterParam``, and its own test
+    data registers with ``initial_workers=-1``).
 
     Raises:
-        InvalidArgument: a runtime other than python.
+        InvalidArgument: a runtime other than python; a negative ``batch_size``,
+            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe takes
+            its default silently).
     """
     if req.runtime and req.runtime != "python":
         raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)", reason="RUNTIME")
-    return replace(req, **{name: max(0, getattr(req, name)) for name in _NUMBER_FIELDS})
+    for name in _REFUSED_NEGATIVE:
+        if getattr(req, name) < 0:
+            low, high = ModelConfig.LIMITS[_CONFIG_FIELD[name]]
+            raise InvalidArgument(f"{name} must be 0 (unset) or from {max(low, 1)} to {high}, "
+                                  f"got {getattr(req, name)}")
+    return replace(req, initial_workers=max(0, req.initial_workers))
+
+
+_CONFIG_FIELD = {"batch_size": "batch_size", "max_batch_delay": "max_batch_delay_ms",
+                 "response_timeout": "response_timeout_s", "startup_timeout": "startup_timeout_s"}
 
 
 async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir: Path) -> PreparedVersion:
@@ -163,7 +176,7 @@ async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir:
             raise InvalidArgument("model_name is required (the manifest has no modelName)")
         if not valid_model_name(name):
             raise InvalidArgument(
-                f"invalid model name {name!r}: use letters, digits, '_', '-' and '.' (at most 256)")
+                f"invalid model name {shorten(repr(name), 100)}: use letters, digits, '_', '-' and '.' (at most 256)")
         defaults = {
             "response_timeout_s": settings.default_response_timeout_s,
             "startup_timeout_s": settings.default_startup_timeout_s,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,12 +99,17 @@ class SnapshotStore:
         if model_store is not None:
             props["model_store"] = str(model_store)
         path = self.directory / name
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            javaproperties.dump(props, f, timestamp=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # a new temporary file (O_EXCL: a link planted in its place is never written through)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)
+        try:
+            with open(fd, "w", encoding="utf-8") as f:
+                javaproperties.dump(props, f, timestamp=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
         for old in self.files()[:-KEEP]:
             old.unlink(missing_ok=True)
         return path

@@ -20,24 +20,29 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from inference_service.contracts.cpu import cgroup_cpu_limit, default_threads, usable_cpus
+from inference_service.contracts.cpu import (
+    DEFAULT_SPIN_COUNT,
+    DEFAULT_WAIT_POLICY,
+    MAX_CPU,
+    WAIT_POLICIES,
+    cgroup_cpu_limit,
+    default_threads,
+    parse_affinity,
+    usable_cpus,
+)
 
 __all__ = [
-    "DEFAULT_SPIN_COUNT", "DEFAULT_WAIT_POLICY", "WAIT_POLICIES", "apply_cpu_settings", "cgroup_cpu_limit",
-    "default_threads", "parse_affinity", "usable_cpus",
+    "DEFAULT_SPIN_COUNT", "DEFAULT_WAIT_POLICY", "MAX_CPU", "WAIT_POLICIES", "apply_cpu_settings",
+    "cgroup_cpu_limit", "default_threads", "parse_affinity", "usable_cpus",
 ]
 
-#: Accepted wait policies: OpenMP's ``OMP_WAIT_POLICY`` values, and ``bounded`` (no
-#: ``OMP_WAIT_POLICY``; threads spin ``GOMP_SPINCOUNT`` = ``omp_spin_count`` times, then sleep).
-WAIT_POLICIES = ("passive", "active", "bounded")
-#: ``GOMP_SPINCOUNT`` of the ``bounded`` policy by default (libgomp's own default is 300,000).
-DEFAULT_SPIN_COUNT = 10000
-#: The server's default wait policy of a worker (``config.properties`` ``worker_omp_wait_policy``).
-DEFAULT_WAIT_POLICY = "passive"
+log = logging.getLogger(__name__)
 
 
 def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
@@ -47,35 +52,6 @@ def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"handler config: {key!r} must be a positive integer, got {value!r}")
     return value
-
-
-def parse_affinity(value: Any) -> set[int] | None:
-    """``cpu_affinity`` of a handler config: a list of CPU numbers, or a string such as
-    ``"0-3,6"``; ``None`` / ``""`` means unset.
-
-    Raises:
-        ValueError: not a list of non-negative integers / ranges.
-    """
-    if value is None or value == "":
-        return None
-    cpus: set[int] = set()
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        cpus.update(value)
-    elif isinstance(value, str):
-        try:
-            for part in value.split(","):
-                first, dash, last = part.strip().partition("-")
-                low, high = int(first), int(last if dash else first)
-                if low < 0 or high < low:
-                    raise ValueError(part)
-                cpus.update(range(low, high + 1))
-        except ValueError:
-            raise ValueError(f"handler config: 'cpu_affinity' must look like \"0-3,6\", got {value!r}") from None
-    else:
-        raise ValueError(f"handler config: 'cpu_affinity' must be a list of CPU numbers or \"0-3,6\", got {value!r}")
-    if not cpus:
-        raise ValueError("handler config: 'cpu_affinity' names no CPU")
-    return cpus
 
 
 def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -109,6 +85,10 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
             )
         os.sched_setaffinity(0, affinity)
     threads = _positive_int(handler_config, "torch_threads")
+    if threads is not None and threads > (cap := math.floor(usable_cpus())):
+        log.warning("handler config: torch_threads %d is more than the %d usable CPUs; using %d",
+                    threads, cap, cap)
+        threads = cap
     if threads is None:
         try:
             threads = max(1, int(env.get("OMP_NUM_THREADS", "")))

@@ -67,11 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, path)
     os.environ.setdefault("TS_MODEL_DIR", spec.model_dir)
     worker = Worker(channel, spec)
+    handler_config = (spec.model_yaml_config or {}).get("handler") or {}
     try:
-        handler_config = (spec.model_yaml_config or {}).get("handler") or {}
         cpu = apply_cpu_settings(handler_config if isinstance(handler_config, dict) else {})
+    except ValueError as exc:  # a refused setting is one line, not a traceback
+        log.error("model %s failed to load: %s", spec.model_name, exc)
+        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
+        return 1
+    try:
         log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
                  cpu["threads"], cpu["wait_policy"], cpu["affinity"] or "inherited")
+        if isinstance(handler_config, dict) and "torch_threads" in handler_config:
+            handler_config["torch_threads"] = cpu["threads"]  # capped: the handler sees what applies
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)

@@ -56,6 +56,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import BodyPartReader, web
@@ -64,6 +65,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from inference_service.config import Settings
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
+from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
 from inference_service.frontends.http.limits import PartCounter, form_fields
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
@@ -175,24 +177,33 @@ def tls_context(certificate_file: Path, private_key_file: Path, client_ca_file: 
 
 async def serve_app(app: web.Application, api: str, address: str, port: int, *,
                     ssl_context: ssl.SSLContext | None, shutdown_timeout_s: float,
-                    handler_cancellation: bool = False) -> tuple[web.AppRunner, int]:
+                    handler_cancellation: bool = False,
+                    guard: ConnectionGuard | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``address:port`` (0: a free port); returns its runner and the bound port.
 
     Requests are not access-logged one by one; open responses get ``shutdown_timeout_s`` at
-    ``runner.cleanup()``.
+    ``runner.cleanup()``. With ``guard`` its connections are capped and held to its deadlines
+    (aiohttp's keep-alive timeout: ``idle_timeout_s``; see :mod:`.connections`).
 
     Raises:
         OSError: the address cannot be bound ("cannot bind the <api> to <address>:<port>: ...").
     """
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
-        sock = socket.create_server((address, port), family=family, reuse_port=False)
+        sock = socket.create_server((address, port), family=family, reuse_port=False, backlog=1024)
     except OSError as exc:
         raise OSError(f"cannot bind the {api} to {address}:{port}: {exc.strerror or exc}") from exc
+    extra: dict[str, Any] = {} if guard is None else {"keepalive_timeout": guard.limits.idle_timeout_s}
+    if guard is not None:
+        app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=handler_cancellation,
-                           shutdown_timeout=shutdown_timeout_s)
+                           shutdown_timeout=shutdown_timeout_s, **extra)
     await runner.setup()
-    await web.SockSite(runner, sock, ssl_context=ssl_context, shutdown_timeout=shutdown_timeout_s).start()
+    if guard is None:
+        await web.SockSite(runner, sock, ssl_context=ssl_context, shutdown_timeout=shutdown_timeout_s).start()
+    else:
+        await GuardedSite(runner, sock, guard, ssl_context=ssl_context, shutdown_timeout=shutdown_timeout_s,
+                          backlog=1024).start()
     return runner, int(sock.getsockname()[1])
 
 
@@ -228,6 +239,7 @@ class HttpInferenceApi:
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         install_access_log(self.app, access_log)  # one line per request, /v1 and /v2 included
         self._runner: web.AppRunner | None = None
+        self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 
     async def start(self, address: str, port: int) -> int:
         """Bind ``address:port`` (0: a free port) and serve; returns the bound port.
@@ -239,7 +251,7 @@ class HttpInferenceApi:
         # in the worker
         self._runner, bound = await serve_app(self.app, "HTTP inference API", address, port,
                                               ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s,
-                                              handler_cancellation=True)
+                                              handler_cancellation=True, guard=self.connection_guard)
         warn_exposed_binds({"HTTP inference": address}, self.keys is not None, self.ssl_context is not None,
                            tls_hint="use an https:// inference_address")
         return bound

@@ -58,6 +58,7 @@ from aiohttp import web
 from inference_service.config import Settings
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
+from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import (
     CLIENT_GONE_MESSAGE,
     NOT_FOUND_MESSAGE,
@@ -100,6 +101,7 @@ _INT32 = range(-(2**31), 2**31)
 _ERROR_TYPE = {403: "ForbiddenException", 409: "ConflictStatusException"}
 #: The application's key of ``max_json_depth`` (set from the core's settings).
 MAX_JSON_DEPTH = web.AppKey("max_json_depth", int)
+MAX_JSON_NODES = web.AppKey("max_json_nodes", int)
 _REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
 
 
@@ -187,6 +189,7 @@ class HttpManagementApi:
         self.app = web.Application(client_max_size=max_request_size,
                                    middlewares=[_answer_errors, self._auth_middleware])
         self.app[MAX_JSON_DEPTH] = core.settings.max_json_depth
+        self.app[MAX_JSON_NODES] = core.settings.max_json_nodes
         router = self.app.router
         router.add_get("/models", self.list_models, allow_head=False)
         router.add_post("/models", self.register)
@@ -199,6 +202,7 @@ class HttpManagementApi:
             router.add_route("*", "/token", self.token)
         install_access_log(self.app, access_log)
         self._runner: web.AppRunner | None = None
+        self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 
     async def start(self, address: str, port: int) -> int:
         """Bind ``address:port`` (0: a free port) and serve; returns the bound port.
@@ -207,7 +211,8 @@ class HttpManagementApi:
             OSError: the address cannot be bound (the message names it).
         """
         self._runner, bound = await serve_app(self.app, "HTTP management API", address, port,
-                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s)
+                                              ssl_context=self.ssl_context, shutdown_timeout_s=self.shutdown_timeout_s,
+                                              guard=self.connection_guard)
         warn_exposed_binds({"HTTP management": address}, self.auth is not None, self.ssl_context is not None,
                            tls_hint="use an https:// management_address")
         return bound
@@ -372,13 +377,14 @@ async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
     TorchServe's ``RegisterModelRequest``).
 
     Raises:
-        InvalidArgument: a JSON body that is not an object, not JSON, or nested deeper than
-            ``max_json_depth``.
+        InvalidArgument: a JSON body that is not an object, not JSON, nested deeper than
+            ``max_json_depth`` or holding more than ``max_json_nodes`` objects and arrays.
     """
     if request.content_type != "application/json":
         return dict(request.query), True
     raw = await request.read()
-    body: Any = await off_loop(parse_json, raw, request.app[MAX_JSON_DEPTH], size=len(raw))
+    body: Any = await off_loop(parse_json, raw, request.app[MAX_JSON_DEPTH], request.app[MAX_JSON_NODES],
+                               size=len(raw))
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return {key: (str(value).lower() if isinstance(value, bool) else str(value))

@@ -113,7 +113,7 @@ async def open_inference_errors(request: web.Request, handler: _Handler) -> web.
 
 
 def request_from_http(body: bytes, header_length: str | None, name: str, version: str,
-                      max_depth: int = 64) -> InferRequest:
+                      max_depth: int = 64, max_nodes: int = 100_000) -> InferRequest:
     """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`.
 
     Binary inputs of fixed-size types stay raw bytes
@@ -121,7 +121,8 @@ def request_from_http(body: bytes, header_length: str | None, name: str, version
 
     Raises:
         InvalidArgument: the JSON does not parse, nests deeper than ``max_depth``
-            (``max_json_depth``) or is not an object, ``inputs`` is not a list,
+            (``max_json_depth``), holds more than ``max_nodes`` objects and arrays
+            (``max_json_nodes``, counted before parsing) or is not an object, ``inputs`` is not a list,
             a bad ``Inference-Header-Content-Length``, binary data sizes that do not add up to
             the bytes after the JSON, or an input that :func:`make_input` refuses.
     """
@@ -135,7 +136,7 @@ def request_from_http(body: bytes, header_length: str | None, name: str, version
             raise InvalidArgument(f"{HEADER_LENGTH} {header_length!r} is not a length within the body "
                                   f"({len(body)} bytes)")
         body, binary = body[:length], body[length:]
-    obj = parse_json(body, max_depth)
+    obj = parse_json(body, max_depth, max_nodes)
     if not isinstance(obj, dict):
         raise InvalidArgument("the request body is not a JSON object")
     raw_inputs = obj.get("inputs")
@@ -292,7 +293,8 @@ class OpenInferenceRoutes:
         self.core.get(name, version)
         body = await request.read()
         infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
-                                      self.core.settings.max_json_depth, size=len(body))
+                                      self.core.settings.max_json_depth, self.core.settings.max_json_nodes,
+                                      size=len(body))
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
         response = await infer(self.core, infer_request, headers)
         return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))

@@ -66,8 +66,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from inference_service.contracts.sampling import InvalidRequest
-from inference_service.errors import InferenceError
-from inference_service.frontends.limits import off_loop
+from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.frontends.limits import check_json_nodes, off_loop
 from inference_service.frontends.openai.format import (
     AnswerFormat,
     ChatFormat,
@@ -267,7 +267,10 @@ class OpenAIApi:
         """
         raw = await request.read()
         try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
+            check_json_nodes(raw, self.core.settings.max_json_nodes)  # nor one long call: bounded first
             return await off_loop(schema.model_validate_json, raw, size=len(raw))
+        except InvalidArgument as exc:
+            raise OpenAIError(400, exc.message) from None
         except ValidationError as exc:
             param, message = validation_error_param(exc)
             raise OpenAIError(400, message, param=param) from None

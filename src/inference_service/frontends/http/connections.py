@@ -1,0 +1,195 @@
+"""What aiohttp lacks against clients that hold connections without finishing a request: a
+deadline for a request's head, a floor on a body's rate, a cap on connections per port.
+
+aiohttp's own ``keepalive_timeout`` (``connection_idle_timeout_sec``) already closes a
+connection that sends nothing, from its start and between requests. :class:`ConnectionGuard`
+wraps each connection's aiohttp protocol and adds, per port:
+
+- a cap (``http_max_connections``): past it a new connection is answered 503 with TorchServe's
+  JSON body and closed, before aiohttp sees it;
+- a deadline for a request's head (``request_head_timeout_sec``), counted from its first byte;
+- a floor on a body's rate (``http_body_min_rate`` bytes/s on average, checked once the head
+  deadline has passed since the head): a body that trickles gets 408 and the connection closes.
+
+One sweep per port, every half second, checks the connections; nothing runs per byte but a
+counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from inference_service.connection_limits import ConnectionLimits
+
+log = logging.getLogger("inference_service.http")
+
+SWEEP_S = 0.5
+
+
+def _raw_answer(status: int, reason: str, kind: str, message: str) -> bytes:
+    body = json.dumps({"code": status, "type": kind, "message": message}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's protocol behind a byte counter and the guard's deadlines."""
+
+    def __init__(self, guard: ConnectionGuard, inner: Any) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.received = 0
+        self.head_started: float | None = None  # first byte of a head not yet parsed
+        self.request: web.Request | None = None  # the request in progress
+        self.request_started = 0.0
+        self.received_at_request = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if len(self.guard.connections) >= self.guard.cap:
+            self.guard.refused += 1
+            if self.guard.refused in (1, 10, 100, 1000) or self.guard.refused % 10_000 == 0:
+                log.warning("%s: %d connections refused past http_max_connections=%d", self.guard.api,
+                            self.guard.refused, self.guard.cap)
+            transport.write(self.guard.refusal)  # type: ignore[attr-defined]
+            transport.close()
+            self.inner = None
+            return
+        self.guard.connections[transport] = self
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.request is None and self.head_started is None:
+            self.head_started = time.monotonic()
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.guard.connections.pop(self.transport, None)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def expired(self, now: float, limits: ConnectionLimits) -> str | None:
+        """Why this connection is past a deadline ("" for none)."""
+        if self.request is None:
+            if self.head_started is not None and now - self.head_started > limits.request_head_timeout_s:
+                return f"no complete request head within request_head_timeout_sec={limits.request_head_timeout_s:g}"
+            return None
+        elapsed = now - self.request_started
+        if limits.body_min_rate and elapsed > limits.request_head_timeout_s and not self.request.content.is_eof():
+            rate = (self.received - self.received_at_request) / elapsed
+            if rate < limits.body_min_rate:
+                return f"the body came at {rate:.0f} bytes/s, below http_body_min_rate={limits.body_min_rate}"
+        return None
+
+
+class ConnectionGuard:
+    """The cap, head deadline and body-rate floor of one HTTP port (see the module docstring).
+
+    Args:
+        limits: the server's connection limits.
+        cap: connections this port may hold (``max_connections`` lowered to the open-file limit).
+        api: the port's name for log lines ("HTTP inference API").
+    """
+
+    def __init__(self, limits: ConnectionLimits, cap: int, api: str) -> None:
+        self.limits = limits
+        self.cap = cap
+        self.api = api
+        self.connections: dict[asyncio.BaseTransport, _Guarded] = {}
+        self.refused = 0
+        self.refusal = _raw_answer(503, "Service Unavailable", "ServiceUnavailableException",
+                                   f"too many connections: http_max_connections={cap}")
+        self._timeout = _raw_answer(408, "Request Timeout", "RequestTimeoutException", "request too slow")
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def factory(self, inner: Callable[[], Any]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for ``loop.create_server`` around aiohttp's (``runner.server``)."""
+        return lambda: _Guarded(self, inner())
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> Any:
+        """Marks the connection's request in progress (its head arrived) until the answer is written."""
+        guarded = self.connections.get(request.transport) if request.transport is not None else None
+        if guarded is None:
+            return await handler(request)
+        guarded.request, guarded.head_started = request, None
+        guarded.request_started, guarded.received_at_request = time.monotonic(), guarded.received
+        try:
+            return await handler(request)
+        finally:
+            guarded.request = None
+
+    def start(self) -> None:
+        """Start the sweep (in the running loop)."""
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name=f"{self.api} connection guard")
+
+    async def stop(self) -> None:
+        """Stop the sweep."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def _sweep(self) -> None:
+        closed = 0
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for transport, guarded in list(self.connections.items()):
+                why = guarded.expired(now, self.limits)
+                if why is None:
+                    continue
+                closed += 1
+                if closed in (1, 10, 100, 1000) or closed % 10_000 == 0:
+                    log.info("%s: closed a connection (%d so far): %s", self.api, closed, why)
+                if guarded.request is None or not guarded.request.content.is_eof():
+                    with contextlib.suppress(Exception):
+                        transport.write(self._timeout)  # type: ignore[attr-defined]
+                transport.close()
+                self.connections.pop(transport, None)
+
+
+class GuardedSite(web.SockSite):
+    """aiohttp's ``SockSite`` whose connections go through a :class:`ConnectionGuard` (the
+    protocol factory is the one thing ``SockSite.start`` does not let a caller choose)."""
+
+    def __init__(self, runner: web.BaseRunner, sock: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(runner, sock, **kwargs)
+        self.guard = guard
+
+    async def start(self) -> None:
+        """Register the site with its runner, listen through the guard, start the guard's sweep."""
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self.guard.factory(server), sock=self._sock, ssl=self._ssl_context, backlog=self._backlog)
+        self.guard.start()
+
+    async def stop(self) -> None:
+        """Stop listening and the guard's sweep."""
+        await self.guard.stop()
+        await super().stop()
