@@ -383,7 +383,7 @@ def table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the servers alternately, print table, ratios and JSON."""
-    from inference_service.worker.cpu import default_threads
+    from inference_service.contracts.cpu import default_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2)

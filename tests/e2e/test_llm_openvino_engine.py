@@ -66,12 +66,12 @@ def test_a_preempted_request_resumes_with_the_tokens_it_would_have_produced(ir):
         engine.step()
     assert engine.preempt("a") and not engine.preempt("a")  # its cache is gone; twice is a no-op
     stats = engine.stats()
-    assert stats["preempted_total"] == 1 and stats["running"] + stats["waiting"] == 2
+    assert stats.preempted_total == 1 and stats.running + stats.waiting == 2
     _run(engine, ["b"])  # "a" is paused meanwhile: no pipeline request, nothing generated
     assert engine.has("a") and not engine.has("b")
     got = _run(engine)["a"]
     assert got.token_ids == want and got.finish_reason == "length"
-    assert engine.stats()["running"] == 0 and len(engine) == 0
+    assert engine.stats().running == 0 and len(engine) == 0
 
 
 def test_cancel_ends_a_request_at_once_and_the_others_go_on(ir):

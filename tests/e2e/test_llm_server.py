@@ -176,6 +176,7 @@ def test_llm_metrics_and_log_lines_per_request(llm_server):
                         timeout=10, what="the request's metric line")
     assert "HandlerTime" not in log_text
     assert "RequestGenerationTime.ms:" in log_text and "PromptTokens.Count:" in log_text
+    assert "engine stats of tiny: running=" in log_text  # the engine statistics' log metrics line
     url = f"http://127.0.0.1:{llm_server.status['metrics_port']}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         metrics = response.read().decode()
@@ -186,6 +187,36 @@ def test_llm_metrics_and_log_lines_per_request(llm_server):
         assert f'{name}{{model_name="tiny",' in metrics, name
     capacity = re.search(r'inference_service_llm_kv_cache_capacity_tokens\{model_name="smollm2",[^}]*\} (\S+)', metrics)
     assert capacity is not None and float(capacity.group(1)) > 0
+
+
+def _sample(srv: ServerProcess, family: str, model: str) -> float:
+    """The value of ``family``'s series for ``model`` on /metrics (0.0 when it has none yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.status['metrics_port']}/metrics", timeout=10) as response:
+        found = re.search(rf'^{family}\{{model_name="{model}",[^}}]*\}} (\S+)$', response.read().decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_generated_tokens_are_counted_while_they_are_generated(llm_server):
+    """A scrape 2 s into a 200-token generation shows its tokens already (counted per engine step,
+    so rate() shows throughput live); when it ends the counters hold its exact token counts."""
+    generated, prompt = "inference_service_llm_generation_tokens_total", "inference_service_llm_prompt_tokens_total"
+    before, prompt_before = _sample(llm_server, generated, "smollm2"), _sample(llm_server, prompt, "smollm2")
+    body = {"prompt": "Once upon a time", "max_new_tokens": 200, "ignore_eos": True, "include_usage": True}
+    req = inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": json.dumps(body).encode()})
+    start = time.monotonic()
+    messages: list[bytes] = []
+    during = None
+    for response in llm_server.inference.StreamPredictions(req, timeout=300):
+        messages.append(response.prediction)
+        if during is None and (time.monotonic() - start >= 2.0 or len(messages) >= 100):
+            during = _sample(llm_server, generated, "smollm2"), len(messages)  # the stream is still running
+    assert during is not None and during[1] < len(messages)
+    assert during[0] > before, f"no token counted {time.monotonic() - start:.1f} s into the generation"
+    usage = json.loads(messages[-1])["usage"]
+    assert usage["completion_tokens"] == 200
+    wait_for(lambda: _sample(llm_server, generated, "smollm2") == before + 200, timeout=10,
+             what="the generated-token counter at +200")
+    assert _sample(llm_server, prompt, "smollm2") == prompt_before + usage["prompt_tokens"]
 
 
 def test_stop_string_ends_generation(llm_server):

@@ -2,7 +2,7 @@
 (``context.metrics.add_serving_stat``), without a model.
 
 Body ``N``: N intermediate text pieces ``"t0 "``, ``"t1 "``..., then an empty final message.
-At load: ``kv_cache_capacity_tokens`` 1000, ``requests_running`` 0. Per request: 1 running while
+At load: ``kv_cache_capacity_tokens`` 1000, ``running`` 0. Per request: 1 running while
 it streams, ``kv_cache_used_tokens`` 10 x N (kept after it ends), then 0 running, 5 prompt
 tokens and N generation tokens.
 """
@@ -13,18 +13,18 @@ def handle(data, context):
     metrics = context.metrics
     if data is None:
         metrics.add_serving_stat("kv_cache_capacity_tokens", 1000)
-        metrics.add_serving_stat("requests_running", 0)
+        metrics.add_serving_stat("running", 0)
         return None
     out = []
     for idx, row in enumerate(data):
         count = int(bytes(row.get("data") or row.get("body")).decode())
-        metrics.add_serving_stat("requests_running", 1)
+        metrics.add_serving_stat("running", 1)
         metrics.add_serving_stat("kv_cache_used_tokens", 10 * count)
         for i in range(count):
             message = [None] * len(data)
             message[idx] = f"t{i} "
             send_intermediate_predict_response(message, {idx: context.request_ids[idx]}, "ok", 200, context)
-        metrics.add_serving_stat("requests_running", 0)
+        metrics.add_serving_stat("running", 0)
         metrics.add_serving_stat("prompt_tokens", 5)
         metrics.add_serving_stat("generation_tokens", count)
         out.append("")

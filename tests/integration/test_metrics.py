@@ -251,7 +251,9 @@ def test_llm_metrics_in_the_default_log_mode(llm_srv):
     assert value(samples, "inference_service_llm_e2e_request_latency_seconds_count", **request) == 2
     # a model that reports none has no LLM series
     assert not [n for n, ls in samples if n.startswith("inference_service_llm_") and ("model_name", "echo") in ls]
-    assert "serving:" not in llm_srv.log()  # serving statistics are never logged
+    log_text = llm_srv.log()
+    assert "serving:" not in log_text  # no METRIC-frame name in the log
+    assert "engine stats of llmstats: kv_cache_capacity_tokens=1000" in log_text  # the log metrics line
 
 
 def test_dashboard_queries_name_exported_metrics(llm_srv):

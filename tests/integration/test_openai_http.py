@@ -196,6 +196,10 @@ def test_key_is_required_and_answered_as_openai_does(srv):
     ({**CHAT, "tools": [{"type": "function"}]}, "tools", "tools is not supported"),
     ({**CHAT, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
     ({**CHAT, "stop": [1]}, "stop[0]", "string"),
+    # the LLM request's own limits (contracts/sampling.py), checked at the door
+    ({**CHAT, "max_tokens": 4097}, "max_tokens", "'max_new_tokens' must be between 1 and 4096, got 4097"),
+    ({**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens", "'max_new_tokens' must be between 1"),
+    ({**CHAT, "stop": ["x"] * 17}, "stop", "'stop' may hold at most 16 strings, got 17"),
     ({"model": "router", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "Input should be"),
     ({"model": "router", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content", "only text content parts are supported, got 'image_url'"),

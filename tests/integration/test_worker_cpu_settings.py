@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from conftest import build_dir
-from inference_service.worker.cpu import default_threads
+from inference_service.contracts.cpu import default_threads
 
 
 def settings_of(server, name: str) -> dict:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from inference_service.contracts.wire import MAX_NAME_BYTES
 from inference_service.dispatch.jobs import Job
 from inference_service.dispatch.supervisor import WorkerState
 from inference_service.errors import InferenceError, InvalidArgument, ResourceExhausted, Unavailable
 from inference_service.serving.model_config import ModelConfig
 from inference_service.serving.model_version import ModelVersion
-from inference_service.worker.protocol import MAX_NAME_BYTES
 
 LIMIT = 100  # max_request_size of these tests (bytes)
 

@@ -18,6 +18,7 @@ import pytest
 
 from inference_service.archive.model_archive import open_archive
 from inference_service.config import ConfigError, Settings, apply_properties
+from inference_service.contracts import wire
 from inference_service.dispatch.jobs import Job, Kind
 from inference_service.dispatch.supervisor import WorkerState
 from inference_service.errors import InvalidArgument, NotFound, ResourceExhausted, grpc_code_for_http
@@ -27,33 +28,32 @@ from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.model_config import ModelConfig
 from inference_service.serving.registration import ModelEntry, newest_version, version_key
-from inference_service.worker import protocol
 
 
 def test_batch_frame_roundtrip():
-    reqs = [protocol.Request("a1", {"data": b"\x00\xffxyz", "other": b""}, {"h": "v"}, None),
-            protocol.Request("b2", {"body": b"hello"}, {}, "ts-seq-1")]
-    frame = protocol.encode_batch(reqs)
-    length, kind = protocol.HEADER.unpack_from(frame)
-    assert kind == protocol.BATCH and length == len(frame) - protocol.HEADER.size + 1
-    decoded = protocol.decode_batch(frame[protocol.HEADER.size:])
+    reqs = [wire.Request("a1", {"data": b"\x00\xffxyz", "other": b""}, {"h": "v"}, None),
+            wire.Request("b2", {"body": b"hello"}, {}, "ts-seq-1")]
+    frame = wire.encode_batch(reqs)
+    length, kind = wire.HEADER.unpack_from(frame)
+    assert kind == wire.BATCH and length == len(frame) - wire.HEADER.size + 1
+    decoded = wire.decode_batch(frame[wire.HEADER.size:])
     assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}),
                        ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello")})]
     assert isinstance(decoded[0][3]["data"], bytearray)
 
 
 def test_malformed_batch_frame_raises():
-    with pytest.raises(protocol.ProtocolError):
-        protocol.decode_batch(b"\x00\x00\x00\x05{bad}")
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_batch(b"\x00\x00\x00\x05{bad}")
 
 
 def test_response_and_error_frames_roundtrip():
-    body = protocol.encode_response(protocol.CHUNK, "rid", b"payload")[protocol.HEADER.size:]
-    assert protocol.decode_response(body) == ("rid", b"payload")
-    body = protocol.encode_error("rid", 13, "bad \u00e9")[protocol.HEADER.size:]
-    assert protocol.decode_error(body) == ("rid", 13, "bad \u00e9", 0)
-    body = protocol.encode_error("rid", 10, "conflict", 409)[protocol.HEADER.size:]
-    assert protocol.decode_error(body) == ("rid", 10, "conflict", 409)
+    body = wire.encode_response(wire.CHUNK, "rid", b"payload")[wire.HEADER.size:]
+    assert wire.decode_response(body) == ("rid", b"payload")
+    body = wire.encode_error("rid", 13, "bad \u00e9")[wire.HEADER.size:]
+    assert wire.decode_error(body) == ("rid", 13, "bad \u00e9", 0)
+    body = wire.encode_error("rid", 10, "conflict", 409)[wire.HEADER.size:]
+    assert wire.decode_error(body) == ("rid", 10, "conflict", 409)
 
 
 @pytest.mark.parametrize("status,code", [

@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.engine import GenerationEngine, StepOutput
 from inference_service.llm.generation import generate_text
 from inference_service.llm.model import converted_model_dir, find_default_gguf, is_model_dir
@@ -377,23 +378,23 @@ def test_add_rejects_bad_requests(model: Any, tokenizer: Any, prompts: dict[int,
 
 def test_stats_count_running_waiting_and_cache(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
     engine = GenerationEngine(model, tokenizer, max_prefill=1, max_num_seqs=4)
-    assert engine.stats() == {"running": 0, "waiting": 0, "preempted_total": 0, "kv_cache_used_tokens": 0,
-                              "kv_cache_capacity_tokens": 4 * 512}  # 512: the model's max_position_embeddings
+    assert engine.stats() == SchedulerStats(running=0, waiting=0, preempted_total=0, kv_cache_used_tokens=0,
+                                            kv_cache_capacity_tokens=4 * 512)  # 512: max_position_embeddings
     params = GenerationParams(max_new_tokens=5, ignore_eos=True)
     engine.add("a", prompts[9], params)
     engine.add("b", prompts[4], params)
-    assert engine.stats()["waiting"] == 2
+    assert engine.stats().waiting == 2
     engine.step()  # "a" prefilled (9 tokens in its cache), "b" waits
-    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+    assert {k: getattr(engine.stats(), k) for k in ("running", "waiting", "kv_cache_used_tokens")} == \
         {"running": 1, "waiting": 1, "kv_cache_used_tokens": 9}
     engine.step()  # "a" decodes one token (10), "b" prefilled (4)
-    assert {k: engine.stats()[k] for k in ("running", "waiting", "kv_cache_used_tokens")} == \
+    assert {k: getattr(engine.stats(), k) for k in ("running", "waiting", "kv_cache_used_tokens")} == \
         {"running": 2, "waiting": 0, "kv_cache_used_tokens": 14}
     drain(engine)
-    assert engine.stats()["running"] == 0 and engine.stats()["kv_cache_used_tokens"] == 0
-    assert GenerationEngine(model, tokenizer, max_model_len=100, max_num_seqs=2).stats()[
-        "kv_cache_capacity_tokens"] == 200
-    assert GenerationEngine(model, tokenizer).stats()["kv_cache_capacity_tokens"] == 0  # no max_num_seqs
+    assert engine.stats().running == 0 and engine.stats().kv_cache_used_tokens == 0
+    small = GenerationEngine(model, tokenizer, max_model_len=100, max_num_seqs=2)
+    assert small.stats().kv_cache_capacity_tokens == 200
+    assert GenerationEngine(model, tokenizer).stats().kv_cache_capacity_tokens == 0  # no max_num_seqs
     with pytest.raises(ValueError):
         GenerationEngine(model, tokenizer, max_num_seqs=0)
 
@@ -431,14 +432,14 @@ def test_preempt_then_recompute_same_tokens(model: Any, tokenizer: Any, prompts:
     for _ in range(5):
         engine.step()
     assert engine.preempt("a") and not engine.preempt("a") and not engine.preempt("unknown")
-    assert engine.stats()["preempted_total"] == 1 and engine.stats()["waiting"] == 1
+    assert engine.stats().preempted_total == 1 and engine.stats().waiting == 1
     assert engine.cache_shape[0] == 1  # "a"'s row is gone at once
     for _ in range(3):  # "a" stays out: nothing recomputed while it is not active
         assert set(engine.step(["b"])) == {"b"}
-    assert engine.stats()["waiting"] == 1
+    assert engine.stats().waiting == 1
     seen = drain(engine)
     for key, n in (("a", 23), ("b", 9)):
         result = final(seen[key])
         assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], 15))
         assert result.completion_tokens == 15
-    assert engine.stats()["preempted_total"] == 1
+    assert engine.stats().preempted_total == 1

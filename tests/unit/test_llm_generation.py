@@ -691,6 +691,10 @@ def test_handler_static_batch_streams_together_and_cancels_one(
     # r1's client went away after 3 messages: it got no more, and the others went on
     assert order.count("r1") == 3 and order.count("r0") > 3
     assert handler.engine is not None and len(handler.engine) == 0  # all freed
+    # the token counters: every prompt once, r0's and r2's 12 tokens and those r1 took
+    served = _served(context, {})
+    assert served["prompt_tokens"] == sum(len(tokenizer(p)["input_ids"]) for p in prompts)
+    assert 12 + 12 + 3 <= served["generation_tokens"] < 12 * 3
 
 
 def _continuous_context(model_dir: str) -> Context:
@@ -723,6 +727,14 @@ def _call(handler: Any, context: Context, requests: dict[str, dict[str, Any] | N
     return out
 
 
+def _served(context: Context, totals: dict[str, float]) -> dict[str, float]:
+    """Add the token counters the handler reported since the last call to ``totals``."""
+    for name, kind, _unit, _dims, value in context.metrics.drain():
+        if kind == "counter" and name.startswith("serving:"):
+            totals[name[len("serving:"):]] = totals.get(name[len("serving:"):], 0.0) + value
+    return totals
+
+
 def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: Any, tokenizer: Any) -> None:
     from inference_service.llm.handler import LLMHandler
 
@@ -745,10 +757,14 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
                 assert isinstance(value, str) and value
                 streamed[rid] += value
 
+    ids_a, ids_c = list(tokenizer(body_a["prompt"])["input_ids"]), list(tokenizer(body_c["prompt"])["input_ids"])
     # call 1: "a" is new, "bad" is rejected
     out = _call(handler, context, {"a": body_a, "bad": {"prompt": "x", "top_p": 0}})
     assert out["bad"][0].startswith("400: ") and "'top_p'" in out["bad"][0]
     assert out["a"][1] is False
+    # its first token and its prompt are counted at once, not when it ends
+    served = _served(context, {})
+    assert served == {"prompt_tokens": len(ids_a), "generation_tokens": 1.0}
     record({"a": out["a"]})
     # call 2: "b" joins the running "a" (which comes without inputs now)
     record(_call(handler, context, {"a": None, "b": body_b}))
@@ -767,8 +783,10 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
             break
         record(_call(handler, context, dict.fromkeys(running)))
     assert set(finals) == {"a", "b"}
-    ids_a = list(tokenizer(body_a["prompt"])["input_ids"])
     ids_b = list(tokenizer(body_b["prompt"])["input_ids"])
+    # every token counted once: a's 10, b's 8 and the one "c" took before it was dropped
+    assert _served(context, served) == {"prompt_tokens": len(ids_a) + len(ids_b) + len(ids_c),
+                                        "generation_tokens": 10 + 8 + 1}
     text_a, result_a = generate_text(tiny_model, tokenizer, ids_a, GenerationParams(max_new_tokens=10, ignore_eos=True))
     text_b, _ = generate_text(
         tiny_model, tokenizer, ids_b, GenerationParams(max_new_tokens=8, temperature=1.0, seed=4, ignore_eos=True)

@@ -14,10 +14,10 @@ import pytest
 
 from inference_service.cli import build_parser, settings_from_args
 from inference_service.config import ConfigError
+from inference_service.contracts import wire
 from inference_service.handler.metrics import Dimension, Metrics, MetricTypes
 from inference_service.observability.accesslog import JsonFormatter
 from inference_service.observability.metrics import ServerMetrics
-from inference_service.worker import protocol
 
 
 def _settings(tmp_path: Path, config: str, *args: str):
@@ -59,12 +59,12 @@ def test_metric_frame_roundtrip_and_worker_queue():
     assert updates == [("C", "counter", "Count", {"ModelName": "m", "Level": "Model", "k": "v"}, 1.0),
                        ("G", "gauge", "Count", {"ModelName": "m", "Level": "Model"}, 7.0)]
     assert metrics.drain() == []
-    frame = protocol.encode_metrics(updates)
-    assert protocol.HEADER.unpack_from(frame)[1] == protocol.METRIC
-    assert protocol.decode_metrics(frame[protocol.HEADER.size:]) == updates
-    assert protocol.decode_metrics(b'[["ok","gauge","u",{},1], ["bad"], 3]') == [("ok", "gauge", "u", {}, 1.0)]
-    with pytest.raises(protocol.ProtocolError):
-        protocol.decode_metrics(b"{not json")
+    frame = wire.encode_metrics(updates)
+    assert wire.HEADER.unpack_from(frame)[1] == wire.METRIC
+    assert wire.decode_metrics(frame[wire.HEADER.size:]) == updates
+    assert wire.decode_metrics(b'[["ok","gauge","u",{},1], ["bad"], 3]') == [("ok", "gauge", "u", {}, 1.0)]
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_metrics(b"{not json")
 
 
 def test_exposition_of_frontend_and_handler_metrics(caplog):
@@ -179,10 +179,10 @@ def test_serving_statistics_become_llm_metrics(caplog):
         ("serving:prompt_tokens", "counter", "", {"pid": "11"}, 12.0),
         ("serving:generation_tokens", "counter", "", {"pid": "11"}, 30.0),
         ("serving:generation_tokens", "counter", "", {"pid": "12"}, 4.0),
-        ("serving:preemptions", "counter", "", {"pid": "12"}, 1.0),
-        ("serving:requests_running", "gauge", "", {"pid": "11"}, 3.0),
-        ("serving:requests_running", "gauge", "", {"pid": "12"}, 2.0),
-        ("serving:requests_waiting", "gauge", "", {"pid": "12"}, 1.0),
+        ("serving:preempted_total", "counter", "", {"pid": "12"}, 1.0),
+        ("serving:running", "gauge", "", {"pid": "11"}, 3.0),
+        ("serving:running", "gauge", "", {"pid": "12"}, 2.0),
+        ("serving:waiting", "gauge", "", {"pid": "12"}, 1.0),
         ("serving:kv_cache_used_tokens", "gauge", "", {"pid": "11"}, 300.0),
         ("serving:kv_cache_capacity_tokens", "gauge", "", {"pid": "11"}, 1000.0),
         ("serving:kv_cache_capacity_tokens", "gauge", "", {"pid": "12"}, 1000.0),

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
+from inference_service.contracts.sampling import GenerationParams, InvalidRequest
 from inference_service.errors import (
     HandlerError,
     InferenceError,
@@ -17,7 +18,7 @@ from inference_service.errors import (
     error_for_code,
 )
 from inference_service.frontends.http.inference import http_status
-from inference_service.frontends.openai.api import OpenAIApi, _generation_body
+from inference_service.frontends.openai.api import OpenAIApi, openai_param
 from inference_service.frontends.openai.format import ChatFormat, CompletionFormat, final_outcome, sse_event
 from inference_service.frontends.openai.mount import is_openai_path
 from inference_service.frontends.openai.schemas import (
@@ -38,20 +39,39 @@ def problem(schema, body: dict | bytes) -> tuple[str | None, str]:
     return validation_error_param(err.value)
 
 
-def test_generation_body_is_a_valid_llm_handler_request():
+def test_openai_request_becomes_the_typed_llm_request():
     chat = ChatCompletionRequest.model_validate_json(json.dumps({
         **CHAT, "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 2**64 - 1, "stop": "x", "ignore_eos": False}))
-    body = {"messages": [m.model_dump() for m in chat.messages], **_generation_body(chat, chat.token_limit)}
-    assert set(body) <= REQUEST_FIELDS
-    parsed = parse_request(json.dumps(body).encode())
+    request = chat.to_generation_request()
+    assert set(json.loads(request.to_body())) <= REQUEST_FIELDS
+    parsed = parse_request(request.to_body())  # what the worker reads back: the same request
+    assert parsed == request
     assert (parsed.params.max_new_tokens, parsed.params.temperature, parsed.params.top_p) == (5, 0.0, 0.5)
     assert (parsed.params.seed, parsed.params.stop, parsed.params.include_usage) == (2**64 - 1, ("x",), True)
     # max_completion_tokens wins; nothing set leaves the model's defaults
     both = ChatCompletionRequest.model_validate({**CHAT, "max_tokens": 5, "max_completion_tokens": 9})
     assert both.token_limit == 9
     plain = ChatCompletionRequest.model_validate(CHAT)
-    assert _generation_body(plain, plain.token_limit) == {"include_usage": True}
+    assert json.loads(plain.to_generation_request().to_body()) == {
+        "messages": [{"role": "user", "content": "hi"}], "include_usage": True}
+    defaults = GenerationParams(max_new_tokens=7, temperature=0.3)  # the model's, applied by the worker
+    assert parse_request(plain.to_generation_request().to_body(), defaults).params == \
+        GenerationParams(max_new_tokens=7, temperature=0.3, include_usage=True)
     assert CompletionRequest.model_validate({"model": "m", "prompt": ["p"]}).token_limit == 16
+
+
+@pytest.mark.parametrize("body,field,param", [
+    ({**CHAT, "max_tokens": 4097}, "max_new_tokens", "max_tokens"),
+    ({**CHAT, "max_completion_tokens": 5000}, "max_new_tokens", "max_completion_tokens"),
+    ({**CHAT, "stop": [""]}, "stop", "stop"),
+    ({**CHAT, "stop": ["s"] * 17}, "stop", "stop"),
+])
+def test_llm_limits_are_checked_at_the_door(body, field, param):
+    chat = ChatCompletionRequest.model_validate(body)
+    with pytest.raises(InvalidRequest) as err:
+        chat.to_generation_request()
+    assert err.value.field == field and f"'{field}'" in str(err.value)
+    assert openai_param(chat, err.value.field) == param
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted():

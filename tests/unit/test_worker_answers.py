@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from inference_service.contracts import wire
 from inference_service.handler.context import Context
 from inference_service.handler.streaming import send_intermediate_predict_response
 from inference_service.handler.util import PredictionException
-from inference_service.worker import answers, protocol
+from inference_service.worker import answers
 
 
 def _context(ids: list[str]) -> Context:
@@ -18,19 +19,19 @@ def _context(ids: list[str]) -> Context:
 
 
 def _decode(frame: bytes) -> tuple:
-    length, kind = protocol.HEADER.unpack(frame[:protocol.HEADER.size])
-    body = frame[protocol.HEADER.size:]
+    length, kind = wire.HEADER.unpack(frame[:wire.HEADER.size])
+    body = frame[wire.HEADER.size:]
     assert length == len(body) + 1  # the length counts the kind byte
-    if kind == protocol.ERROR:
-        return ("ERROR", *protocol.decode_error(body))
-    return (kind, *protocol.decode_response(body))
+    if kind == wire.ERROR:
+        return ("ERROR", *wire.decode_error(body))
+    return (kind, *wire.decode_response(body))
 
 
 def test_a_result_is_final_unless_the_handler_set_a_status():
     context = _context(["a", "b", "c"])
     context.set_response_status(418, "handler says no", 1)
     context.set_response_status(503, "", 2)
-    assert _decode(answers.result(context, 0, "a", {"x": 1})) == (protocol.FINAL, "a", b'{"x": 1}')
+    assert _decode(answers.result(context, 0, "a", {"x": 1})) == (wire.FINAL, "a", b'{"x": 1}')
     # the status keeps its phrase, TorchServe's gRPC code and the HTTP status itself
     assert _decode(answers.result(context, 1, "b", "ignored")) == ("ERROR", "b", 9, "handler says no", 418)
     assert _decode(answers.result(context, 2, "c", "ignored")) == ("ERROR", "c", 14, "503 Service Unavailable", 503)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from inference_service.worker import protocol
+from inference_service.contracts import wire
 from inference_service.worker.channel import WorkerChannel
 
 DEADLINE_S = 10.0
@@ -29,11 +29,11 @@ def _read_frames(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
     data = b""
     frames = []
     while len(frames) < count:
-        while len(data) >= protocol.HEADER.size:
-            length, kind = protocol.HEADER.unpack_from(data)
+        while len(data) >= wire.HEADER.size:
+            length, kind = wire.HEADER.unpack_from(data)
             if len(data) < 4 + length:
                 break
-            frames.append((kind, data[protocol.HEADER.size:4 + length]))
+            frames.append((kind, data[wire.HEADER.size:4 + length]))
             data = data[4 + length:]
         if len(frames) < count:
             data += sock.recv(1 << 16)
@@ -58,13 +58,13 @@ def test_the_window_blocks_the_handler_until_credit_arrives(pair):
     channel.begin(["r1"])
     thread, sent = _send_in_thread(channel, "r1", 6)
     frames = _read_frames(frontend, 4)  # the window: 4 responses without credit
-    assert [protocol.decode_response(body) for _, body in frames] == [("r1", str(i).encode()) for i in range(4)]
+    assert [wire.decode_response(body) for _, body in frames] == [("r1", str(i).encode()) for i in range(4)]
     thread.join(0.3)  # bounded: the handler must still be waiting for credit
     assert thread.is_alive() and sent == [0, 1, 2, 3]
-    frontend.sendall(protocol.encode_credit("r1", 2))
+    frontend.sendall(wire.encode_credit("r1", 2))
     thread.join(DEADLINE_S)
     assert not thread.is_alive() and sent == list(range(6))
-    assert [protocol.decode_response(body)[1] for _, body in _read_frames(frontend, 2)] == [b"4", b"5"]
+    assert [wire.decode_response(body)[1] for _, body in _read_frames(frontend, 2)] == [b"4", b"5"]
 
 
 def test_a_cancel_releases_a_handler_waiting_for_credit(pair):
@@ -72,7 +72,7 @@ def test_a_cancel_releases_a_handler_waiting_for_credit(pair):
     channel.begin(["r1"])
     thread, sent = _send_in_thread(channel, "r1", 5)
     _read_frames(frontend, 4)
-    frontend.sendall(protocol.frame(protocol.CANCEL, b"r1"))
+    frontend.sendall(wire.frame(wire.CANCEL, b"r1"))
     thread.join(DEADLINE_S)
     assert not thread.is_alive()
     assert channel.is_cancelled("r1")
@@ -83,10 +83,10 @@ def test_credit_for_another_request_does_not_release_the_handler(pair):
     channel.begin(["r1", "r2"])
     thread, sent = _send_in_thread(channel, "r1", 5)
     _read_frames(frontend, 4)
-    frontend.sendall(protocol.encode_credit("r2", 10) + protocol.encode_credit("gone", 10))
+    frontend.sendall(wire.encode_credit("r2", 10) + wire.encode_credit("gone", 10))
     thread.join(0.3)
     assert thread.is_alive() and len(sent) == 4
-    frontend.sendall(protocol.encode_credit("r1", 1))
+    frontend.sendall(wire.encode_credit("r1", 1))
     thread.join(DEADLINE_S)
     assert not thread.is_alive() and len(sent) == 5
 
@@ -94,8 +94,8 @@ def test_credit_for_another_request_does_not_release_the_handler(pair):
 def test_frames_that_arrive_during_a_batch_wait_in_order(pair):
     frontend, channel = pair
     channel.begin(["r1"])
-    frontend.sendall(protocol.frame(protocol.CANCEL, b"r1") + protocol.frame(protocol.BATCH, b"next")
-                     + protocol.frame(protocol.STOP))
+    frontend.sendall(wire.frame(wire.CANCEL, b"r1") + wire.frame(wire.BATCH, b"next")
+                     + wire.frame(wire.STOP))
     # a handler's cancel check reads them without blocking: the cancel is taken, the rest kept
     deadline = threading.Event()
     for _ in range(100):
@@ -106,8 +106,8 @@ def test_frames_that_arrive_during_a_batch_wait_in_order(pair):
     assert channel.is_cancelled("r1")
     channel.end(["r1"])
     assert not channel.is_cancelled("r1")
-    assert channel.read_frame() == (protocol.BATCH, b"next")
-    assert channel.read_frame() == (protocol.STOP, b"")
+    assert channel.read_frame() == (wire.BATCH, b"next")
+    assert channel.read_frame() == (wire.STOP, b"")
 
 
 def test_without_a_window_nothing_waits(pair):

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from inference_service.worker import protocol
+from inference_service.contracts import wire
 
 LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
@@ -15,7 +15,7 @@ LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", 
 class ChannelOwner(Protocol):
     """What a :class:`FrameChannel` reports to (``dispatch.process.WorkerProcess``)."""
 
-    spec: protocol.WorkerSpec
+    spec: wire.WorkerSpec
 
     def attach_channel(self, channel: FrameChannel) -> None:
         """The connection is up."""
@@ -69,8 +69,8 @@ class FrameChannel(asyncio.Protocol):
             src: bytes | bytearray = buf
         else:
             src = data
-        end, size, pos = len(src), protocol.HEADER.size, 0
-        unpack = protocol.HEADER.unpack_from
+        end, size, pos = len(src), wire.HEADER.size, 0
+        unpack = wire.HEADER.unpack_from
         frame_handler = self.owner.on_frame
         while end - pos >= size:
             length, kind = unpack(src, pos)

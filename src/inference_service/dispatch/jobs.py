@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 MAILBOX_SIZE = 256
 #: The RPC credits its worker every this many intermediate responses it took (flow control;
-#: the worker side's window is ``worker.protocol.STREAM_WINDOW``).
+#: the worker side's window is ``contracts.wire.STREAM_WINDOW``).
 CREDIT_BATCH = 32
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from inference_service.contracts import wire
 from inference_service.dispatch.ipc import FrameChannel, relay_output
 from inference_service.dispatch.jobs import Job, Kind
 from inference_service.dispatch.spawn import ChildProcess, spawn
@@ -38,7 +39,6 @@ from inference_service.errors import (
     WorkerLoadError,
     error_for_code,
 )
-from inference_service.worker import protocol
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +80,21 @@ class WorkerProcess:
         log_name: logger name for the worker's stdout/stderr lines.
         options: the server-wide worker settings (log level, handler metrics sink).
 
-    In ``batch`` mode (:attr:`protocol.WorkerSpec.mode`) the worker takes one batch at a
+    In ``batch`` mode (:attr:`wire.WorkerSpec.mode`) the worker takes one batch at a
     time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
     once, each freeing its place when it ends (:attr:`room`).
     """
 
-    def __init__(self, spec: protocol.WorkerSpec, env: dict[str, str], log_name: str,
+    def __init__(self, spec: wire.WorkerSpec, env: dict[str, str], log_name: str,
                  options: WorkerOptions = WorkerOptions()) -> None:
         self.spec = spec
         self.metrics_sink = options.metrics_sink
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
-        self.concurrent = spec.mode != protocol.MODE_BATCH
+        self.concurrent = spec.mode != wire.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
-        spec.stream_window = 0 if spec.mode == protocol.MODE_ASYNC else protocol.STREAM_WINDOW
+        spec.stream_window = 0 if spec.mode == wire.MODE_ASYNC else wire.STREAM_WINDOW
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
@@ -230,18 +230,18 @@ class WorkerProcess:
 
     def on_frame(self, channel: FrameChannel, kind: int, body: bytes) -> None:
         """Route one frame of ``channel``: a response to its job, a batch end to :attr:`on_free`."""
-        if kind == protocol.CHUNK or kind == protocol.FINAL:
+        if kind == wire.CHUNK or kind == wire.FINAL:
             if not channel.answers:
                 return
             self._last_progress = time.monotonic()
-            rid, payload = protocol.decode_response(body)
+            rid, payload = wire.decode_response(body)
             job = self._jobs.get(rid)
             if job is None or job.cancelled:
-                if job is not None and kind == protocol.FINAL:
+                if job is not None and kind == wire.FINAL:
                     del self._jobs[rid]
                     self._request_ended()
                 return
-            if kind == protocol.FINAL:
+            if kind == wire.FINAL:
                 job.finished = True
                 del self._jobs[rid]
                 ok = job.mailbox.put((Kind.FINAL, payload))
@@ -251,35 +251,35 @@ class WorkerProcess:
             if not ok:  # the client lags: back-pressure the worker
                 channel.pause()
                 job.mailbox.on_space = channel.resume
-        elif kind == protocol.DONE:
+        elif kind == wire.DONE:
             if channel.answers:
                 self._batch_finished()
-        elif kind == protocol.ERROR:
+        elif kind == wire.ERROR:
             if not channel.answers:
                 return
             self._last_progress = time.monotonic()
-            rid, code, message, http_status = protocol.decode_error(body)
+            rid, code, message, http_status = wire.decode_error(body)
             job = self._jobs.pop(rid, None)
             if job is not None:
                 job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message, http_status or None))
                 self._request_ended()
-        elif kind == protocol.PREEMPTED or kind == protocol.RESUMED:
+        elif kind == wire.PREEMPTED or kind == wire.RESUMED:
             if not channel.answers:
                 return
             rid = body.decode()
-            if kind == protocol.RESUMED:
+            if kind == wire.RESUMED:
                 self._preempted.discard(rid)
             elif rid in self._jobs:
                 self._preempted.add(rid)
                 self._request_ended()  # its place is free: the dispatcher may send another request
-        elif kind == protocol.METRIC:
+        elif kind == wire.METRIC:
             sink = self.metrics_sink
             if sink is not None and channel.answers:
                 try:
-                    sink(self.spec.model_name, self.spec.model_version, protocol.decode_metrics(body))
+                    sink(self.spec.model_name, self.spec.model_version, wire.decode_metrics(body))
                 except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
                     log.exception("model %s: cannot export handler metrics", self.spec.model_name)
-        elif kind == protocol.READY:
+        elif kind == wire.READY:
             info = json.loads(body)
             if int(info.get("rank", 0)) == 0:
                 channel.answers = True
@@ -288,7 +288,7 @@ class WorkerProcess:
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():
                 self._ready.set_result(None)
-        elif kind == protocol.LOAD_FAILED:
+        elif kind == wire.LOAD_FAILED:
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(body.decode("utf-8", "replace"))
 
@@ -341,8 +341,8 @@ class WorkerProcess:
         """
         if self._closed:
             return False
-        frame = protocol.encode_batch(
-            [protocol.Request(job.request_id, job.inputs, job.headers, job.sequence_id) for job in jobs])
+        frame = wire.encode_batch(
+            [wire.Request(job.request_id, job.inputs, job.headers, job.sequence_id) for job in jobs])
         now = time.monotonic()
         jobs_by_id = self._jobs
         for job in jobs:  # registered only once the frame exists: an encoding error leaves no trace
@@ -400,12 +400,12 @@ class WorkerProcess:
     def credit(self, request_id: str, count: int) -> None:
         """Let the worker send ``count`` more intermediate responses of ``request_id`` (flow control)."""
         if self.spec.stream_window and request_id in self._jobs:
-            self._send(protocol.encode_credit(request_id, count))
+            self._send(wire.encode_credit(request_id, count))
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker that the client of ``request_id`` went away."""
         if request_id in self._jobs:
-            self._send(protocol.frame(protocol.CANCEL, request_id.encode()))
+            self._send(wire.frame(wire.CANCEL, request_id.encode()))
 
     async def wait_exit(self, timeout: float) -> int | None:
         """Wait up to ``timeout`` s for the process to exit; its exit code or ``None``."""
@@ -417,7 +417,7 @@ class WorkerProcess:
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit (``STOP``), killing it after ``timeout`` seconds."""
-        self._send(protocol.frame(protocol.STOP))
+        self._send(wire.frame(wire.STOP))
         if await self.wait_exit(timeout) is None:
             await self.kill()
         await self._close()

@@ -16,10 +16,10 @@ import random
 import time
 from typing import Protocol
 
+from inference_service.contracts import wire
 from inference_service.dispatch.jobs import Job, JobQueue
 from inference_service.dispatch.process import WorkerOptions, WorkerProcess
 from inference_service.errors import Unavailable, WorkerLoadError
-from inference_service.worker import protocol
 
 log = logging.getLogger("inference_service.model")
 
@@ -49,7 +49,7 @@ class SlotOwner(Protocol):
     def config(self) -> WorkerTimings:
         """Read-only here, so that a version's ``ModelConfig`` satisfies it."""
 
-    def worker_spec(self, slot: WorkerSlot) -> protocol.WorkerSpec:
+    def worker_spec(self, slot: WorkerSlot) -> wire.WorkerSpec:
         """The INIT message for a worker of this version."""
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:

@@ -40,6 +40,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState, eos_token_ids
 from inference_service.llm.runner import ModelRunner
@@ -57,11 +58,14 @@ class StepOutput:
         result: when finished, how it ended; its ``remaining_text`` is the tail released
             only at the end (not part of ``piece``), as
             :func:`~inference_service.llm.generation.generate_pieces` returns it.
+        tokens: the tokens sampled for the request that this output accounts for (this
+            engine: 1; an engine that hands over held tokens: their number, possibly 0).
     """
 
     piece: str = ""
     finished: bool = False
     result: GenerationResult | None = None
+    tokens: int = 1
 
 
 class GenerationEngine:
@@ -146,23 +150,22 @@ class GenerationEngine:
         """``(rows, columns)`` of the running KV cache; ``(0, 0)`` when nothing runs."""
         return self.runner.cache_shape
 
-    def stats(self) -> dict[str, int]:
-        """Counters for metrics, vLLM's set: ``running`` (requests with a KV cache: decoding
+    def stats(self) -> SchedulerStats:
+        """The engine's state now (vLLM's set): ``running`` (requests with a KV cache: decoding
         or part-way through their prefill), ``waiting`` (new or preempted, no KV cache),
-        ``preempted_total`` (preemptions since the engine was built: a request's KV cache
-        dropped, to be recomputed), ``kv_cache_used_tokens`` (token positions whose
-        keys/values are cached for a request; padding not counted) and
-        ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``: the most tokens the
-        cache may hold at once; 0 when either is unknown)."""
+        ``preempted_total`` (preemptions since the engine was built), ``kv_cache_used_tokens``
+        (token positions cached for a request; padding not counted) and
+        ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``; 0 when either is
+        unknown)."""
         sched = self.scheduler
         running = len(sched.keys(RUNNING, PREFILLING))
-        return {
-            "running": running,
-            "waiting": len(self._requests) - running,
-            "preempted_total": sched.preempted_total,
-            "kv_cache_used_tokens": self.runner.used_tokens(),
-            "kv_cache_capacity_tokens": (self.max_num_seqs or 0) * (self.max_model_len or 0),
-        }
+        return SchedulerStats(
+            running=running,
+            waiting=len(self._requests) - running,
+            preempted_total=sched.preempted_total,
+            kv_cache_used_tokens=self.runner.used_tokens(),
+            kv_cache_capacity_tokens=(self.max_num_seqs or 0) * (self.max_model_len or 0),
+        )
 
     @staticmethod
     def refusal(params: GenerationParams) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
+from inference_service.contracts.outputs import FinalMessage, Usage
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import GenerationRequest, InvalidRequest
@@ -172,16 +173,9 @@ def generate_text(
 
 
 def final_message(result: GenerationResult, params: GenerationParams) -> str | dict[str, Any]:
-    """The last message of a stream: the remaining text, or with ``include_usage`` the object
-    ``{"text": remaining, "finish_reason": "stop"|"length"|"cancelled",
-    "usage": {"prompt_tokens": n, "completion_tokens": m}}``."""
+    """The last message of a stream: the remaining text, or with ``include_usage`` the
+    :class:`~inference_service.contracts.outputs.FinalMessage` object (as JSON)."""
     if not params.include_usage:
         return result.remaining_text
-    return {
-        "text": result.remaining_text,
-        "finish_reason": result.finish_reason,
-        "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-        },
-    }
+    usage = Usage(result.prompt_tokens, result.completion_tokens)
+    return FinalMessage(result.remaining_text, result.finish_reason, usage).to_json()

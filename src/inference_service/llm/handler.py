@@ -87,11 +87,10 @@ request is logged with its token counts and tokens/s, and recorded in ``context.
 once, when it ends: counters ``PromptTokens`` and ``GenerationTokens`` and the time
 ``RequestGenerationTime`` (ms), all with the dimension ``ModelName`` (one ``metrics`` log
 line each in ``metrics_mode log``, TorchServe's form; forwarded to the server's ``/metrics``
-in ``metrics_mode prometheus``). Nothing is recorded per generated token or per step. The
-token counts and the engine's gauges (requests running and waiting, preemptions, KV cache
-use) also go to the server's LLM metrics as serving statistics
-(``context.metrics.add_serving_stat``; under TorchServe, which has no such call, they are
-left out).
+in ``metrics_mode prometheus``). After every engine step the tokens it sampled (a request's
+prompt tokens with its first token) and the engine's state go to the server's LLM metrics as
+``contracts.stats.IterationStats`` and ``SchedulerStats`` (``context.metrics.add_stats``;
+under TorchServe, which has no such call, they are left out).
 """
 
 from __future__ import annotations
@@ -104,6 +103,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from inference_service.contracts.stats import IterationStats
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.engine import GenerationEngine
@@ -177,12 +177,15 @@ def _log_id(context: Context, idx: int) -> str | None:
 
 @dataclass
 class _ActiveRequest:
-    """A request in the engine: its parsed form, id and start time."""
+    """A request in the engine: its parsed form, id, start time and prompt length; ``prefilled``
+    once its first token was sampled (its prompt tokens are counted then)."""
 
     key: str
     request: GenerationRequest
     request_id: str | None
     started: float
+    prompt_tokens: int
+    prefilled: bool = False
 
 
 class LLMHandler(BaseHandler):
@@ -209,7 +212,7 @@ class LLMHandler(BaseHandler):
         self._prepare_pool: ThreadPoolExecutor | None = None
         self.max_prompt_chars: int | None = None
         self._batches = 0  # static mode: batch counter, makes engine keys unique
-        self._reported: dict[str, int] = {}  # engine statistics last sent to the server
+        self._iteration = IterationStats()  # tokens counted since the last report to the server
 
     def initialize(self, context: Context) -> None:
         """Read the ``handler`` config, convert the GGUF if not cached, load model and tokenizer.
@@ -249,7 +252,7 @@ class LLMHandler(BaseHandler):
             self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
         )
         self._jobs.clear()
-        self._reported.clear()
+        self._iteration = IterationStats()
         self._report_engine()  # before READY: the server knows the model as an LLM from its first request
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
@@ -336,29 +339,25 @@ class LLMHandler(BaseHandler):
         check_prompt_size(request, self.max_prompt_chars)
         return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 
-    def _serving_stat(self, name: str, value: float) -> None:
-        """``context.metrics.add_serving_stat`` where the context has it (TorchServe's has not)."""
-        add = getattr(getattr(self.context, "metrics", None), "add_serving_stat", None)
-        if callable(add):
-            add(name, value)
+    def _count(self, job: _ActiveRequest, tokens: int | None) -> None:
+        """Count the ``tokens`` an engine step sampled for ``job``, with its prompt at its first
+        token; ``None``: the request leaves unfinished (cancelled), its prompt counts if no
+        token came yet. Every token is counted once, when the step hands it over."""
+        if tokens:
+            self._iteration.generation_tokens += tokens
+        if not job.prefilled and tokens != 0:
+            job.prefilled = True
+            self._iteration.prompt_tokens += job.prompt_tokens
 
     def _report_engine(self) -> None:
-        """Queue the engine's gauges that changed since the last report, and its new
-        preemptions, as serving statistics for the server's ``/metrics``."""
+        """Send the tokens counted since the last report and the engine's state to the server's
+        ``/metrics`` (``context.metrics.add_stats``; TorchServe's context has none: nothing sent)."""
         engine = self.engine
-        if self.context is None or engine is None:
+        add = getattr(getattr(self.context, "metrics", None), "add_stats", None)
+        if engine is None or not callable(add):
             return
-        stats = engine.stats()
-        preempted = stats["preempted_total"] - self._reported.get("preempted_total", 0)
-        if preempted > 0:
-            self._serving_stat("preemptions", preempted)
-            self._reported["preempted_total"] = stats["preempted_total"]
-        for key, name in (("running", "requests_running"), ("waiting", "requests_waiting"),
-                          ("kv_cache_used_tokens", "kv_cache_used_tokens"),
-                          ("kv_cache_capacity_tokens", "kv_cache_capacity_tokens")):
-            if self._reported.get(key) != stats[key]:
-                self._serving_stat(name, stats[key])
-                self._reported[key] = stats[key]
+        iteration, self._iteration = self._iteration, IterationStats()
+        add(engine.stats(), iteration)
 
     def _finish(self, job: _ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]:
         """Log and record the request's token counts and speed (once per request, never per
@@ -376,8 +375,6 @@ class LLMHandler(BaseHandler):
         context = self.context
         if context is not None:
             metrics = context.metrics
-            self._serving_stat("prompt_tokens", result.prompt_tokens)
-            self._serving_stat("generation_tokens", result.completion_tokens)
             metrics.add_counter("PromptTokens", result.prompt_tokens, idx)
             metrics.add_counter("GenerationTokens", result.completion_tokens, idx)
             metrics.add_time("RequestGenerationTime", round(elapsed * 1000, 2), idx, "ms")
@@ -433,7 +430,7 @@ class LLMHandler(BaseHandler):
                     continue
                 request, prompt_ids = prepared
                 job = _ActiveRequest(f"batch{self._batches}:{idx}", request, _log_id(context, idx),
-                                     time.perf_counter())
+                                     time.perf_counter(), len(prompt_ids))
                 engine.add(job.key, prompt_ids, request.params)
                 live[idx] = job
             while live:
@@ -441,21 +438,23 @@ class LLMHandler(BaseHandler):
                     job = live.pop(idx)
                     cancelled = engine.cancel(job.key)
                     if cancelled is not None:
+                        self._count(job, None)
                         results[idx] = self._finish(job, cancelled, idx)
                 if not live:
                     break
                 outputs = engine.step([job.key for job in live.values()])
-                self._report_engine()
                 pieces: dict[int, str] = {}
                 finished: list[tuple[int, _ActiveRequest, GenerationResult]] = []
                 for idx, job in live.items():
                     out = outputs.get(job.key)
                     if out is None:
                         continue
+                    self._count(job, out.tokens)
                     if out.piece:
                         pieces[idx] = out.piece
                     if out.finished and out.result is not None:
                         finished.append((idx, job, out.result))
+                self._report_engine()
                 for idx, job, result in finished:
                     del live[idx]
                     if job.request.params.include_usage and result.remaining_text:
@@ -470,7 +469,8 @@ class LLMHandler(BaseHandler):
                     results[idx] = self._finish(job, result, idx)
         finally:
             for job in live.values():  # closed early: client gone, error, GeneratorExit
-                engine.cancel(job.key)
+                if engine.cancel(job.key) is not None:
+                    self._count(job, None)
             self._report_engine()
         return results
 
@@ -562,7 +562,8 @@ class LLMHandler(BaseHandler):
                     continue
                 request, prompt_ids = prepared
                 engine.add(key, prompt_ids, request.params)
-                self._jobs[key] = _ActiveRequest(key, request, _log_id(context, idx), time.perf_counter())
+                self._jobs[key] = _ActiveRequest(key, request, _log_id(context, idx), time.perf_counter(),
+                                                 len(prompt_ids))
             keys[idx] = key
         if not keys and self._preparing:  # nothing to run until a tokenization ends: do not spin
             wait(list(self._preparing.values()), timeout=_PREPARE_WAIT_S, return_when=FIRST_COMPLETED)
@@ -575,6 +576,7 @@ class LLMHandler(BaseHandler):
             out = outputs.get(key)
             if out is None:
                 continue
+            self._count(self._jobs[key], out.tokens)
             if out.finished and out.result is not None:
                 job = self._jobs.pop(key)
                 text = out.piece + out.result.remaining_text
@@ -637,6 +639,5 @@ class LLMHandler(BaseHandler):
             result = engine.cancel(request_id)
             if job is not None and result is not None:
                 log.info("request %s dropped after %d completion tokens", request_id, result.completion_tokens)
-                self._serving_stat("prompt_tokens", result.prompt_tokens)  # the tokens it took count, as vLLM's
-                self._serving_stat("generation_tokens", result.completion_tokens)
+                self._count(job, None)  # the tokens it took count (its sampled ones already did)
         self._report_engine()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.engine import StepOutput
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState
@@ -120,7 +121,7 @@ class OpenVINOEngine:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and key in self._requests
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> SchedulerStats:
         """The counters of :meth:`GenerationEngine.stats`: ``running`` (scheduled in the last
         step), ``waiting`` (in the engine but not scheduled, preempted ones included),
         ``preempted_total``, ``kv_cache_used_tokens`` (the pipeline's cache use times its
@@ -128,13 +129,13 @@ class OpenVINOEngine:
         metrics = self.pipeline.get_metrics()
         running = min(int(metrics.scheduled_requests), len(self._requests))
         cache_tokens = int(metrics.kv_cache_size_in_bytes) // self._token_bytes if self._token_bytes else 0
-        return {
-            "running": running,
-            "waiting": len(self._requests) - running,
-            "preempted_total": self._preempted_total,
-            "kv_cache_used_tokens": int(round(float(metrics.cache_usage) / 100.0 * cache_tokens)),
-            "kv_cache_capacity_tokens": (self.max_num_seqs or 0) * (self.max_model_len or 0),
-        }
+        return SchedulerStats(
+            running=running,
+            waiting=len(self._requests) - running,
+            preempted_total=self._preempted_total,
+            kv_cache_used_tokens=int(round(float(metrics.cache_usage) / 100.0 * cache_tokens)),
+            kv_cache_capacity_tokens=(self.max_num_seqs or 0) * (self.max_model_len or 0),
+        )
 
     # --- requests --------------------------------------------------------------------
     @staticmethod
@@ -264,15 +265,15 @@ class OpenVINOEngine:
             pieces.append(piece)
             if reason is not None:
                 live.handle.cancel()
-                return StepOutput("".join(pieces), True, state.finish(reason))
+                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
         if done:
             # the pipeline ended it without a token we stop on: its own length or stop-token rule
             generated = len(state.result.token_ids)
             reason = "length" if generated >= state.params.max_new_tokens else "stop"
-            return StepOutput("".join(pieces), True, state.finish(reason))
+            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
         if not pieces:
             return None
-        return StepOutput("".join(pieces))
+        return StepOutput("".join(pieces), tokens=len(pieces))
 
 
 def generation_config(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:

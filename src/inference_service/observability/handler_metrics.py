@@ -47,7 +47,7 @@ class HandlerMetricsExporter:
         Args:
             model_name / model_version: whose worker sent them (for warnings).
             updates: ``(name, type, unit, dimensions, value)`` tuples, decoded by
-                ``worker.protocol.decode_metrics``.
+                ``contracts.wire.decode_metrics``.
 
         A counter adds the value, a gauge takes it, a histogram observes it; each metric is a
         ``prometheus_client`` object created at its first update, labelled with the update's

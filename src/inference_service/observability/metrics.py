@@ -25,13 +25,11 @@ those families, as TorchServe's API does. What is exported:
   ``inference_service_workers{state}``, ``inference_service_worker_restarts_total``.
 - For LLMs (models whose workers report serving statistics, as the bundled LLM handler
   does), in every ``metrics_mode``, named after vLLM's metrics (``vllm:`` becomes
-  ``inference_service_llm_``; labels ``model_name``, ``model_version``):
-  ``inference_service_llm_prompt_tokens_total`` and ``..._generation_tokens_total`` (tokens
-  of requests that ended or were cancelled), ``..._num_preemptions_total``,
-  ``..._num_requests_running`` / ``..._num_requests_waiting`` (the engines' requests, summed
-  over the version's running workers), ``..._kv_cache_used_tokens``,
-  ``..._kv_cache_capacity_tokens`` and ``..._kv_cache_usage_perc`` (used / capacity, 0 to
-  1) from the workers (``model_version`` the worker's version); and measured here per
+  ``inference_service_llm_``; labels ``model_name``, ``model_version``): one family per
+  field of the engine statistics (``contracts.stats``: counters added up, gauges summed over
+  the version's running workers; ``..._generation_tokens_total`` grows at each engine step)
+  and ``..._kv_cache_usage_perc`` (used / capacity, 0 to 1), from the workers
+  (``model_version`` the worker's version); and measured here per
   streamed message (``model_version`` the request's label, as the streaming histograms):
   ``..._time_to_first_token_seconds`` (receipt to the first message),
   ``..._inter_token_latency_seconds`` (between consecutive text messages, the final one
@@ -51,7 +49,7 @@ those families, as TorchServe's API does. What is exported:
   ``GPUMemoryUsed``, ``GPUUtilization`` (also ``DeviceId``).
 
 This module knows neither the core nor jobs: it reads the :class:`StatsSource` and
-:class:`VersionStats` protocols, and is handed plain numbers when requests end.
+``contracts.stats.VersionStats`` values, and is handed plain numbers when requests end.
 
 Quick start::
 
@@ -83,6 +81,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString
 
 from inference_service.connection_limits import BoundedThreadingHTTPServer
+from inference_service.contracts.stats import SERVING_PREFIX, STAT_TYPES, StatSpec, VersionStats, specs
 from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
 from inference_service.observability.system_metrics import SystemMetricsCollector, query_nvidia_smi
@@ -100,11 +99,6 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
-#: Name prefix of a worker's serving statistics in its metric updates (the worker side's
-#: ``handler.metrics.SERVING_PREFIX``).
-SERVING_PREFIX = "serving:"
-_SERVING_COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")
-_SERVING_GAUGES = ("requests_running", "requests_waiting", "kv_cache_used_tokens", "kv_cache_capacity_tokens")
 LLM = "inference_service_llm_"
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METRICS_MODES = ("log", "prometheus", "legacy")
@@ -120,36 +114,7 @@ _TS_COUNTERS = (
 _OK = grpc.StatusCode.OK
 
 #: A decoded handler metric update: ``(name, type, unit, dimensions, value)``, as
-#: ``worker.protocol.decode_metrics`` gives it.
-
-class VersionStats(Protocol):
-    """One model version as the collector reads it at scrape time (plain values).
-
-    Attributes:
-        model_name / model_version: the version's labels.
-        queue_depth: requests waiting in its job queue.
-        workers: worker count by state name (every state, zeros included; DescribeModel's names).
-        restarts: worker restarts of the version so far (monotonic).
-    """
-
-    @property
-    def model_name(self) -> str: ...
-
-    @property
-    def model_version(self) -> str: ...
-
-    @property
-    def queue_depth(self) -> int: ...
-
-    @property
-    def workers(self) -> Mapping[str, int]: ...
-
-    @property
-    def restarts(self) -> int: ...
-
-    @property
-    def worker_pids(self) -> frozenset[int]: ...
-
+#: ``contracts.wire.decode_metrics`` gives it.
 
 class StatsSource(Protocol):
     """What the collector reads the serving state from (the core implements it)."""
@@ -251,8 +216,10 @@ class ServerMetrics:
     """
 
     def __init__(self, hostname: str | None = None, system_metrics: bool = True,
-                 number_of_gpu: int | None = None) -> None:
+                 number_of_gpu: int | None = None, stat_types: Iterable[type] = STAT_TYPES) -> None:
         self.hostname = hostname or socket.gethostname()
+        #: the engine statistics workers may report (their fields), each an LLM family
+        self.stats: dict[str, StatSpec] = specs(stat_types)
         self.registry = CollectorRegistry(auto_describe=False)
         self._ttfr = Histogram(
             "inference_service_time_to_first_response_seconds",
@@ -326,13 +293,15 @@ class ServerMetrics:
         if model_name not in self._llm_models:
             self._mark_llm(model_name)
         key = (model_name, model_version)
-        if name in _SERVING_COUNTERS and metric_type == "counter" and value >= 0:
-            counts = self._serving_counts.setdefault(key, dict.fromkeys(_SERVING_COUNTERS, 0.0))
-            counts[name] += value
-        elif name in _SERVING_GAUGES and metric_type == "gauge":
+        spec = self.stats.get(name)
+        counter = spec is not None and spec.counter
+        if counter and metric_type == "counter" and value >= 0:
+            counts = self._serving_counts.setdefault(key, {})
+            counts[name] = counts.get(name, 0.0) + value
+        elif spec is not None and not counter and metric_type == "gauge":
             worker = dims.get("pid", "")
             self._serving_gauges.setdefault(key, {}).setdefault(worker, {})[name] = value
-        elif name in _SERVING_COUNTERS and metric_type == "counter":
+        elif counter and metric_type == "counter":
             self._handler.warn_once(f"serving:{name}:negative", f"model {model_name}: serving counter {name!r} "
                                                             "cannot decrease; negative increments are dropped")
         else:
@@ -475,21 +444,6 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
 
 
-# exported family (``_total`` added by the exposition) -> serving statistic, and their help
-_LLM_COUNTERS = (("prompt_tokens", "prompt_tokens"), ("generation_tokens", "generation_tokens"),
-                 ("num_preemptions", "preemptions"))
-_LLM_COUNTER_HELP = ("LLM: prompt tokens of the requests that ended (or were cancelled).",
-                     "LLM: tokens generated for the requests that ended (or were cancelled).",
-                     "LLM: requests whose KV cache was dropped to be recomputed (preemption).")
-_LLM_GAUGES = (("num_requests_running", "requests_running"), ("num_requests_waiting", "requests_waiting"),
-               ("kv_cache_used_tokens", "kv_cache_used_tokens"),
-               ("kv_cache_capacity_tokens", "kv_cache_capacity_tokens"))
-_LLM_GAUGE_HELP = ("LLM: requests in the workers' engines holding a KV cache row.",
-                   "LLM: requests in the workers' engines waiting for their prefill (new or preempted).",
-                   "LLM: token positions the workers' KV caches hold.",
-                   "LLM: the most token positions the workers' KV caches may hold.")
-
-
 class _Collector:
     """``prometheus_client`` collector of the counters kept as plain numbers and of the
     :class:`StatsSource`'s state."""
@@ -499,12 +453,13 @@ class _Collector:
 
     def describe(self) -> Iterator[Metric]:
         """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
+        stats = self.metrics.stats.values()
         for name in ("inference_service_stream_messages", "inference_service_cancellations",
                      "inference_service_errors", "inference_service_worker_restarts",
-                     *(LLM + n for n, _ in _LLM_COUNTERS)):
+                     *(LLM + s.family for s in stats if s.counter)):
             yield CounterMetricFamily(name, "")
         for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
-                     "inference_service_workers", *(LLM + n for n, _ in _LLM_GAUGES),
+                     "inference_service_workers", *(LLM + s.family for s in stats if not s.counter),
                      LLM + "kv_cache_usage_perc"):
             yield GaugeMetricFamily(name, "")
 
@@ -557,13 +512,14 @@ class _Collector:
         version's running workers (a gone worker's values are forgotten)."""
         m = self.metrics
         labels = ["model_name", "model_version"]
-        for (family, stat), help_text in zip(_LLM_COUNTERS, _LLM_COUNTER_HELP, strict=True):
-            counter = CounterMetricFamily(LLM + family, help_text, labels=labels)
+        counters = [spec for spec in m.stats.values() if spec.counter]
+        for spec in counters:
+            counter = CounterMetricFamily(LLM + spec.family, spec.help, labels=labels)
             for (name, version), counts in list(m._serving_counts.items()):
-                counter.add_metric([name, version], counts[stat])
+                counter.add_metric([name, version], counts.get(spec.name, 0.0))
             yield counter
-        gauges = {family: GaugeMetricFamily(LLM + family, help_text, labels=labels)
-                  for (family, _), help_text in zip(_LLM_GAUGES, _LLM_GAUGE_HELP, strict=True)}
+        gauges = {spec.name: GaugeMetricFamily(LLM + spec.family, spec.help, labels=labels)
+                  for spec in m.stats.values() if not spec.counter}
         usage = GaugeMetricFamily(LLM + "kv_cache_usage_perc",
                                   "LLM: fraction of the KV cache capacity in use (0 to 1).", labels=labels)
         live = {(v.model_name, v.model_version): {str(pid) for pid in v.worker_pids} for v in version_stats}
@@ -574,12 +530,12 @@ class _Collector:
                 continue
             for gone in [pid for pid in list(per_worker) if pid not in pids]:
                 per_worker.pop(gone, None)
-            totals = dict.fromkeys(_SERVING_GAUGES, 0.0)
+            totals = dict.fromkeys(gauges, 0.0)
             for values in list(per_worker.values()):
                 for stat, value in list(values.items()):
                     totals[stat] += value
-            for family, stat in _LLM_GAUGES:
-                gauges[family].add_metric(list(key), totals[stat])
+            for stat, gauge in gauges.items():
+                gauge.add_metric(list(key), totals[stat])
             capacity = totals["kv_cache_capacity_tokens"]
             usage.add_metric(list(key), totals["kv_cache_used_tokens"] / capacity if capacity else 0.0)
         yield from gauges.values()

@@ -1,7 +1,7 @@
 """The warning when the workers of all models ask for more threads than the machine has CPUs.
 
 Each model's default is ``floor(usable CPUs / its own workers)``
-(:func:`~inference_service.worker.cpu.default_threads`): two models of one worker each on
+(:func:`~inference_service.contracts.cpu.default_threads`): two models of one worker each on
 2 CPUs get 2 threads each, 4 in all. Threads that outnumber the CPUs wait for each other at
 every operator, so the server says so once per new total::
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from inference_service.contracts.cpu import usable_cpus
 from inference_service.serving.registration import ModelEntry
-from inference_service.worker.cpu import usable_cpus
 
 log = logging.getLogger("inference_service.serving.cpu_budget")
 #: The words ``--start`` looks for in the log to repeat the warning (launch/launcher.py).

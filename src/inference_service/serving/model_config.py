@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from inference_service.contracts import wire
+from inference_service.contracts.cpu import WAIT_POLICIES, parse_affinity
 from inference_service.errors import InvalidArgument, shorten
-from inference_service.worker import protocol
-from inference_service.worker.cpu import WAIT_POLICIES, parse_affinity
 
 
 @dataclass
@@ -89,15 +89,15 @@ class ModelConfig:
         """How workers run requests: ``continuous`` (``continuousBatching``), ``async``
         (``asyncCommunication``) or ``batch`` (TorchServe's default)."""
         if self.async_communication:
-            return protocol.MODE_ASYNC
-        return protocol.MODE_CONTINUOUS if self.continuous_batching else protocol.MODE_BATCH
+            return wire.MODE_ASYNC
+        return wire.MODE_CONTINUOUS if self.continuous_batching else wire.MODE_BATCH
 
     @property
     def streams_in_batches(self) -> bool:
         """Whether a streaming request still shares its worker with others: true for continuous
         batching and async workers (a stream joins the running requests), false for the batch
         mode, where a streaming request forms a batch of one."""
-        return self.worker_mode != protocol.MODE_BATCH
+        return self.worker_mode != wire.MODE_BATCH
 
     @property
     def max_running(self) -> int:
@@ -105,11 +105,11 @@ class ModelConfig:
         TorchServe; twice that with ``sequenceBatching``, as TorchServe), ``job_queue_size``
         for async handlers (TorchServe sets no bound), one batch otherwise."""
         mode = self.worker_mode
-        if mode == protocol.MODE_CONTINUOUS:
+        if mode == wire.MODE_CONTINUOUS:
             # TorchServe's SequenceContinuousBatching runs 2 x batchSize (a request of a sequence,
             # e.g. a cancel, must get in beside that sequence's running stream)
             return self.batch_size * 2 if self.sequence_batching else self.batch_size
-        if mode == protocol.MODE_ASYNC:
+        if mode == wire.MODE_ASYNC:
             return self.job_queue_size
         return 1
 

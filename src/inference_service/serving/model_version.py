@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 
 from inference_service.archive.model_archive import ModelArchive
+from inference_service.contracts import wire
+from inference_service.contracts.cpu import default_threads
 from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, JobQueue
 from inference_service.dispatch.process import WorkerOptions
@@ -24,8 +26,6 @@ from inference_service.errors import (
     WorkerLoadError,
 )
 from inference_service.serving.model_config import ModelConfig, parallel_settings
-from inference_service.worker import protocol
-from inference_service.worker.cpu import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class ModelVersion:
         self.extra_paths = extra_paths or []
         self.base_env = dict(base_env if base_env is not None else os.environ)
         self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms,
-                              concurrent=config.worker_mode != protocol.MODE_BATCH)
+                              concurrent=config.worker_mode != wire.MODE_BATCH)
         self.slots: dict[int, WorkerSlot] = {}
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}
@@ -97,9 +97,9 @@ class ModelVersion:
         """At least ``min_workers`` workers are ready (TorchServe's Ping rule)."""
         return self.ready_workers >= self.config.min_workers
 
-    def worker_spec(self, slot: WorkerSlot) -> protocol.WorkerSpec:
+    def worker_spec(self, slot: WorkerSlot) -> wire.WorkerSpec:
         """The INIT message for a worker of this version."""
-        return protocol.WorkerSpec(
+        return wire.WorkerSpec(
             model_name=self.name,
             model_version=self.version,
             model_dir=str(self.archive.model_dir),
@@ -247,7 +247,7 @@ class ModelVersion:
                 gave up); every worker's latest start failed to load (MODEL_LOAD_FAILED, with the
                 load error; accepted again as soon as a worker loads).
             InvalidArgument: the request does not fit the worker channel's framing (the message
-                names the limit: ``worker.protocol.request_problem``).
+                names the limit: ``contracts.wire.request_problem``).
         """
         size = sum(len(v) for v in job.inputs.values())
         if size > max_request_size:
@@ -263,7 +263,7 @@ class ModelVersion:
         if load_error is not None:
             raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
                               reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
-        problem = protocol.request_problem(job.inputs, job.headers, job.sequence_id)
+        problem = wire.request_problem(job.inputs, job.headers, job.sequence_id)
         if problem is not None:
             raise InvalidArgument(problem)
         if self.queue.remaining_capacity() == 0:

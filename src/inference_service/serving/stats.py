@@ -1,16 +1,15 @@
 """What the core and the metrics exchange, as small protocols and plain values.
 
 The core records each request into a :class:`RequestTelemetry` it is given
-(``metrics.Telemetry`` implements it) and offers :class:`VersionStats` snapshots through
+(``metrics.Telemetry`` implements it) and offers ``contracts.stats.VersionStats`` snapshots through
 ``InferenceCore.stats()``; neither side imports the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from inference_service.contracts.stats import VersionStats
 from inference_service.dispatch.supervisor import WorkerState
 
 if TYPE_CHECKING:
@@ -44,25 +43,7 @@ class RequestTelemetry(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class VersionStats:
-    """One model version in :meth:`InferenceCore.stats` (plain values read at one instant).
-
-    Attributes:
-        model_name / model_version: which version.
-        queue_depth: requests waiting in its job queue.
-        workers: worker count by DescribeModel's state name, every state included (zeros too).
-        restarts: worker process restarts of the version so far (monotonic across scale-downs).
-        worker_pids: the process ids of its worker processes now running (what a worker's
-            forwarded gauges are keyed by; a gone worker's are then left out).
-    """
-
-    model_name: str
-    model_version: str
-    queue_depth: int
-    workers: Mapping[str, int]
-    restarts: int
-    worker_pids: frozenset[int] = frozenset()
+__all__ = ["RequestStats", "RequestTelemetry", "VersionStats", "version_stats"]
 
 
 def version_stats(name: str, version: str, model: ModelVersion) -> VersionStats:

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
+from inference_service.contracts import wire
 from inference_service.errors import grpc_code_for_http
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.util import PredictionException
-from inference_service.worker import protocol
 
 log = logging.getLogger("inference_service.worker")
 
@@ -39,17 +39,17 @@ def final(request_id: str, value: Any) -> bytes:
     Raises:
         TypeError: ``value`` cannot be encoded (not str, bytes, JSON or a tensor).
     """
-    return protocol.encode_response(protocol.FINAL, request_id, encode_response(value))
+    return wire.encode_response(wire.FINAL, request_id, encode_response(value))
 
 
 def error(request_id: str, message: str, code: int = INTERNAL) -> bytes:
     """An ``ERROR`` frame with gRPC code number ``code`` and no HTTP status."""
-    return protocol.encode_error(request_id, code, message)
+    return wire.encode_error(request_id, code, message)
 
 
 def cancelled(request_id: str) -> bytes:
     """The ``ERROR`` frame of a request whose client went away (or whose deadline passed)."""
-    return protocol.encode_error(request_id, CANCELLED, "request cancelled")
+    return wire.encode_error(request_id, CANCELLED, "request cancelled")
 
 
 def status_error(context: Context, idx: int, request_id: str) -> bytes | None:
@@ -60,7 +60,7 @@ def status_error(context: Context, idx: int, request_id: str) -> bytes | None:
     if status < 400:
         return None
     phrase = phrase or _phrase(status)
-    return protocol.encode_error(request_id, _code(status), phrase, _http(status))
+    return wire.encode_error(request_id, _code(status), phrase, _http(status))
 
 
 def result(context: Context, idx: int, request_id: str, value: Any) -> bytes:
@@ -81,10 +81,10 @@ def failed(request_ids: Sequence[str], exc: Exception) -> list[bytes]:
     if isinstance(exc, PredictionException):
         log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
         code, http = _code(exc.error_code), _http(exc.error_code)
-        return [protocol.encode_error(rid, code, exc.message, http) for rid in request_ids]
+        return [wire.encode_error(rid, code, exc.message, http) for rid in request_ids]
     log.error("handler failed on requests %s:\n%s", list(request_ids), traceback.format_exc())
     message = str(exc) or type(exc).__name__
-    return [protocol.encode_error(rid, INTERNAL, message) for rid in request_ids]
+    return [wire.encode_error(rid, INTERNAL, message) for rid in request_ids]
 
 
 def _code(status: int) -> int:

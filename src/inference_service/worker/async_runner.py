@@ -24,10 +24,11 @@ import inspect
 import threading
 from typing import Any
 
+from inference_service.contracts import wire
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.worker import answers, protocol
+from inference_service.worker import answers
 from inference_service.worker.runtime import Worker
 
 
@@ -73,20 +74,20 @@ class AsyncRunner:
         while True:
             item = self.channel.read_frame()
             self._loop.call_soon_threadsafe(self._on_frame, item)
-            if item is None or item[0] == protocol.STOP:
+            if item is None or item[0] == wire.STOP:
                 return
 
     def _on_frame(self, item: tuple[int, bytes] | None) -> None:
         assert self._stopped is not None
-        if item is None or item[0] == protocol.STOP:
+        if item is None or item[0] == wire.STOP:
             if not self._stopped.done():
                 self._stopped.set_result(None)
             return
         kind, body = item
-        if kind == protocol.BATCH:
-            for rid, seq, headers, inputs in protocol.decode_batch(body):
+        if kind == wire.BATCH:
+            for rid, seq, headers, inputs in wire.decode_batch(body):
                 self.tasks[rid] = asyncio.ensure_future(self._run(rid, seq, headers, inputs))
-        elif kind == protocol.CANCEL:
+        elif kind == wire.CANCEL:
             rid = body.decode()
             task = self.tasks.get(rid)
             if task is not None:
@@ -109,7 +110,7 @@ class AsyncRunner:
             self.channel.cancelled.discard(rid)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
-            frame = protocol.encode_metrics(metrics.drain()) + frame
+            frame = wire.encode_metrics(metrics.drain()) + frame
         self.channel.send(frame)
 
     async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:

@@ -9,8 +9,8 @@ import threading
 import time
 from collections import deque
 
+from inference_service.contracts import wire
 from inference_service.handler.metrics import Metrics
-from inference_service.worker import protocol
 
 POLL_INTERVAL_S = 0.001  # how often a running handler's cancel checks read the socket, at most
 _RECV_BYTES = 1 << 18
@@ -44,10 +44,10 @@ class WorkerChannel:
 
     def _next_buffered(self) -> tuple[int, bytes] | None:
         buf = self._buf
-        size = protocol.HEADER.size
+        size = wire.HEADER.size
         if len(buf) < size:
             return None
-        length, kind = protocol.HEADER.unpack_from(buf, 0)
+        length, kind = wire.HEADER.unpack_from(buf, 0)
         end = 4 + length
         if len(buf) < end:
             return None
@@ -90,10 +90,10 @@ class WorkerChannel:
 
     def _take(self, item: tuple[int, bytes]) -> None:
         kind, body = item
-        if kind == protocol.CANCEL:
+        if kind == wire.CANCEL:
             self.cancelled.add(body.decode())
-        elif kind == protocol.CREDIT:
-            rid, count = protocol.decode_credit(body)
+        elif kind == wire.CREDIT:
+            rid, count = wire.decode_credit(body)
             if rid in self._credit:
                 self._credit[rid] += count
         else:
@@ -151,9 +151,9 @@ class WorkerChannel:
 
     def _next_complete(self) -> bool:
         buf = self._buf
-        if len(buf) < protocol.HEADER.size:
+        if len(buf) < wire.HEADER.size:
             return False
-        length, _ = protocol.HEADER.unpack_from(buf, 0)
+        length, _ = wire.HEADER.unpack_from(buf, 0)
         return len(buf) >= 4 + length
 
     def credit(self, request_id: str) -> int | None:
@@ -199,10 +199,10 @@ class WorkerChannel:
                 self._await_credit(request_id)
                 credit = self._credit.get(request_id, 1)
             self._credit[request_id] = credit - 1
-        data = protocol.encode_response(protocol.CHUNK, request_id, payload)
+        data = wire.encode_response(wire.CHUNK, request_id, payload)
         metrics = self.metrics
         if metrics is not None and metrics.pending:
-            data = protocol.encode_metrics(metrics.drain()) + data
+            data = wire.encode_metrics(metrics.drain()) + data
         self.send(data)
 
     def is_cancelled(self, request_id: str) -> bool:

@@ -47,9 +47,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from inference_service.contracts import wire
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.worker import answers, protocol
+from inference_service.worker import answers
 
 if TYPE_CHECKING:
     from inference_service.worker.runtime import Worker
@@ -151,11 +152,11 @@ class ContinuousRunner:
             request = self.preempted.pop(rid)
             request.resumed = True
             self.waiting.appendleft(request)  # ahead of the new requests, as vLLM's preempted
-            notes.append(protocol.frame(protocol.RESUMED, rid.encode()))
+            notes.append(wire.frame(wire.RESUMED, rid.encode()))
         if to_preempt:
             for rid in to_preempt:
                 self.preempted[rid] = self.running.pop(rid)
-                notes.append(protocol.frame(protocol.PREEMPTED, rid.encode()))
+                notes.append(wire.frame(wire.PREEMPTED, rid.encode()))
             self._call_handler("preempt_requests", to_preempt)
         if notes:
             channel.send(b"".join(notes))
@@ -165,7 +166,7 @@ class ContinuousRunner:
                 self.running.pop(rid, None)
                 self.preempted.pop(rid, None)
                 blocked.pop(rid, None)
-                frames.append(protocol.encode_error(
+                frames.append(wire.encode_error(
                     rid, _RESOURCE_EXHAUSTED,
                     f"stream paused (client not reading) for more than {self.abort_after_s:g} s; ended to free "
                     "its place (streamPauseAbortMSec)", 429))
@@ -177,12 +178,12 @@ class ContinuousRunner:
     def _take(self, item: tuple[int, bytes]) -> bool:
         """Handle one frame; False on ``STOP`` or the end of the channel."""
         kind, body = item
-        if kind == protocol.BATCH:
-            for rid, seq, headers, inputs in protocol.decode_batch(body):
+        if kind == wire.BATCH:
+            for rid, seq, headers, inputs in wire.decode_batch(body):
                 self.waiting.append(_Running(rid, seq, headers, inputs))
-        elif kind == protocol.CANCEL:
+        elif kind == wire.CANCEL:
             self.channel.cancelled.add(body.decode())
-        elif kind == protocol.STOP or kind == 0:
+        elif kind == wire.STOP or kind == 0:
             return False
         return True
 
@@ -275,7 +276,7 @@ class ContinuousRunner:
             self.channel.end(ended)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
-            out.append(protocol.encode_metrics(metrics.drain()))
+            out.append(wire.encode_metrics(metrics.drain()))
         if out:
             self.channel.send(b"".join(out))
 

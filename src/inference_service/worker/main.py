@@ -23,7 +23,7 @@ import sys
 import traceback
 import warnings
 
-from inference_service.worker import protocol
+from inference_service.contracts import wire
 from inference_service.worker.async_runner import AsyncRunner
 from inference_service.worker.channel import WorkerChannel
 from inference_service.worker.continuous import ContinuousRunner
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         sock.connect(args.connect)
     channel = WorkerChannel(sock)
     first = channel.read_frame()
-    if first is None or first[0] != protocol.INIT:
+    if first is None or first[0] != wire.INIT:
         return 2
-    spec = protocol.WorkerSpec.from_body(first[1])
+    spec = wire.WorkerSpec.from_body(first[1])
     channel.window = spec.stream_window
     faulthandler.enable()
     # The frontend relays each stderr line at the level it starts with, under its own
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = apply_cpu_settings(handler_config if isinstance(handler_config, dict) else {})
     except ValueError as exc:  # a refused setting is one line, not a traceback
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(protocol.frame(protocol.LOAD_FAILED, str(exc).encode()))
+        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
         return 1
     try:
         log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
@@ -103,19 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(protocol.frame(protocol.LOAD_FAILED, str(exc).encode()))
+        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
         return 1
     except BaseException as exc:  # noqa: BLE001 - report any load failure, even SystemExit
         log.error("model %s failed to load:\n%s", spec.model_name, traceback.format_exc())
-        channel.send(protocol.frame(protocol.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
+        channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
     rank = int(os.environ.get("RANK", "0"))
     if channel.metrics is not None and channel.metrics.pending:  # recorded by initialize()
-        channel.send(protocol.encode_metrics(channel.metrics.drain()))
-    channel.send(protocol.frame(protocol.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
-    if spec.mode == protocol.MODE_CONTINUOUS:
+        channel.send(wire.encode_metrics(channel.metrics.drain()))
+    channel.send(wire.frame(wire.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
+    if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()
-    elif spec.mode == protocol.MODE_ASYNC:
+    elif spec.mode == wire.MODE_ASYNC:
         AsyncRunner(worker).serve()
     else:
         worker.serve()

@@ -15,11 +15,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from inference_service.contracts import wire
 from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.metrics import Metrics
 from inference_service.handler.streaming import RequestCancelled
-from inference_service.worker import answers, protocol
+from inference_service.worker import answers
 from inference_service.worker.channel import WorkerChannel
 from inference_service.worker.loader import Service, load_service
 
@@ -27,7 +28,7 @@ from inference_service.worker.loader import Service, load_service
 class Worker:
     """Runs one loaded :class:`Service` over a :class:`WorkerChannel`."""
 
-    def __init__(self, channel: WorkerChannel, spec: protocol.WorkerSpec) -> None:
+    def __init__(self, channel: WorkerChannel, spec: wire.WorkerSpec) -> None:
         self.channel = channel
         self.spec = spec
         self.context = Context(
@@ -62,11 +63,11 @@ class Worker:
         channel = self.channel
         while (item := channel.read_frame()) is not None:
             kind, body = item
-            if kind == protocol.BATCH:
+            if kind == wire.BATCH:
                 self.run_batch(body)
-            elif kind == protocol.CANCEL:
+            elif kind == wire.CANCEL:
                 channel.cancelled.add(body.decode())
-            elif kind == protocol.STOP:
+            elif kind == wire.STOP:
                 return
 
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
@@ -93,7 +94,7 @@ class Worker:
 
     def run_batch(self, body: bytes) -> None:
         """Run one batch through the handler and answer every request in it, then ``DONE``."""
-        batch = protocol.decode_batch(body)
+        batch = wire.decode_batch(body)
         ids = [rid for rid, _, _, _ in batch]
         self.context.begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
         self.channel.begin(ids)
@@ -114,8 +115,8 @@ class Worker:
         self.channel.end(ids)
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
-            out.append(protocol.encode_metrics(metrics.drain()))
-        out.append(protocol.frame(protocol.DONE))
+            out.append(wire.encode_metrics(metrics.drain()))
+        out.append(wire.frame(wire.DONE))
         self.channel.send(b"".join(out))
 
     def _drain_generator(self, gen: Any, ids: list[str]) -> Any:

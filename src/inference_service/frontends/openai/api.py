@@ -12,11 +12,12 @@ API's: ``Authorization: Bearer <inference key>``, which is how OpenAI clients se
 - ``POST /v1/completions``: ``prompt`` is raw text for the model to continue.
 
 ``model`` is a registered model name (its default version) or ``name/version``. The request
-(:mod:`inference_service.frontends.openai.schemas` lists the fields) becomes the bundled LLM handler's
-request body (:mod:`inference_service.llm.requests`): ``messages`` or ``prompt``,
-``max_new_tokens`` from ``max_completion_tokens`` / ``max_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``, ``ignore_eos``, and always ``include_usage`` so that the handler's final
-message carries the finish reason and token counts. It runs through
+(:mod:`inference_service.frontends.openai.schemas` lists the fields) becomes the typed LLM
+request (:mod:`inference_service.contracts.sampling`, checked against the LLM's limits: 400 with
+``param`` the OpenAI field) and crosses to the worker as its JSON body: ``messages`` or
+``prompt``, ``max_new_tokens`` from ``max_completion_tokens`` / ``max_tokens``, ``temperature``,
+``top_p``, ``seed``, ``stop``, ``ignore_eos``, and always ``include_usage`` so that the
+handler's final message carries the finish reason and token counts. It runs through
 :meth:`InferenceCore.stream` (the path of gRPC ``StreamPredictions``), so concurrent requests
 share the LLM worker's continuous batch.
 
@@ -56,15 +57,15 @@ Quick start::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from inference_service.contracts.sampling import InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.limits import check_json_nodes, off_loop
 from inference_service.frontends.openai.format import (
@@ -146,17 +147,12 @@ class OpenAIError(Exception):
         return sse_event(body)
 
 
-def _generation_body(request: ChatCompletionRequest | CompletionRequest, token_limit: int | None) -> dict[str, Any]:
-    """The LLM handler's request fields for an OpenAI request's options (``include_usage``
-    always on: the final message then carries the finish reason and token counts)."""
-    body: dict[str, Any] = {"include_usage": True}
-    if token_limit is not None:
-        body["max_new_tokens"] = token_limit
-    for name in ("temperature", "top_p", "seed", "stop", "ignore_eos"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    return body
+def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, field: str | None) -> str | None:
+    """The OpenAI request field that set the LLM request's ``field`` (``max_new_tokens`` comes
+    from ``max_completion_tokens`` or ``max_tokens``)."""
+    if field != "max_new_tokens":
+        return field
+    return "max_completion_tokens" if getattr(openai_request, "max_completion_tokens", None) else "max_tokens"
 
 
 class OpenAIApi:
@@ -256,16 +252,12 @@ class OpenAIApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (the answers and errors are in the module docstring)."""
         chat = await self._parse(request, ChatCompletionRequest)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-                    for m in chat.messages]
-        body = {"messages": messages, **_generation_body(chat, chat.token_limit)}
-        return await self._run(request, chat, body, ChatFormat(chat.model))
+        return await self._run(request, chat, ChatFormat(chat.model))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (the answers and errors are in the module docstring)."""
         completion = await self._parse(request, CompletionRequest)
-        body = {"prompt": completion.prompt, **_generation_body(completion, completion.token_limit)}
-        return await self._run(request, completion, body, CompletionFormat(completion.model))
+        return await self._run(request, completion, CompletionFormat(completion.model))
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body.
@@ -285,11 +277,12 @@ class OpenAIApi:
             raise OpenAIError(400, message, param=param) from None
 
     async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
-                   body: dict[str, Any], fmt: AnswerFormat) -> web.StreamResponse:
-        """Run the handler's request on the core and answer in ``fmt``'s shape.
+                   fmt: AnswerFormat) -> web.StreamResponse:
+        """Run the request on the core as the LLM request and answer in ``fmt``'s shape.
 
-        1. Resolve ``model`` (404), start the core's stream and wait for its first message:
-           a failure until then is an error answer with its own status.
+        1. Resolve ``model`` (404), build the LLM request (400 beyond its limits, ``param`` the
+           OpenAI field), start the core's stream and wait for its first message: a failure
+           until then is an error answer with its own status.
         2. ``stream``: send the headers and the opening chunks with the first text, then one
            chunk per message, the closing chunks, the usage chunk (``include_usage``) and
            ``[DONE]``. Otherwise collect the messages into one answer.
@@ -298,8 +291,12 @@ class OpenAIApi:
         """
         request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
+        try:
+            body = openai_request.to_generation_request().to_body()
+        except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
+            raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
-        stream = self.core.stream(name, version, {"body": json.dumps(body).encode()}, headers)
+        stream = self.core.stream(name, version, {"body": body}, headers)
         async with contextlib.aclosing(stream):
             first = await anext(stream)
             if openai_request.stream:

@@ -5,14 +5,13 @@ one request, whole or in chunks (used by :mod:`inference_service.frontends.opena
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
 
+from inference_service.contracts.outputs import FinalMessage
 from inference_service.frontends.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -34,26 +33,18 @@ def sse_event(model: BaseModel, exclude: set[str] | None = None) -> bytes:
 
 
 def final_outcome(payload: bytes) -> tuple[str, FinishReason, Usage | None]:
-    """``(remaining text, finish reason, usage)`` from a handler's final message.
-
-    The LLM handler's final message with ``include_usage`` is ``{"text", "finish_reason",
-    "usage": {"prompt_tokens", "completion_tokens"}}`` (:func:`inference_service.llm.generation.final_message`);
-    any other final message (another handler) is text, finish reason ``stop``, usage unknown.
-    """
-    obj: Any = None
-    if payload[:1] == b"{":
-        with contextlib.suppress(ValueError):
-            obj = json.loads(payload)
-    if not (isinstance(obj, dict) and isinstance(obj.get("text"), str) and "finish_reason" in obj):
+    """``(remaining text, finish reason, usage)`` from a handler's final message: the LLM's
+    :class:`~inference_service.contracts.outputs.FinalMessage` (a ``cancelled`` reason reads as
+    ``stop``); any other final message (another handler) is text, ``stop``, usage unknown."""
+    final = FinalMessage.parse(payload)
+    if final is None:
         return payload.decode("utf-8", "replace"), "stop", None
-    reason: FinishReason = "length" if obj["finish_reason"] == "length" else "stop"
-    counts = obj.get("usage")
-    usage = None
-    if isinstance(counts, dict) and isinstance(counts.get("prompt_tokens"), int) \
-            and isinstance(counts.get("completion_tokens"), int):
-        usage = Usage(prompt_tokens=counts["prompt_tokens"], completion_tokens=counts["completion_tokens"],
-                      total_tokens=counts["prompt_tokens"] + counts["completion_tokens"])
-    return obj["text"], reason, usage
+    reason: FinishReason = "length" if final.finish_reason == "length" else "stop"
+    counts = final.usage
+    usage = None if counts is None else Usage(prompt_tokens=counts.prompt_tokens,
+                                              completion_tokens=counts.completion_tokens,
+                                              total_tokens=counts.total_tokens)
+    return final.text, reason, usage
 
 
 class AnswerFormat(Protocol):

@@ -18,7 +18,9 @@ Responses (serialized with ``model_dump_json``): :class:`ChatCompletion` /
 :class:`ChatCompletionChunk`, :class:`Completion` / :class:`CompletionChunk`,
 :class:`ModelList` / :class:`ModelCard`, :class:`ErrorResponse`.
 
-Imports nothing of this package; :mod:`inference_service.frontends.openai.api` uses these models.
+A request becomes the one typed LLM request (``to_generation_request``, vLLM's
+``to_sampling_params``), checked against the same limits as every other door.
+:mod:`inference_service.frontends.openai.api` uses these models.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
+
+from inference_service.contracts.sampling import GenerationRequest
 
 __all__ = [
     "ChatChoice",
@@ -160,6 +164,12 @@ class _SamplingRequest(_Request):
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def _sampling(self, token_limit: int | None) -> dict[str, Any]:
+        """The sampling parameters this request sets (``None``: the model's default), and always
+        ``include_usage``: the final message then carries the finish reason and token counts."""
+        return {"max_new_tokens": token_limit, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "include_usage": True}
+
 
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``; with
@@ -212,6 +222,16 @@ class ChatCompletionRequest(_SamplingRequest):
     def token_limit(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens``, else ``None`` (the model's default)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def to_generation_request(self) -> GenerationRequest:
+        """The LLM request: ``developer`` messages as ``system``, no content as ``""``.
+
+        Raises:
+            InvalidRequest: a value beyond the LLM's limits (e.g. ``max_tokens`` above 4096).
+        """
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+                    for m in self.messages]
+        return GenerationRequest.build({"messages": messages, **self._sampling(self.token_limit)})
 
 
 class CompletionRequest(_SamplingRequest):
@@ -266,6 +286,10 @@ class CompletionRequest(_SamplingRequest):
     def token_limit(self) -> int:
         """``max_tokens``, 16 when absent (OpenAI's default for completions)."""
         return self.max_tokens if self.max_tokens is not None else 16
+
+    def to_generation_request(self) -> GenerationRequest:
+        """The LLM request (raises ``InvalidRequest`` as the chat's does)."""
+        return GenerationRequest.build({"prompt": self.prompt, **self._sampling(self.token_limit)})
 
 
 def validation_error_param(error: ValidationError) -> tuple[str | None, str]:

@@ -1,0 +1,324 @@
+"""One LLM request, typed: its sampling parameters with their limits and defaults, and its prompt.
+
+:class:`GenerationParams` (also :data:`SamplingParams`, vLLM's name) declares each parameter
+once: its type, default and check (a field's metadata). :class:`GenerationRequest` is what
+every door builds (the OpenAI door from its request, the gRPC/HTTP doors by
+:func:`parse_request` of the JSON body) and what crosses to the worker as that JSON body
+(:meth:`GenerationRequest.to_body`). Fields and limits: docs/llm.md. Every problem raises
+:class:`InvalidRequest` (status 400), whose message names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+#: Upper bound of ``max_new_tokens`` accepted from a request or config.
+MAX_NEW_TOKENS_LIMIT = 4096
+#: Upper bound of ``temperature``.
+MAX_TEMPERATURE = 5.0
+#: Most stop strings one request may give.
+MAX_STOP_STRINGS = 16
+#: Longest stop string accepted (characters).
+MAX_STOP_LENGTH = 256
+#: Most stop token ids one request may give.
+MAX_STOP_TOKEN_IDS = 64
+
+
+#: The answer to an Open Inference Protocol (v2) body: which body this handler takes, and where.
+V2_REFUSAL = (
+    'this model is an LLM: it takes {"prompt": "..."} or {"messages": [...]}, not an Open Inference '
+    "Protocol (v2) body with \"inputs\"; send it to /predictions/<model> (gRPC: StreamPredictions), "
+    "or an OpenAI body to /v1/chat/completions or /v1/completions"
+)
+
+
+class InvalidRequest(ValueError):
+    """A request (or config value) is malformed; the message explains it to the client.
+
+    Attributes:
+        field: the sampling parameter at fault, where it is one (``None`` otherwise).
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{name}' must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}")
+    return value
+
+
+def _int_in(low: int, high: int) -> Callable[[str, Any], int]:
+    return lambda name, value: _check_int(name, value, low, high)
+
+
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"'{name}' must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidRequest(f"'{name}' must be a finite number, got {value}")
+    return number
+
+
+def _check_temperature(name: str, value: Any) -> float:
+    temperature = _check_number(name, value)
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise InvalidRequest(f"'{name}' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
+    return temperature
+
+
+def _check_top_p(name: str, value: Any) -> float:
+    top_p = _check_number(name, value)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest(f"'{name}' must be greater than 0 and at most 1, got {value}")
+    return top_p
+
+
+def _check_stop(name: str, value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise InvalidRequest(f"'{name}' must be a string or a list of strings, got {type(value).__name__}")
+    if len(items) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"'{name}' may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}")
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidRequest(f"'{name}' entries must be strings, got {type(item).__name__}")
+        if not item:
+            raise InvalidRequest(f"'{name}' entries must not be empty")
+        if len(item) > MAX_STOP_LENGTH:
+            raise InvalidRequest(f"'{name}' entries must be at most {MAX_STOP_LENGTH} characters")
+    return tuple(dict.fromkeys(items))  # drop duplicates, keep order
+
+
+def _check_positive(name: str, value: Any) -> float:
+    number = _check_number(name, value)
+    if number <= 0.0:
+        raise InvalidRequest(f"'{name}' must be greater than 0, got {value}")
+    return number
+
+
+def _check_penalty(name: str, value: Any) -> float:
+    number = _check_number(name, value)
+    if not -2.0 <= number <= 2.0:
+        raise InvalidRequest(f"'{name}' must be between -2 and 2, got {value}")
+    return number
+
+
+def _check_token_ids(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequest(f"'{name}' must be a list of token ids, got {type(value).__name__}")
+    if len(value) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(f"'{name}' may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(value)}")
+    return tuple(dict.fromkeys(_check_int(f"{name}[]", item, 0, 2**31 - 1) for item in value))
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false, got {type(value).__name__}")
+    return value
+
+
+def param(default: Any, check: Callable[[str, Any], Any], *, config: bool = False, request: bool = True) -> Any:
+    """Declare a sampling parameter: its default, its check (``check(name, value)`` returns the
+    value to keep or raises :class:`InvalidRequest`), whether the handler config may set its
+    default (``config``) and whether a request body may set it (``request``; false: engines
+    honour it, no door offers it yet)."""
+    return field(default=default, metadata={"check": check, "config": config, "request": request})
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """The sampling parameters of one generation (vLLM's ``SamplingParams``).
+
+    Attributes:
+        max_new_tokens: most tokens to generate (1..4096).
+        temperature: sampling temperature, 0 (greedy) to 5.
+        top_p: nucleus mass in (0, 1]; 1 disables the cut.
+        seed: seed of the sampling generator (0 <= seed < 2**64); ``None`` draws one.
+        stop: stop strings (at most 16, each 1..256 characters); generation ends when the
+            text contains one, which is not emitted.
+        ignore_eos: the end-of-sequence token does not end generation.
+        include_usage: the final message is a :class:`~.outputs.FinalMessage` object.
+        top_k: sample among the ``top_k`` most likely tokens (0: all).
+        repetition_penalty: > 1 discourages tokens of the prompt and output (1: off).
+        presence_penalty, frequency_penalty: subtracted from the logit of a token already
+            generated, once / per occurrence (0: off; -2..2).
+        stop_token_ids: token ids that end generation (finish reason ``stop``; the token is
+            counted, not emitted), even with ``ignore_eos``.
+
+    The last five are honoured by the engines but not yet offered by a door (``request=False``).
+    """
+
+    max_new_tokens: int = param(256, _int_in(1, MAX_NEW_TOKENS_LIMIT), config=True)
+    temperature: float = param(0.0, _check_temperature, config=True)
+    top_p: float = param(1.0, _check_top_p, config=True)
+    seed: int | None = param(None, _int_in(0, 2**64 - 1))
+    stop: tuple[str, ...] = param((), _check_stop)
+    ignore_eos: bool = param(False, _check_bool)
+    include_usage: bool = param(False, _check_bool)
+    top_k: int = param(0, _int_in(0, 2**31 - 1), request=False)
+    repetition_penalty: float = param(1.0, _check_positive, request=False)
+    presence_penalty: float = param(0.0, _check_penalty, request=False)
+    frequency_penalty: float = param(0.0, _check_penalty, request=False)
+    stop_token_ids: tuple[int, ...] = param((), _check_token_ids, request=False)
+
+    def updated(self, values: Mapping[str, Any]) -> GenerationParams:
+        """These parameters with those of ``values`` that are set (``None`` counts as absent),
+        each checked, in declaration order; other keys are ignored.
+
+        Raises:
+            InvalidRequest: a value has the wrong type or is out of range (names the field).
+        """
+        changes = {}
+        for f in fields(self):
+            if values.get(f.name) is not None:
+                try:
+                    changes[f.name] = f.metadata["check"](f.name, values[f.name])
+                except InvalidRequest as exc:
+                    exc.field = f.name
+                    raise
+        return replace(self, **changes) if changes else self
+
+    def to_json(self, names: frozenset[str] | None = None) -> dict[str, Any]:
+        """The parameters (those in ``names`` if given) as JSON values, in declaration order."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self) if names is None or f.name in names}
+
+
+#: vLLM's name for the same type.
+SamplingParams = GenerationParams
+#: The sampling parameters a request may set, in declaration order.
+PARAM_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(GenerationParams) if f.metadata["request"])
+#: The handler config keys that set the defaults (``handler:`` section of model-config.yaml).
+CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(GenerationParams) if f.metadata["config"])
+#: Fields a JSON request body may carry.
+REQUEST_FIELDS = frozenset({"prompt", "messages", *PARAM_FIELDS})
+
+
+def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
+    """The defaults every request starts from, from a handler config section (reads
+    :data:`CONFIG_FIELDS`; other keys are ignored).
+
+    Raises:
+        InvalidRequest: a value is invalid (the message says "handler config" and names the key).
+    """
+    try:
+        return GenerationParams().updated({name: config.get(name) for name in CONFIG_FIELDS})
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"handler config: {exc}") from None
+
+
+def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
+        extra = set(message) - {"role", "content"}
+        if extra:
+            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
+        if not isinstance(content, str):
+            raise InvalidRequest(f"'messages[{i}].content' must be a string")
+        messages.append({"role": role, "content": content})
+    return tuple(messages)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One LLM request: exactly one of ``prompt`` / ``messages`` (chat, role and content each),
+    its parameters, and ``given``: the parameters the client set (the others are the model's
+    defaults, which the door does not know)."""
+
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    params: GenerationParams = GenerationParams()
+    given: frozenset[str] = frozenset()
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
+        """The request of a JSON object's fields (``None`` counts as absent).
+
+        Raises:
+            InvalidRequest: an unknown field, both or neither of ``prompt``/``messages``, a
+                wrong type or an out-of-range value; the message names the field.
+        """
+        unknown = set(values) - REQUEST_FIELDS
+        if "inputs" in unknown and not {"prompt", "messages"} & set(values):
+            raise InvalidRequest(V2_REFUSAL)
+        if unknown:
+            allowed = ", ".join(sorted(REQUEST_FIELDS))
+            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; allowed: {allowed}")
+        given = {k: v for k, v in values.items() if v is not None}
+        prompt = given.get("prompt")
+        messages = None
+        if ("prompt" in given) == ("messages" in given):
+            raise InvalidRequest("exactly one of 'prompt' and 'messages' must be given")
+        if "prompt" in given:
+            if not isinstance(prompt, str):
+                raise InvalidRequest(f"'prompt' must be a string, got {type(prompt).__name__}")
+            if not prompt:
+                raise InvalidRequest("'prompt' must not be empty")
+        else:
+            messages = _parse_messages(given["messages"])
+        return cls(prompt, messages, defaults.updated(given), frozenset(given) & frozenset(PARAM_FIELDS))
+
+    def to_body(self) -> bytes:
+        """The JSON body the worker's handler parses back (:func:`parse_request`): the prompt or
+        messages and the parameters the client set."""
+        obj: dict[str, Any] = ({"prompt": self.prompt} if self.prompt is not None
+                               else {"messages": list(self.messages or ())})
+        obj.update(self.params.to_json(self.given))
+        return json.dumps(obj).encode()
+
+
+def _body_text(body: bytes | bytearray | memoryview | str) -> str:
+    if isinstance(body, str):
+        return body
+    try:
+        return bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+
+
+def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
+    """The request of a body: a JSON object (:meth:`GenerationRequest.build`); any other text
+    (plain text, or JSON that is not an object) is the prompt with the defaults.
+
+    Args:
+        body: ``bytes``/``bytearray`` (UTF-8), ``str``, or an already-decoded ``dict``.
+        defaults: the parameters for fields the request leaves out.
+
+    Raises:
+        InvalidRequest: invalid UTF-8, an empty body, a body starting with ``{`` that is not
+            valid JSON, or a field :meth:`GenerationRequest.build` refuses.
+    """
+    if isinstance(body, dict):
+        return GenerationRequest.build(body, defaults)
+    if not isinstance(body, (bytes, bytearray, memoryview, str)):
+        raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
+    text = _body_text(body)
+    stripped = text.strip()
+    obj = None
+    if stripped.startswith("{"):
+        try:
+            obj = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if isinstance(obj, dict):
+        return GenerationRequest.build(obj, defaults)
+    if not text:
+        raise InvalidRequest("request body is empty; send a prompt")
+    return GenerationRequest(prompt=text, messages=None, params=defaults)

@@ -1,0 +1,81 @@
+"""contracts/sampling.py and contracts/outputs.py: the one typed LLM request and final message, as
+every door builds them and as they cross to the worker and back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference_service.contracts.outputs import FinalMessage, Usage
+from inference_service.contracts.sampling import (
+    CONFIG_FIELDS,
+    PARAM_FIELDS,
+    REQUEST_FIELDS,
+    GenerationParams,
+    GenerationRequest,
+    InvalidRequest,
+    SamplingParams,
+    parse_request,
+)
+from inference_service.llm import params as llm_params
+from inference_service.llm import requests as llm_requests
+from inference_service.llm.generation import final_message
+from inference_service.llm.params import GenerationResult
+
+
+def test_one_declaration_of_the_parameters():
+    assert SamplingParams is GenerationParams is llm_params.GenerationParams
+    assert llm_requests.InvalidRequest is InvalidRequest and llm_requests.parse_request is parse_request
+    assert PARAM_FIELDS == ("max_new_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "include_usage")
+    assert CONFIG_FIELDS == ("max_new_tokens", "temperature", "top_p")
+    assert REQUEST_FIELDS == {"prompt", "messages", *PARAM_FIELDS}
+    assert GenerationParams().to_json(frozenset(PARAM_FIELDS)) == {
+        "max_new_tokens": 256, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": [], "ignore_eos": False,
+        "include_usage": False}
+    # engine-only parameters (no door offers them yet): checked, but refused in a request body
+    assert GenerationParams().updated({"top_k": 3, "stop_token_ids": [2, 2, 5]}) == \
+        GenerationParams(top_k=3, stop_token_ids=(2, 5))
+    with pytest.raises(InvalidRequest, match="unknown field"):
+        GenerationRequest.build({"prompt": "x", "top_k": 3})
+    with pytest.raises(InvalidRequest, match="'presence_penalty' must be between -2 and 2"):
+        GenerationParams().updated({"presence_penalty": 3})
+
+
+def test_the_body_carries_only_what_the_client_set():
+    request = GenerationRequest.build({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "a", "b"],
+                                       "seed": None, "temperature": 0.5})
+    assert request.given == {"stop", "temperature"}
+    assert json.loads(request.to_body()) == {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5,
+                                             "stop": ["a", "b"]}
+    model_defaults = GenerationParams(max_new_tokens=32, temperature=0.9)
+    back = parse_request(request.to_body(), model_defaults)
+    assert back.params == GenerationParams(max_new_tokens=32, temperature=0.5, stop=("a", "b"))
+    assert back.messages == request.messages and back.given == request.given
+    plain = parse_request(b"just text", model_defaults)
+    assert plain.prompt == "just text" and plain.params is model_defaults and plain.given == frozenset()
+
+
+@pytest.mark.parametrize("values,field,message", [
+    ({"prompt": "x", "top_p": 1.5}, "top_p", "'top_p' must be greater than 0 and at most 1, got 1.5"),
+    ({"prompt": "x", "max_new_tokens": True}, "max_new_tokens", "'max_new_tokens' must be an integer, got bool"),
+    ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", "'ignore_eos' must be true or false, got str"),
+    ({"prompt": "x", "bogus": 1}, None, "unknown field(s): bogus; allowed: "),
+    ({"prompt": "x", "messages": []}, None, "exactly one of 'prompt' and 'messages' must be given"),
+])
+def test_refusals_name_the_field(values, field, message):
+    with pytest.raises(InvalidRequest) as err:
+        GenerationRequest.build(values)
+    assert err.value.field == field and str(err.value).startswith(message)
+
+
+def test_final_message_round_trip():
+    result = GenerationResult(remaining_text="", finish_reason="length", prompt_tokens=3, completion_tokens=4)
+    payload = json.dumps(final_message(result, GenerationParams(include_usage=True))).encode()
+    assert FinalMessage.parse(payload) == FinalMessage("", "length", Usage(3, 4))
+    assert Usage(3, 4).total_tokens == 7
+    assert final_message(result, GenerationParams()) == ""  # without include_usage: the remaining text
+    assert FinalMessage.parse(b'{"text": "t", "finish_reason": "stop", "usage": {"prompt_tokens": "1"}}') == \
+        FinalMessage("t", "stop", None)
+    for other in (b"plain", b'{"text": 1, "finish_reason": "stop"}', b"{broken", b'{"text": ""}'):
+        assert FinalMessage.parse(other) is None
