@@ -270,3 +270,20 @@ def test_cancel_frees_the_worker(llm_server, model):
     assert time.monotonic() - start < 5.0
     after = llm_server.describe(model)[0]["workers"][0]
     assert after["pid"] == before["pid"] and after["restarts"] == 0
+
+
+def test_an_option_the_engine_cannot_honour_is_refused_by_name(llm_server):
+    """The OpenVINO engine's presence/frequency penalties follow another rule than OpenAI's: a
+    request for them is refused (400 / INVALID_ARGUMENT naming the field and the torch engine),
+    never served with another rule; top_k and repetition_penalty are honoured."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        body = json.dumps({**QUESTION, name: 0.5}).encode()
+        with pytest.raises(grpc.RpcError) as refused:
+            list(llm_server.inference.StreamPredictions(
+                inference_pb2.PredictionsRequest(model_name="smollm2", input={"data": body}), timeout=60))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"'{name}'" in refused.value.details() and "engine: torch" in refused.value.details()
+    greedy, _ = _stream(llm_server, "smollm2", {**QUESTION, "max_new_tokens": 16})
+    top1, _ = _stream(llm_server, "smollm2", {**QUESTION, "max_new_tokens": 16, "temperature": 1.0, "top_k": 1,
+                                              "repetition_penalty": 1.0, "seed": 5})
+    assert "".join(top1) == "".join(greedy)  # top_k 1 samples the most likely token: greedy

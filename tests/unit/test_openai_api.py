@@ -90,7 +90,8 @@ def test_neutral_values_of_unsupported_fields_are_accepted():
     ({**CHAT, "seed": 1.5}, ("seed", "seed: ")),
     ({**CHAT, "top_p": 0}, ("top_p", "top_p: Input should be greater than 0")),
     ({**CHAT, "stream_options": {"include_usage": "yes"}}, ("stream_options.include_usage", "stream_options")),
-    ({**CHAT, "presence_penalty": 1}, ("presence_penalty", "presence_penalty: a non-zero penalty is not")),
+    ({**CHAT, "presence_penalty": "1"}, ("presence_penalty", "presence_penalty: ")),
+    ({**CHAT, "logit_bias": {"1": 2.0}}, ("logit_bias", "logit_bias: logit_bias is not supported")),
     ({**CHAT, "tool_choice": "required"}, ("tool_choice", "tool_choice: tool_choice is not supported")),
 ])
 def test_validation_problems_name_the_field(body, expected):
@@ -153,3 +154,16 @@ def test_chunk_shapes():
 def test_openai_paths():
     assert is_openai_path("/v1") and is_openai_path("/v1/chat/completions")
     assert not is_openai_path("/v10/x") and not is_openai_path("/predictions/v1")
+
+
+def test_penalties_and_vllm_extensions_reach_the_llm_request():
+    request = ChatCompletionRequest.model_validate({
+        **CHAT, "presence_penalty": 0.5, "frequency_penalty": -0.5, "top_k": 4, "repetition_penalty": 1.2,
+        "stop_token_ids": [7, 9]})
+    params = request.to_generation_request().params
+    assert (params.presence_penalty, params.frequency_penalty, params.top_k) == (0.5, -0.5, 4)
+    assert params.repetition_penalty == 1.2 and params.stop_token_ids == (7, 9)
+    out_of_range = ChatCompletionRequest.model_validate({**CHAT, "presence_penalty": 3})
+    with pytest.raises(InvalidRequest) as refused:
+        out_of_range.to_generation_request()
+    assert refused.value.field == "presence_penalty"

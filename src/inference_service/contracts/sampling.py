@@ -155,7 +155,8 @@ class GenerationParams:
         stop_token_ids: token ids that end generation (finish reason ``stop``; the token is
             counted, not emitted), even with ``ignore_eos``.
 
-    The last five are honoured by the engines but not yet offered by a door (``request=False``).
+    An engine that cannot honour a value refuses it (``refusal``, a 400 naming the field):
+    the OpenVINO engine refuses non-zero presence and frequency penalties.
     """
 
     max_new_tokens: int = param(256, _int_in(1, MAX_NEW_TOKENS_LIMIT), config=True)
@@ -165,11 +166,11 @@ class GenerationParams:
     stop: tuple[str, ...] = param((), _check_stop)
     ignore_eos: bool = param(False, _check_bool)
     include_usage: bool = param(False, _check_bool)
-    top_k: int = param(0, _int_in(0, 2**31 - 1), request=False)
-    repetition_penalty: float = param(1.0, _check_positive, request=False)
-    presence_penalty: float = param(0.0, _check_penalty, request=False)
-    frequency_penalty: float = param(0.0, _check_penalty, request=False)
-    stop_token_ids: tuple[int, ...] = param((), _check_token_ids, request=False)
+    top_k: int = param(0, _int_in(0, 2**31 - 1))
+    repetition_penalty: float = param(1.0, _check_positive)
+    presence_penalty: float = param(0.0, _check_penalty)
+    frequency_penalty: float = param(0.0, _check_penalty)
+    stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
 
     def updated(self, values: Mapping[str, Any]) -> GenerationParams:
         """These parameters with those of ``values`` that are set (``None`` counts as absent),

@@ -7,10 +7,11 @@ Requests (validated from the JSON body; a failure is a 400 ``invalid_request_err
   :class:`CompletionRequest` (``POST /v1/completions``), with the fields of OpenAI's API that
   the bundled LLM handler can honour (``model``, ``messages`` / ``prompt``, ``max_tokens`` /
   ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``, ``stream``,
-  ``stream_options.include_usage``) plus vLLM's ``ignore_eos`` extension. Fields asking for
-  something the handler cannot do (``n`` > 1, ``logprobs``, ``tools``, penalties, a JSON
+  ``stream_options.include_usage``, ``frequency_penalty``, ``presence_penalty``) plus vLLM's
+  ``ignore_eos``, ``top_k``, ``repetition_penalty`` and ``stop_token_ids`` extensions. Fields
+  asking for something the handler cannot do (``n`` > 1, ``logprobs``, ``tools``, a JSON
   ``response_format``, ...) are refused with their name as ``param``, unless they hold their
-  neutral value (``n: 1``, ``logprobs: false``, ``frequency_penalty: 0``, ...). Other unknown
+  neutral value (``n: 1``, ``logprobs: false``, ...). Other unknown
   fields (``user``, ``metadata``, ``store``, ...) are ignored, as vLLM does, so clients that
   always send them work. Types are strict, as OpenAI's: ``"1"`` is not a number.
 
@@ -128,9 +129,12 @@ class _SamplingRequest(_Request):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None  # vLLM's extension: keep going past the end-of-sequence token
-    # accepted only at their neutral value
+    top_k: int | None = None  # vLLM's extension, as the next two
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    # accepted only at its neutral value
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop", mode="before")
@@ -143,13 +147,6 @@ class _SamplingRequest(_Request):
     def _one_choice(cls, value: int | None) -> int | None:
         if value not in (None, 1):
             raise _unsupported(f"n={value} (only n=1)")
-        return value
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise _unsupported("a non-zero penalty")
         return value
 
     @field_validator("logit_bias")
@@ -168,7 +165,10 @@ class _SamplingRequest(_Request):
         """The sampling parameters this request sets (``None``: the model's default), and always
         ``include_usage``: the final message then carries the finish reason and token counts."""
         return {"max_new_tokens": token_limit, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "include_usage": True}
+                "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "top_k": self.top_k,
+                "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "stop_token_ids": self.stop_token_ids,
+                "include_usage": True}
 
 
 class ChatCompletionRequest(_SamplingRequest):
