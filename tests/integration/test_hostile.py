@@ -162,8 +162,8 @@ def test_8_build_llm_archive_refusals_are_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
     assert not list((tmp_path / "out").glob("*.mar")) if (tmp_path / "out").exists() else True
     (model / "leak").unlink()
-    done = _build_archive("--model-path", str(model), "--model-store", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
+    done = _build_archive("--model-path", str(model), "--model-store", str(tmp_path / "out"), "--engine", "torch")
+    assert done.returncode == 0, done.stderr  # (the torch engine: these files are no model to convert)
     assert len(Path(done.stdout.strip()).name) <= 204
 
 

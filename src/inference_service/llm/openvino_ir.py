@@ -68,7 +68,7 @@ def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    return root / "openvino" / f"{source.name}-{weight_format}-{digest}"
+    return root / "openvino" / f"{source.name[:100]}-{weight_format}-{digest}"  # a file name is 255 bytes
 
 
 def is_ir_dir(path: str | os.PathLike[str]) -> bool:
