@@ -82,7 +82,7 @@ def eager() -> dict[str, Any]:
 OV_NEW_TOKENS = 32
 #: Questions the 135M model answers right in fp32, and the word each answer must hold.
 FACTS = {"What is the capital of France?": "Paris", "What is the capital of Japan?": "Tokyo",
-         "What is the capital of Germany?": "Berlin", "How many days are there in a week?": "seven"}
+         "What is the capital of Germany?": "Berlin"}
 
 
 def _ov_greedy(ir_dir: Any, tokenizer: Any, prompts: list[list[int]], weight_format: str, tokens: int,
