@@ -116,7 +116,7 @@ def test_openai_request_becomes_the_llm_handler_request(srv):
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
                      {"role": "assistant", "content": ""}],
         "include_usage": True, "max_new_tokens": 9, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["\n"],
-        "ignore_eos": True}
+        "ignore_eos": True, "frequency_penalty": 0.0}  # what the client set, neutral values too
     assert answer["usage"] is None  # a handler that reports no token counts
     # completions: the prompt as raw text, OpenAI's default of 16 tokens; name/version picks a version
     status, _, body = call(srv, "POST", "/v1/completions", {"model": "router/2.0", "prompt": ["Once"]})
