@@ -196,7 +196,7 @@ def test_real_model_streams_a_sensible_chat_answer(llm_server):  # noqa: F811
     assert "Paris" in answer, answer
     assert finish in ("stop", "length") and usage.completion_tokens <= 48 and usage.prompt_tokens > 10
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    assert len([g for g in gaps if g > 0.01]) >= 3, arrivals  # the text streams, token by token
+    assert len([g for g in gaps if g > 0.003]) >= 3, arrivals  # the text streams, token by token (about 8 ms each)
     # the same answer as gRPC gives for the same (greedy) request
     text, _ = grpc_text(llm_server, "smollm2", {"messages": question, "max_new_tokens": 48})
     assert answer == text
