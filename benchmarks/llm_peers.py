@@ -330,15 +330,16 @@ def targets(res: dict[str, Any]) -> list[tuple[str, float | None, str, bool | No
         return ratio(fig(*a), fig(*b))
 
     tps, ttft, itl = "agg_tokens_per_s", "ttft_p50_s", "itl_p99_ms"
+
+    def vs(ours: str, peer: str, scenario: str) -> float | None:
+        """Tokens/s of one of our variants over a peer's in the same scenario."""
+        return over((ours, scenario, tps), (peer, scenario, tps))
+
     rows: list[tuple[str, float | None, str]] = [
-        ("default vs llama Q4_1, 1 stream tokens/s",
-         over(("ours", "single", tps), ("llama_q4", "single", tps)), ">= 0.7"),
-        ("default vs llama F32, 1 stream tokens/s",
-         over(("ours", "single", tps), ("llama_f32", "single", tps)), ">= 1.5"),
-        ("default vs llama Q4_1, 8 together tokens/s",
-         over(("ours", "together", tps), ("llama_q4", "together", tps)), ">= 1.5"),
-        ("default vs llama F32, 8 together tokens/s",
-         over(("ours", "together", tps), ("llama_f32", "together", tps)), ">= 1.8"),
+        ("default vs llama Q4_1, 1 stream tokens/s", vs("ours", "llama_q4", "single"), ">= 0.7"),
+        ("default vs llama F32, 1 stream tokens/s", vs("ours", "llama_f32", "single"), ">= 1.5"),
+        ("default vs llama Q4_1, 8 together tokens/s", vs("ours", "llama_q4", "together"), ">= 1.5"),
+        ("default vs llama F32, 8 together tokens/s", vs("ours", "llama_f32", "together"), ">= 1.8"),
         ("default, 8 together ITL p99 ms", fig("ours", "together", itl), "<= 120"),
         ("default, 8 together TTFT p50 s", fig("ours", "together", ttft), "<= 0.4"),
         ("default, TTFT alone s", fig("ours", "single", ttft), "<= 0.1"),
@@ -349,14 +350,12 @@ def targets(res: dict[str, Any]) -> list[tuple[str, float | None, str, bool | No
         ("default, 8 together vs 1 stream tokens/s (issue 13)",
          over(("ours", "together", tps), ("ours", "single", tps)), ">= 4"),
         ("default, 8 together ITL p99 ms (issue 25)", fig("ours", "together", itl), "<= 250"),
-        ("fp32 IR vs llama F32, 1 stream tokens/s",
-         over(("ours_fp32_ov", "single", tps), ("llama_f32", "single", tps)), ">= 0.8"),
-        ("fp32 IR vs llama F32, 8 together tokens/s",
-         over(("ours_fp32_ov", "together", tps), ("llama_f32", "together", tps)), ">= 1.2"),
+        ("fp32 IR vs llama F32, 1 stream tokens/s", vs("ours_fp32_ov", "llama_f32", "single"), ">= 0.8"),
+        ("fp32 IR vs llama F32, 8 together tokens/s", vs("ours_fp32_ov", "llama_f32", "together"), ">= 1.2"),
         ("torch engine vs its active wait, 1 stream tokens/s",
-         over(("ours_torch", "single", tps), ("ours_torch_active", "single", tps)), ">= 0.95"),
+         vs("ours_torch", "ours_torch_active", "single"), ">= 0.95"),
         ("torch engine vs its active wait, 8 together tokens/s",
-         over(("ours_torch", "together", tps), ("ours_torch_active", "together", tps)), ">= 0.95"),
+         vs("ours_torch", "ours_torch_active", "together"), ">= 0.95"),
         ("torch engine, 8 together with a busy core vs quiet",
          over(("ours_torch", "busy", tps), ("ours_torch", "together", tps)), ">= 0.4"),
     ]
