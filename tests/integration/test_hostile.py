@@ -5,8 +5,8 @@ client's Ping must be answered within 1 s.
 1. connections that never finish a request: HTTP (idle, partial heads, trickling bodies, past
    the cap under a 1,024 open-file limit), the metrics port, gRPC without a handshake
 2. readers that grant no flow-control window: gRPC, bounded per connection (streams, and
-   bytes of unread answers at the defaults; the HTTP LLM stream and the KV cache are not
-   covered here)
+   bytes of unread answers at the defaults); HTTP, a stream whose reader stops holds its handler
+   back (the LLM preemption of such a stream and the KV cache are not covered here)
 3. wide JSON bodies on every door that parses JSON
 4. ``--stop`` and startup with a pid file naming a stranger
 5. a run directory writable by others, owned by another user, or with planted links
@@ -670,6 +670,53 @@ def test_2_a_client_that_reads_gets_many_large_answers_on_one_connection(server:
     for _ in range(2):
         calls = [server.inference.Predictions.future(request, timeout=60) for _ in range(16)]
         assert [len(call.result().prediction) for call in calls] == [3_500_000] * 16
+
+
+def _dechunk(data: bytes) -> list[bytes]:
+    """The chunks of a whole chunked HTTP/1.1 body (``data`` starts after the head)."""
+    chunks, pos = [], 0
+    while True:
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos:end].split(b";")[0], 16)
+        if size == 0:
+            return chunks
+        chunks.append(data[end + 2:end + 2 + size])
+        pos = end + 2 + size + 2
+
+
+def test_2_http_stream_of_a_reader_that_stops_holds_the_handler_back(server: ServerProcess) -> None:
+    """HTTP: a client that stops reading a 16 MiB stream (4,000 chunks of 4 KiB) holds the
+    handler back once the socket buffers are full (the server's writes wait, so do the worker's
+    credits), instead of the server buffering the stream; the client then gets every chunk."""
+    import socket
+
+    count, size = 4000, 4096
+    body = f"streamclock:{count}:{size}".encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", server.status["http_port"]))
+    try:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     + f"Authorization: Bearer {read_key(server.key_file, 'inference')}\r\n".encode()
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        received = sock.recv(4096)
+        paused_at = time.monotonic()
+        time.sleep(1.5)  # the client stops reading: the scenario under test, not a wait for the server
+        ping_within(server)
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the connection closed before the stream's end"
+            received += chunk
+    finally:
+        sock.close()
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), head
+    chunks = _dechunk(rest)
+    assert len(chunks) == count + 1 and all(c.startswith(f"{i}:".encode()) and len(c) == size
+                                            for i, c in enumerate(chunks[:-1]))
+    # without the writes waiting, the handler ends within a fraction of a second, while paused
+    assert float(chunks[-1]) > paused_at + 1.0, float(chunks[-1]) - paused_at
 
 
 def test_8_huge_values_get_bounded_messages(server: ServerProcess, store: Path, tmp_path: Path) -> None:
