@@ -24,6 +24,7 @@ each refusal with TorchServe 0.12's code and message instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -221,9 +222,11 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
                 if parsed:
                     check_parsed(request)
                 budget = _call_budget(self, context)
-                async for item in method(self, request, context):
-                    yield item if budget is None else await budget.admit(item)
-                    messages += 1  # gRPC asks for the next item once this one is written
+                # closed at once when an answer finds no room, so the handler's request ends
+                async with contextlib.aclosing(method(self, request, context)) as items:  # type: ignore[type-var]
+                    async for item in items:
+                        yield item if budget is None else await budget.admit(item)
+                        messages += 1  # gRPC asks for the next item once this one is written
             except grpc.aio.AbortError:
                 code = _aborted_code(context)
                 raise
