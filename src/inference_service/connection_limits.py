@@ -25,6 +25,8 @@ CONNECTION_KEYS: dict[str, tuple[str, float, float]] = {
     "http_body_min_rate": ("body_min_rate", 0, 1 << 30),
     "http_max_connections": ("max_connections", 1, 1_000_000),
     "grpc_max_concurrent_streams": ("max_concurrent_streams", 0, 1 << 20),
+    "grpc_max_unread_bytes": ("max_unread_bytes", 0, 1 << 40),
+    "grpc_unread_pause_timeout_sec": ("unread_pause_s", 0.0, 86_400.0),
 }
 #: Descriptors kept for everything but HTTP clients (gRPC, workers, archives, logs).
 RESERVED_FDS = 256
@@ -49,6 +51,11 @@ class ConnectionLimits:
             ``SETTINGS_MAX_CONCURRENT_STREAMS``; a client queues the others, but calls opened
             in a burst past it may be refused with UNAVAILABLE, REFUSED_STREAM). It bounds what
             zero-window readers and rapid resets cost. 100; 0: gRPC's default, no limit.
+        max_unread_bytes: bytes of gRPC answers (of 64 KiB and more) a connection's client has
+            not taken yet, and again bytes of answers waiting for room (paused): past the first,
+            an answer waits; past both, or after ``unread_pause_s`` waiting, its call ends
+            RESOURCE_EXHAUSTED. One answer always goes. 16 MiB; 0: no limit.
+        unread_pause_s: how long an answer waits for room in ``max_unread_bytes``. 60 s.
     """
 
     request_head_timeout_s: float = 10.0
@@ -56,6 +63,8 @@ class ConnectionLimits:
     body_min_rate: int = 1024
     max_connections: int = 1000
     max_concurrent_streams: int = 100
+    max_unread_bytes: int = 16 << 20
+    unread_pause_s: float = 60.0
 
 
 def parser(key: str) -> Any:

@@ -37,6 +37,7 @@ from inference_service.frontends.grpc.inference import InferenceServicer
 from inference_service.frontends.grpc.management import ManagementServicer
 from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
 from inference_service.frontends.grpc.registration import add_service
+from inference_service.frontends.grpc.send_budget import SendBudget
 from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
@@ -255,8 +256,10 @@ class Server:
         management = grpc.aio.server(
             interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
             options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
+        # answer bytes a connection's client has not read yet, capped (send_budget.py)
+        budget = SendBudget(s.connections.max_unread_bytes, s.connections.unread_pause_s)
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
-                    InferenceServicer(self.core, self.telemetry, s.grpc_status_codes))
+                    InferenceServicer(self.core, self.telemetry, s.grpc_status_codes), budget)
         add_service(management, management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"],
                     ManagementServicer(self.core, s.enable_model_api, self.telemetry, s.grpc_status_codes))
         # the Open Inference Protocol (KServe v2) under KServe's and TorchServe's package names
@@ -264,7 +267,7 @@ class Server:
         for pb2 in (grpc_predict_v2_pb2, open_inference_grpc_pb2):
             service_descriptor = pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
             add_service(inference, service_descriptor, OpenInferenceServicer(self.core, pb2, self.telemetry,
-                                                                              s.grpc_status_codes))
+                                                                              s.grpc_status_codes), budget)
             open_inference.append(service_descriptor.full_name)
         for srv, service in ((inference, "InferenceAPIsService"), (management, "ManagementAPIsService")):
             add_health(self.health.servicer, srv)

@@ -4,8 +4,9 @@ client's Ping must be answered within 1 s.
 
 1. connections that never finish a request: HTTP (idle, partial heads, trickling bodies, past
    the cap under a 1,024 open-file limit), the metrics port, gRPC without a handshake
-2. readers that grant no flow-control window: gRPC, bounded per connection (the HTTP LLM
-   stream and the KV cache are not covered here)
+2. readers that grant no flow-control window: gRPC, bounded per connection (streams, and
+   bytes of unread answers at the defaults); HTTP, a stream whose reader stops holds its handler
+   back (the LLM preemption of such a stream and the KV cache are not covered here)
 3. wide JSON bodies on every door that parses JSON
 4. ``--stop`` and startup with a pid file naming a stranger
 5. a run directory writable by others, owned by another user, or with planted links
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +280,7 @@ def test_6_log_fields_escaped_and_bounded(server: ServerProcess) -> None:
 # --- item 1: connections that never finish a request ---------------------------------------
 
 SLOW_CONFIG = ("request_head_timeout_sec=1\nconnection_idle_timeout_sec=3\nhttp_body_min_rate=1000\n"
-               "grpc_max_concurrent_streams=16\n")
+               "grpc_max_concurrent_streams=16\ngrpc_unread_pause_timeout_sec=1\n")
 
 
 def _connect(port: int, first: bytes = b"") -> Any:
@@ -545,16 +547,14 @@ def _h2_frames(data: bytes) -> list[tuple[int, int, bytes]]:
     return frames
 
 
-def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> None:
-    """80 streams asking for 1 MB answers on one connection that grants no window
-    (SETTINGS_INITIAL_WINDOW_SIZE 0): the server takes ``grpc_max_concurrent_streams`` (16
-    here) and refuses the others, so what it buffers for the connection is bounded."""
+def _zero_window_calls(srv: ServerProcess, count: int, size: int) -> Any:
+    """A connection that grants no window (SETTINGS_INITIAL_WINDOW_SIZE 0) and opens ``count``
+    Predictions streams asking for ``size`` bytes each; returns its socket."""
     import socket
 
     from inference_service._proto import inference_pb2
 
-    srv, _ = slow_server
-    message = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"repeat:1000000"})
+    message = inference_pb2.PredictionsRequest(model_name="echo", input={"data": f"repeat:{size}".encode()})
     body = message.SerializeToString()
     grpc_message = b"\x00" + len(body).to_bytes(4, "big") + body
     headers = b"".join(_hpack_literal(n, v) for n, v in (
@@ -562,30 +562,52 @@ def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> N
         (b":path", b"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"),
         (b"content-type", b"application/grpc"), (b"te", b"trailers"),
         (b"authorization", f"Bearer {read_key(srv.key_file, 'inference')}".encode())))
-    before = _rss_mb(srv.proc.pid)
     sock = socket.create_connection(("127.0.0.1", srv.inference_port), timeout=10)
+    zero_window = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, zero_window))
+    sock.sendall(b"".join(_h2_frame(1, 4, s, headers) + _h2_frame(0, 1, s, grpc_message)
+                          for s in range(1, 2 * count, 2)))
+    return sock
+
+
+def _unread_refusals(srv: ServerProcess, since: int) -> int:
+    """Calls the access log shows ended for unread answers (their trailers wait for a window
+    that never comes, so the attacker does not see them)."""
+    return srv.log()[since:].count("CONNECTION_UNREAD_BYTES")
+
+
+def _receive(sock: Any, seconds: float, enough: Callable[[bytes], bool]) -> bytes:
+    """What the server sends on ``sock`` for up to ``seconds``, or until ``enough`` of it."""
+    import socket
+
+    received, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline and not enough(received):
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> None:
+    """80 streams asking for 1 MB answers on one connection that grants no window
+    (SETTINGS_INITIAL_WINDOW_SIZE 0): the server takes ``grpc_max_concurrent_streams`` (16
+    here) and refuses the others, so what it buffers for the connection is bounded."""
+    srv, _ = slow_server
+    before = _rss_mb(srv.proc.pid)
+    sock = _zero_window_calls(srv, 80, 1_000_000)
     try:
-        zero_window = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")
-        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, zero_window))
-        frames = b"".join(_h2_frame(1, 4, s, headers) + _h2_frame(0, 1, s, grpc_message)
-                          for s in range(1, 161, 2))
-        sock.sendall(frames)
-        received = b""
-        deadline = time.monotonic() + 5
-        refused = 0
-        while time.monotonic() < deadline and refused < 64:
-            sock.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                chunk = sock.recv(65536)
-            except socket.timeout:
-                break
-            if not chunk:
-                break
-            received += chunk
-            refused = sum(1 for kind, _, payload in _h2_frames(received)
-                          # RST_STREAM REFUSED_STREAM or ENHANCE_YOUR_CALM (gRPC's answer)
-                          if kind == 3 and int.from_bytes(payload, "big") in (7, 11))
-        assert refused >= 64, [(k, s, p[:8]) for k, s, p in _h2_frames(received)][:12]
+        def refused(data: bytes) -> int:
+            return sum(1 for kind, _, payload in _h2_frames(data)
+                       # RST_STREAM REFUSED_STREAM or ENHANCE_YOUR_CALM (gRPC's answer)
+                       if kind == 3 and int.from_bytes(payload, "big") in (7, 11))
+
+        received = _receive(sock, 5, lambda data: refused(data) >= 64)
+        assert refused(received) >= 64, [(k, s, p[:8]) for k, s, p in _h2_frames(received)][:12]
         ping_within(srv)
         wait_for(lambda: _rss_mb(srv.proc.pid) - before > 8, 20, 0.1, "the 16 answers held for the connection")
         srv.wait_described("echo", lambda d: d["jobQueueStatus"]["pendingRequests"] == 0
@@ -595,6 +617,106 @@ def test_2_zero_window_streams_are_bounded_per_connection(slow_server: Any) -> N
     finally:
         sock.close()
     ping_within(srv)
+
+
+def test_2_zero_window_streams_at_the_defaults_keep_memory_bounded(server: ServerProcess) -> None:
+    """The issue's attack at the default settings: 80 streams asking for 6 MB answers on one
+    connection that grants no window. ``grpc_max_unread_bytes`` (16 MiB) lets two answers out and
+    two wait; the others end RESOURCE_EXHAUSTED at once (in the access log: their trailers wait for
+    the window too): the server stays under 300 MB (it grew
+    to 1.4 GB before) and a new client's Ping is answered within 1 s all along."""
+    ping_within(server)
+    before, since = _rss_mb(server.proc.pid), len(server.log())
+    peak = before
+    sock = _zero_window_calls(server, 80, 6_000_000)
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 30 and _unread_refusals(server, since) < 76:
+            _receive(sock, 0.5, lambda data: False)
+            peak = max(peak, _rss_mb(server.proc.pid))
+            ping_within(server)
+        assert _unread_refusals(server, since) == 76, server.log()[since:][-2000:]
+        server.wait_described("echo", lambda d: d["jobQueueStatus"]["pendingRequests"] == 0, 30)
+        peak = max(peak, _rss_mb(server.proc.pid))
+        assert peak < 300 and peak - before < 150, f"{before:.0f} MB, then {peak:.0f} MB"
+    finally:
+        sock.close()
+    ping_within(server)
+
+
+def test_2_paused_answers_end_after_the_pause(slow_server: Any) -> None:
+    """Answers waiting for room end after ``grpc_unread_pause_timeout_sec`` (1 s here): of 4 zero-
+    window streams of 6 MB, two answers go out (and wait for the window), two end."""
+    srv, _ = slow_server
+    since = len(srv.log())
+    sock = _zero_window_calls(srv, 4, 6_000_000)
+    try:
+        started = time.monotonic()
+        wait_for(lambda: _unread_refusals(srv, since) >= 2, 20, 0.05, "the two paused calls ended")
+        assert time.monotonic() - started >= 1.0
+        time.sleep(1.0)  # the two answers sent are not ended (nothing more happens): the check's wait
+        assert _unread_refusals(srv, since) == 2
+        ping_within(srv)
+    finally:
+        sock.close()
+
+
+def test_2_a_client_that_reads_gets_many_large_answers_on_one_connection(server: ServerProcess) -> None:
+    """No regression: 16 concurrent 3.5 MB answers on one channel all arrive (the budget only
+    makes some wait while the client reads the others)."""
+    from inference_service._proto import inference_pb2
+
+    request = inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"repeat:3500000"})
+    for _ in range(2):
+        calls = [server.inference.Predictions.future(request, timeout=60) for _ in range(16)]
+        assert [len(call.result().prediction) for call in calls] == [3_500_000] * 16
+
+
+def _dechunk(data: bytes) -> list[bytes]:
+    """The chunks of a whole chunked HTTP/1.1 body (``data`` starts after the head)."""
+    chunks, pos = [], 0
+    while True:
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos:end].split(b";")[0], 16)
+        if size == 0:
+            return chunks
+        chunks.append(data[end + 2:end + 2 + size])
+        pos = end + 2 + size + 2
+
+
+def test_2_http_stream_of_a_reader_that_stops_holds_the_handler_back(server: ServerProcess) -> None:
+    """HTTP: a client that stops reading a 16 MiB stream (4,000 chunks of 4 KiB) holds the
+    handler back once the socket buffers are full (the server's writes wait, so do the worker's
+    credits), instead of the server buffering the stream; the client then gets every chunk."""
+    import socket
+
+    count, size = 4000, 4096
+    body = f"streamclock:{count}:{size}".encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", server.status["http_port"]))
+    try:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     + f"Authorization: Bearer {read_key(server.key_file, 'inference')}\r\n".encode()
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        received = sock.recv(4096)
+        paused_at = time.monotonic()
+        time.sleep(1.5)  # the client stops reading: the scenario under test, not a wait for the server
+        ping_within(server)
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the connection closed before the stream's end"
+            received += chunk
+    finally:
+        sock.close()
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), head
+    chunks = _dechunk(rest)
+    assert len(chunks) == count + 1 and all(c.startswith(f"{i}:".encode()) and len(c) == size
+                                            for i, c in enumerate(chunks[:-1]))
+    # without the writes waiting, the handler ends within a fraction of a second, while paused
+    assert float(chunks[-1]) > paused_at + 1.0, float(chunks[-1]) - paused_at
 
 
 def test_8_huge_values_get_bounded_messages(server: ServerProcess, store: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ is counted (``inference_service_errors_total`` for errors) and its access-log
 line written, through the servicer's ``telemetry`` attribute (a
 :class:`~inference_service.observability.metrics.Telemetry`, or ``None``: nothing is recorded).
 An RPC the client cancelled ends CANCELLED (DEADLINE_EXCEEDED when its deadline
-passed).
+passed). Large answers wait for room in the servicer's ``send_budget`` (:mod:`.send_budget`).
 
 A servicer whose ``status_codes`` attribute is ``"torchserve"`` (``grpc_status_codes``) answers
 each refusal with TorchServe 0.12's code and message instead
@@ -24,6 +24,7 @@ each refusal with TorchServe 0.12's code and message instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -37,6 +38,7 @@ from grpc_status import rpc_status
 
 from inference_service.errors import TORCHSERVE, InferenceError, InvalidArgument, shorten, torchserve_status
 from inference_service.frontends.grpc.registration import Malformed
+from inference_service.frontends.grpc.send_budget import CallBudget, SendBudget
 from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current, request_id
 from inference_service.observability.metrics import Telemetry
 
@@ -134,6 +136,16 @@ def _telemetry(servicer: Any) -> Telemetry | None:
     return getattr(servicer, "telemetry", None)
 
 
+def _call_budget(servicer: Any, context: grpc.aio.ServicerContext) -> CallBudget | None:
+    """The call's share of its connection's :class:`SendBudget` (the servicer's ``send_budget``),
+    freed when the call ends; ``None`` without a budget."""
+    budget: SendBudget | None = getattr(servicer, "send_budget", None)
+    call = budget.call(context.peer()) if budget is not None else None
+    if call is not None:
+        context.add_done_callback(call.done)
+    return call
+
+
 def _client_gone(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
     """The status of an RPC whose handler was cancelled: its deadline passed, or the client cancelled.
 
@@ -174,7 +186,9 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         try:
             try:
                 check_parsed(request)
-                return await method(self, request, context)
+                budget = _call_budget(self, context)
+                answer = await method(self, request, context)
+                return answer if budget is None else await budget.admit(answer)
             except grpc.aio.AbortError:
                 code = _aborted_code(context)
                 raise
@@ -207,9 +221,12 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
             try:
                 if parsed:
                     check_parsed(request)
-                async for item in method(self, request, context):
-                    yield item
-                    messages += 1  # gRPC asks for the next item once this one is written
+                budget = _call_budget(self, context)
+                # closed at once when an answer finds no room, so the handler's request ends
+                async with contextlib.aclosing(method(self, request, context)) as items:  # type: ignore[type-var]
+                    async for item in items:
+                        yield item if budget is None else await budget.admit(item)
+                        messages += 1  # gRPC asks for the next item once this one is written
             except grpc.aio.AbortError:
                 code = _aborted_code(context)
                 raise

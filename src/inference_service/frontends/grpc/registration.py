@@ -39,8 +39,19 @@ def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return deserialize
 
 
-def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: Any) -> None:
-    """Register every method of ``service`` on ``server``, served by ``servicer``'s same-named methods."""
+def _passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def serialized(message: Any) -> bytes:  # the servicer may answer already serialized bytes
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serialized
+
+
+def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: Any,
+                send_budget: Any = None) -> None:
+    """Register every method of ``service`` on ``server``, served by ``servicer``'s same-named
+    methods; ``send_budget`` (a :class:`~.send_budget.SendBudget`) becomes its ``send_budget``."""
+    if send_budget is not None:
+        servicer.send_budget = send_budget
     handlers = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
@@ -53,6 +64,6 @@ def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: A
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(getattr(servicer, method.name),
                                      request_deserializer=_lenient(request_cls.FromString),
-                                     response_serializer=response_cls.SerializeToString)
+                                     response_serializer=_passthrough(response_cls.SerializeToString))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
