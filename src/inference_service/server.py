@@ -502,10 +502,6 @@ class Server:
         self._stopped.set()
         log.info("stopped")
 
-    async def wait_stopped(self) -> None:
-        """Wait until :meth:`stop` has finished."""
-        await self._stopped.wait()
-
 
 async def serve(settings: Settings) -> int:
     """Run a server until SIGTERM or SIGINT, then shut down gracefully. Returns the exit status."""
