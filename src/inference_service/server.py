@@ -28,7 +28,7 @@ from inference_service._proto import grpc_predict_v2_pb2, inference_pb2, managem
 from inference_service.config import Settings
 from inference_service.connection_limits import connection_cap, raise_open_file_limit
 from inference_service.dispatch.gpu import detect_gpus
-from inference_service.dispatch.process import WorkerOptions
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import InferenceError
 from inference_service.frontends.grpc import cancelled_writes
 from inference_service.frontends.grpc.health import Health, add_health
