@@ -47,7 +47,8 @@ from inference_service.observability.loop_lag import LoopLagMonitor
 from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.observability.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
 from inference_service.security import tls
-from inference_service.security.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
+from inference_service.security.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization
+from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.registration import RegisterRequest
 from inference_service.serving.snapshot import SnapshotModel, SnapshotStore
