@@ -1,9 +1,6 @@
-"""Typed server settings, built once in ``main()`` from the command line and a
-TorchServe ``config.properties`` file (``--ts-config``).
-
-Precedence: command line > config.properties > defaults (TorchServe's where it
-has one). Keys of config.properties this server does not support are logged
-once at WARNING and otherwise ignored, so a real TorchServe file starts it.
+"""Typed server settings, built once in ``main()`` from the command line and a TorchServe
+``config.properties`` file (``--ts-config``; keys this server does not support are logged and
+ignored). Precedence: command line > config.properties > defaults. See docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -63,9 +60,8 @@ class Settings:
         run_dir: per-instance directory (pid file, status file, extracted archives).
         worker_threads: torch threads per worker (0: usable CPUs / workers, where usable CPUs
             are the affinity mask capped by the cgroup CPU quota).
-        worker_omp_wait_policy: ``OMP_WAIT_POLICY`` of the workers, ``passive`` (idle threads
-            sleep; a busy neighbour core slows a worker in proportion), ``active`` or ``bounded``
-            (spin ``GOMP_SPINCOUNT`` times, then sleep).
+        worker_omp_wait_policy: ``OMP_WAIT_POLICY`` of the workers: ``passive`` (idle threads
+            sleep), ``active`` or ``bounded`` (spin ``GOMP_SPINCOUNT`` times, then sleep).
         install_py_dep_per_model: install archives' requirements.txt (false, as TorchServe).
         snapshot: write config snapshots (``--ncs`` turns off).
         disable_token_auth / enable_model_api: security switches.
@@ -78,17 +74,12 @@ class Settings:
         client_ca_file: PEM CA bundle; set, clients must present a certificate it signed (mTLS).
         health_address / health_port: an optional plaintext port serving only
             ``grpc.health.v1`` (``None``: none), for probes when the main ports use TLS.
-        http_address / http_port: TorchServe's HTTP/1.1 inference API (``POST /predictions/...``,
-            ``GET /ping``; 127.0.0.1:8080 as TorchServe; port 0 = ephemeral; ``http_port`` ``None``:
-            off, ``--no-http``). Set from config.properties' ``inference_address``
-            (``http://host:port``), see :attr:`inference_http_url`.
+        http_address / http_port: TorchServe's HTTP/1.1 inference API (127.0.0.1:8080; port 0 =
+            ephemeral; ``None``: off), config.properties' ``inference_address``.
         http_tls: serve the HTTP API over TLS (``inference_address=https://...``) with
             ``certificate_file`` / ``private_key_file``, as TorchServe.
         http_management_address / http_management_port: TorchServe's HTTP/1.1 management API
-            (``/models``, ``/token``; 127.0.0.1:8081 as TorchServe; port 0 = ephemeral;
-            ``http_management_port`` ``None``: off, ``--no-http-management`` or ``--no-http``). Set
-            from config.properties' ``management_address`` (``http://host:port``), see
-            :attr:`management_http_url`.
+            (127.0.0.1:8081; port 0 = ephemeral; ``None``: off), ``management_address``.
         http_management_tls: serve the HTTP management API over TLS
             (``management_address=https://...``) with ``certificate_file`` / ``private_key_file``.
         drain_timeout_s: how long in-flight requests may finish at shutdown.
@@ -106,19 +97,13 @@ class Settings:
         metrics_address / metrics_port: the Prometheus endpoint's bind (TorchServe's
             ``metrics_address=http://127.0.0.1:8082``; port 0 = ephemeral).
         enable_metrics_api: serve ``/metrics`` and record metrics at all (TorchServe's key).
-        metrics_mode: TorchServe's key: ``"log"`` (default) logs handler metrics in the worker
-            (TorchServe's StatsD-like lines); ``"prometheus"`` forwards them to ``/metrics``
-            instead. Frontend metrics are on ``/metrics`` in both (``"legacy"`` is ``"log"``).
+        metrics_mode: ``"log"`` (default; ``"legacy"`` the same) logs handler metrics in the
+            worker, ``"prometheus"`` forwards them to ``/metrics``.
         service_envelope: TorchServe's request envelope around every model's handler
-            (``body``, ``json``, ``kserve``, ``kservev2``; ``None``: none), as its
-            ``service_envelope`` key, which applies to every model.
-        event_loop: the frontend's asyncio event loop: ``"uvloop"`` (default; measured 10 to 20 %
-            less frontend CPU per request and streamed message, benchmarks/README.md) or
-            ``"asyncio"`` (the standard library's), key ``event_loop``, ``--event-loop``.
-        grpc_status_codes: ``"default"`` (this server's codes, which say what went wrong) or
-            ``"torchserve"`` (every refusal of the gRPC inference and management APIs carries
-            TorchServe 0.12's code and message, see :mod:`inference_service.errors`), key
-            ``grpc_status_codes``, ``--grpc-status-codes``.
+            (``body``, ``json``, ``kserve``, ``kservev2``; ``None``: none).
+        event_loop: the frontend's event loop, ``"uvloop"`` (default) or ``"asyncio"``.
+        grpc_status_codes: ``"default"`` (this server's codes) or ``"torchserve"`` (the gRPC
+            APIs' refusals carry TorchServe 0.12's codes and messages).
     """
 
     inference_address: str = "127.0.0.1"

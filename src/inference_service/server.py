@@ -25,17 +25,17 @@ from grpc_reflection.v1alpha import reflection
 
 import inference_service
 from inference_service._proto import grpc_predict_v2_pb2, inference_pb2, management_pb2, open_inference_grpc_pb2
-from inference_service.archive.model_archive import MANIFEST
 from inference_service.config import Settings
 from inference_service.connection_limits import connection_cap, raise_open_file_limit
 from inference_service.dispatch.gpu import detect_gpus
-from inference_service.dispatch.process import WorkerOptions
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import InferenceError
 from inference_service.frontends.grpc import cancelled_writes
 from inference_service.frontends.grpc.health import Health, add_health
 from inference_service.frontends.grpc.inference import InferenceServicer
 from inference_service.frontends.grpc.management import ManagementServicer
 from inference_service.frontends.grpc.open_inference import OpenInferenceServicer
+from inference_service.frontends.grpc.options import server_options
 from inference_service.frontends.grpc.registration import add_service
 from inference_service.frontends.grpc.send_budget import SendBudget
 from inference_service.frontends.http import limits as http_limits
@@ -48,54 +48,14 @@ from inference_service.observability.loop_lag import LoopLagMonitor
 from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.observability.status import STATUS_FILE_NAME, StartupModels, startup_key, write_json_atomic
 from inference_service.security import tls
-from inference_service.security.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization, warn_exposed_binds
+from inference_service.security.auth import INFERENCE, KEY_FILE_NAME, MANAGEMENT, TokenAuthorization
+from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.registration import RegisterRequest
-from inference_service.serving.snapshot import SnapshotError, SnapshotModel, SnapshotStore
+from inference_service.serving.snapshot import SnapshotModel, SnapshotStore
+from inference_service.serving.startup import snapshot_to_restore, startup_requests
 
 log = logging.getLogger("inference_service")
-
-# models JSON (config.properties) key -> RegisterRequest field
-_MODELS_JSON_KEYS = {
-    "minWorkers": "initial_workers",
-    "batchSize": "batch_size",
-    "maxBatchDelay": "max_batch_delay",
-    "responseTimeout": "response_timeout",
-    "startupTimeout": "startup_timeout",
-}
-
-
-PENDING_CALLS = 20_000
-"""Calls gRPC holds for the server before the event loop takes them (beyond: CANCELLED by gRPC)."""
-
-def _channel_options(settings: Settings, age_ms: int | None, grace_ms: int | None) -> list[tuple[str, Any]]:
-    # gRPC's own limits sit above the settings, so that the core can refuse an oversize
-    # request or response with a message naming the setting; beyond twice the setting
-    # gRPC refuses the message itself (also RESOURCE_EXHAUSTED).
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", 2 * settings.max_request_size + (1 << 20)),
-        ("grpc.max_send_message_length", settings.max_response_size + (1 << 20)),
-        ("grpc.so_reuseport", 0),
-        # Calls that arrived but that the event loop has not picked up yet: above gRPC's
-        # default backlog (1,000, random refusals up to 3,000) a burst on one connection had
-        # calls dropped as CANCELLED, which clients do not retry; with room for a burst every
-        # call reaches the core, which answers RESOURCE_EXHAUSTED when the job queue is full.
-        ("grpc.server.max_pending_requests", PENDING_CALLS),
-        ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
-        # hostile clients: a connection must finish its handshake (HTTP/2 preface and SETTINGS)
-        # in time, holds a bounded number of streams (which also bounds what resets can cost),
-        # and is closed (GOAWAY) when it has no call for idle_timeout_s (connection_limits.py)
-        ("grpc.server_handshake_timeout_ms", int(settings.connections.request_head_timeout_s * 1000)),
-        ("grpc.max_connection_idle_ms", int(settings.connections.idle_timeout_s * 1000)),
-    ]
-    if settings.connections.max_concurrent_streams:
-        options.append(("grpc.max_concurrent_streams", settings.connections.max_concurrent_streams))
-    if age_ms:
-        options.append(("grpc.max_connection_age_ms", age_ms))
-    if grace_ms:
-        options.append(("grpc.max_connection_age_grace_ms", grace_ms))
-    return options
-
 
 #: One gRPC server to bind: (API name, server, address, port (0: any free), credentials or None).
 _Bind = tuple[str, grpc.aio.Server, str, int, "grpc.ServerCredentials | None"]
@@ -252,10 +212,10 @@ class Server:
         s = self.settings
         inference = grpc.aio.server(
             interceptors=self.auth.interceptors(INFERENCE) if self.auth else None,
-            options=_channel_options(s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
+            options=server_options(s, s.inference_max_connection_age_ms, s.inference_max_connection_age_grace_ms))
         management = grpc.aio.server(
             interceptors=self.auth.interceptors(MANAGEMENT) if self.auth else None,
-            options=_channel_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
+            options=server_options(s, s.management_max_connection_age_ms, s.management_max_connection_age_grace_ms))
         # answer bytes a connection's client has not read yet, capped (send_budget.py)
         budget = SendBudget(s.connections.max_unread_bytes, s.connections.unread_pause_s)
         add_service(inference, inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
@@ -367,8 +327,8 @@ class Server:
         """Write the status file (state ``serving``, every startup model ``registering``: ``--start``
         waits for each), then load the restored snapshot's and the named models in tasks; once
         all have been tried, readiness may turn SERVING."""
-        restored = self._snapshot_to_restore() or []
-        requests = [(startup_key(req.model_name or req.url), req) for req in self._startup_requests()]
+        restored = snapshot_to_restore(self.settings, self.snapshots) or []
+        requests = [(startup_key(req.model_name or req.url), req) for req in startup_requests(self.settings)]
         for key in [startup_key(m.name, m.version) for m in restored] + [key for key, _ in requests]:
             self.startup_models.registering(key)  # in the status file from the start: --start waits for each
         self._write_status("serving")
@@ -392,26 +352,6 @@ class Server:
         except OSError as exc:
             log.error("cannot write the config snapshot in %s: %s", self.snapshots.directory, exc)
 
-    def _snapshot_to_restore(self) -> list[SnapshotModel] | None:
-        """The models of the latest snapshot, when it is to be restored (see :mod:`.snapshot`)."""
-        s = self.settings
-        latest = self.snapshots.latest()
-        if latest is None:
-            return None
-        reason = ("--ncs" if not s.snapshot else "--ts-config" if s.ts_config is not None
-                  else "--models" if s.load_models else None)
-        if reason is not None:
-            log.warning("config snapshot %s not restored because %s was given", latest, reason)
-            return None
-        try:
-            models = self.snapshots.load(latest)
-        except SnapshotError as exc:
-            aside = self.snapshots.set_aside(latest)
-            log.error("%s; kept aside as %s; starting without it", exc, aside.name)
-            return None
-        log.info("restoring %d model versions from config snapshot %s", len(models), latest)
-        return models
-
     async def _restore(self, models: list[SnapshotModel]) -> None:
         for m in models:
             m.request.extra["max_workers"] = m.max_workers
@@ -422,36 +362,6 @@ class Server:
                     self.core.set_default(m.name, m.version)
                 except InferenceError as exc:
                     log.error("cannot restore the default version of %s: %s", m.name, exc.message)
-
-    def _startup_requests(self) -> list[RegisterRequest]:
-        s = self.settings
-        entries = list(s.load_models)
-        if entries == ["all"] or "all" in entries:
-            store = s.model_store
-            entries = sorted(
-                p.name for p in (store.iterdir() if store and store.is_dir() else [])
-                if p.suffix == ".mar" or p.name.endswith((".tar.gz", ".tgz"))
-                or (p.is_dir() and (p / MANIFEST).is_file())
-            )
-        requests = []
-        for entry in entries:
-            name, sep, url = entry.partition("=")
-            if not sep:
-                name, url = "", entry
-            req = RegisterRequest(url=url.strip(), model_name=name.strip(), loaded_at_startup=True)
-            lookup = req.model_name or Path(req.url).name.split(".")[0]
-            for version_config in (s.models_config.get(lookup) or {}).values():
-                if not isinstance(version_config, dict):
-                    continue
-                if version_config.get("marName") not in (None, req.url):
-                    continue
-                for key, attr in _MODELS_JSON_KEYS.items():
-                    if key in version_config:
-                        setattr(req, attr, int(version_config[key]))
-                if "maxWorkers" in version_config:
-                    req.extra["max_workers"] = int(version_config["maxWorkers"])
-            requests.append(req)
-        return requests
 
     async def _load_startup(self, req: RegisterRequest, key: str) -> None:
         """Register one startup model; its outcome goes to the log and, under ``key``, to the
@@ -504,10 +414,6 @@ class Server:
             self.status_file.unlink()
         self._stopped.set()
         log.info("stopped")
-
-    async def wait_stopped(self) -> None:
-        """Wait until :meth:`stop` has finished."""
-        await self._stopped.wait()
 
 
 async def serve(settings: Settings) -> int:

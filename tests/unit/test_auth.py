@@ -22,11 +22,10 @@ from inference_service.security.auth import (
     AuthInterceptor,
     KeyStore,
     TokenAuthorization,
-    is_loopback,
     read_bearer,
-    warn_exposed_binds,
     write_key_file,
 )
+from inference_service.security.exposure import is_loopback, warn_exposed_binds
 
 
 class FakeClock:

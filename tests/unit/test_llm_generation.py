@@ -802,7 +802,7 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
 
 
 def test_handler_mode_follows_continuous_batching_key() -> None:
-    from inference_service.llm.handler import continuous_batching
+    from inference_service.llm.handler_config import continuous_batching
 
     def ctx(value: Any) -> Context:
         return Context(

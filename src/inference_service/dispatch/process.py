@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -32,6 +31,7 @@ from inference_service.contracts import wire
 from inference_service.dispatch.ipc import FrameChannel, relay_output
 from inference_service.dispatch.jobs import Job, Kind
 from inference_service.dispatch.spawn import ChildProcess, spawn
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import (
     DeadlineExceeded,
     InferenceError,
@@ -43,32 +43,6 @@ from inference_service.errors import (
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-MetricsSink = Callable[[str, str, list[tuple[str, str, str, dict[str, str], float]]], None]
-"""Takes ``(model_name, model_version, updates)``: handler metric updates a worker forwarded
-(decoded ``METRIC`` frames: name, type, unit, dimensions, value)."""
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """Server-wide settings of every worker process, read once in ``main()``.
-
-    Args:
-        log_level: the workers' logging level name (the server's ``--log-level``).
-        metrics_sink: where the metric updates workers forward go: serving statistics in every
-            ``metrics_mode``, handler metrics with ``forward_handler_metrics``; ``None`` (the
-            default): nowhere (metrics off).
-        forward_handler_metrics: workers forward handler metrics to ``metrics_sink``
-            (``metrics_mode=prometheus``) instead of logging them in TorchServe's format.
-        service_envelope: the request envelope wrapped around every handler
-            (``service_envelope``; ``None``: none).
-    """
-
-    log_level: str = "INFO"
-    metrics_sink: MetricsSink | None = None
-    forward_handler_metrics: bool = False
-    service_envelope: str | None = None
 
 
 class WorkerProcess:

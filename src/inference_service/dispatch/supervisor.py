@@ -18,7 +18,8 @@ from typing import Protocol
 
 from inference_service.contracts import wire
 from inference_service.dispatch.jobs import Job, JobQueue
-from inference_service.dispatch.process import WorkerOptions, WorkerProcess
+from inference_service.dispatch.process import WorkerProcess
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import Unavailable, WorkerLoadError
 
 log = logging.getLogger("inference_service.model")

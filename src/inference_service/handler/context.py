@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from http import HTTPStatus
 from typing import Any, Protocol
 
 from inference_service.handler.metrics import Metrics
@@ -245,10 +244,3 @@ class Context:
     def __repr__(self) -> str:
         return f"Context(model_name={self.model_name!r}, model_dir={self.system_properties['model_dir']!r})"
 
-
-def status_phrase(code: int) -> str:
-    """The standard reason phrase of an HTTP status code ("" if unknown)."""
-    try:
-        return HTTPStatus(code).phrase
-    except ValueError:
-        return ""

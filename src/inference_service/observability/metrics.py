@@ -1,108 +1,41 @@
-"""Prometheus metrics, served over HTTP on the metrics port (TorchServe's metrics API).
+"""Prometheus metrics (TorchServe's metrics API): what the server records and exposes.
 
-``GET http://127.0.0.1:8082/metrics`` (``metrics_address``, ``--metrics-port``)
-answers the Prometheus text format (0.0.4); ``?name[]=a&name[]=b`` keeps only
-those families, as TorchServe's API does. What is exported:
+:class:`ServerMetrics` holds every family: TorchServe's frontend counters (rendered here, as
+TorchServe names them), the streaming histograms, error counts, the serving state read at
+scrape time from a :class:`StatsSource`, the LLM families
+(:mod:`~inference_service.observability.llm_metrics`), handler metrics
+(:mod:`~inference_service.observability.handler_metrics`) and TorchServe's system metrics
+(:mod:`~inference_service.observability.system_metrics`). The HTTP endpoint is
+:mod:`~inference_service.observability.metrics_http`. See docs/observability.md.
 
-- TorchServe's frontend counters, under TorchServe's names and labels
-  (``model_name``, ``model_version`` — the request's, ``"default"`` when it names
-  none — and ``hostname``): ``ts_inference_requests_total`` (requests received
-  for a registered model), ``ts_inference_latency_microseconds`` (total µs from
-  receipt to the final response of successful requests) and
-  ``ts_queue_latency_microseconds`` (total µs from receipt until a worker took
-  the request). Like TorchServe's they are rendered without a ``_total`` suffix
-  on the ``_microseconds`` counters, which ``prometheus_client`` would add: this
-  module renders them itself, beside ``prometheus_client``'s exposition of the rest.
-- For streaming users (labels ``model_name``, ``model_version``):
-  ``inference_service_time_to_first_response_seconds`` and
-  ``inference_service_response_gap_seconds`` (histograms),
-  ``inference_service_stream_messages_total``, ``inference_service_cancellations_total``.
-- ``inference_service_errors_total{method, code, reason}``: RPCs that ended with an
-  error status (``reason`` is the ``ErrorInfo`` reason).
-- Read at scrape time from a :class:`StatsSource` (the core's read-only stats view,
-  :meth:`InferenceCore.stats <inference_service.serving.core.InferenceCore.stats>`):
-  ``inference_service_requests_in_flight``, ``inference_service_job_queue_depth``,
-  ``inference_service_workers{state}``, ``inference_service_worker_restarts_total``.
-- For LLMs (models whose workers report serving statistics, as the bundled LLM handler
-  does), in every ``metrics_mode``, named after vLLM's metrics (``vllm:`` becomes
-  ``inference_service_llm_``; labels ``model_name``, ``model_version``): one family per
-  field of the engine statistics (``contracts.stats``: counters added up, gauges summed over
-  the version's running workers; ``..._generation_tokens_total`` grows at each engine step)
-  and ``..._kv_cache_usage_perc`` (used / capacity, 0 to 1), from the workers
-  (``model_version`` the worker's version); and measured here per
-  streamed message (``model_version`` the request's label, as the streaming histograms):
-  ``..._time_to_first_token_seconds`` (receipt to the first message),
-  ``..._inter_token_latency_seconds`` (between consecutive text messages, the final one
-  left out; a message is one text piece, about one token) and
-  ``..._e2e_request_latency_seconds`` (receipt to the final response, successful
-  requests, streamed or not), all histograms.
-- Handler metrics (``context.metrics``; ``metrics_mode=prometheus``), handed over
-  already decoded by the worker side (:meth:`ServerMetrics.handler_metrics`):
-  ``prometheus_client`` metric objects created on first sight, under the handler's
-  name, labelled with the metric's dimensions plus ``Hostname`` (TorchServe's form):
-  a ``Counter`` (exposed as ``<name>_total``, as ``prometheus_client`` names counters),
-  a ``Gauge``, or for ``histogram`` metrics a ``Histogram`` with the default buckets.
-- TorchServe's system metrics, read at scrape time (:mod:`inference_service.observability.system_metrics`):
-  gauges ``CPUUtilization``, ``MemoryUsed``, ``MemoryAvailable``, ``MemoryUtilization``,
-  ``DiskUsage``, ``DiskUtilization``, ``DiskAvailable`` (labels ``Level="Host"``,
-  ``Hostname``) and, only when ``nvidia-smi`` lists a GPU, ``GPUMemoryUtilization``,
-  ``GPUMemoryUsed``, ``GPUUtilization`` (also ``DeviceId``).
-
-This module knows neither the core nor jobs: it reads the :class:`StatsSource` and
-``contracts.stats.VersionStats`` values, and is handed plain numbers when requests end.
-
-Quick start::
-
-    metrics = ServerMetrics()
-    metrics.attach(core)                   # anything with .stats() (a StatsSource)
-    port = metrics.serve("127.0.0.1", 0)   # the bound port
-    stats = metrics.model("echo", "")      # cached per (model, version label)
-    ...
-    metrics.stop()
-
-Recording happens on the event loop thread; scrapes run on the HTTP server's
-thread and read snapshots, so a scrape never waits for the loop.
+Recording happens on the event loop thread; scrapes run on the HTTP server's thread and read
+snapshots, so a scrape never waits for the loop.
 """
 
 from __future__ import annotations
 
-import logging
 import socket
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 import grpc
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from inference_service.connection_limits import BoundedThreadingHTTPServer
 from inference_service.contracts.stats import SERVING_PREFIX, STAT_TYPES, StatSpec, VersionStats, specs
-from inference_service.errors import shorten
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
+from inference_service.observability.llm_metrics import LLMMetrics
+from inference_service.observability.metrics_http import MetricsEndpoint
 from inference_service.observability.system_metrics import SystemMetricsCollector, query_nvidia_smi
 
 if TYPE_CHECKING:
     from inference_service.observability.accesslog import AccessLog
 
-log = logging.getLogger(__name__)
-
 TTFR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-# vLLM's buckets for its TTFT, inter-token and end-to-end histograms
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
-LLM = "inference_service_llm_"
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METRICS_MODES = ("log", "prometheus", "legacy")
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what render() writes
 
 _TS_COUNTERS = (
     ("ts_inference_requests_total", "requests", "Total number of inference requests received."),
@@ -112,9 +45,6 @@ _TS_COUNTERS = (
      "Total queue latency in microseconds (receipt until a worker took the request)."),
 )
 _OK = grpc.StatusCode.OK
-
-#: A decoded handler metric update: ``(name, type, unit, dimensions, value)``, as
-#: ``contracts.wire.decode_metrics`` gives it.
 
 class StatsSource(Protocol):
     """What the collector reads the serving state from (the core implements it)."""
@@ -229,32 +159,16 @@ class ServerMetrics:
             "inference_service_response_gap_seconds",
             "Seconds between consecutive response messages of a stream.",
             ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
-        self._ttft = Histogram(
-            LLM + "time_to_first_token_seconds",
-            "LLM: seconds from receipt of a streaming request to its first message.",
-            ("model_name", "model_version"), registry=self.registry, buckets=TTFT_BUCKETS)
-        self._itl = Histogram(
-            LLM + "inter_token_latency_seconds",
-            "LLM: seconds between consecutive text messages of a stream (one message is about one token).",
-            ("model_name", "model_version"), registry=self.registry, buckets=ITL_BUCKETS)
-        self._e2e = Histogram(
-            LLM + "e2e_request_latency_seconds",
-            "LLM: seconds from receipt of a request to its final response (successful requests).",
-            ("model_name", "model_version"), registry=self.registry, buckets=E2E_BUCKETS)
         self._models: dict[str, dict[str, ModelStats]] = {}
-        self._llm_models: set[str] = set()
-        # (model, version) -> serving counter totals; (model, version) -> worker pid -> gauges
-        self._serving_counts: dict[tuple[str, str], dict[str, float]] = {}
-        self._serving_gauges: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
         self._errors: dict[tuple[str, str, str], int] = {}
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
+        self.llm = LLMMetrics(self.registry, self.stats, self._handler.warn_once)
         self.source: StatsSource | None = None
         self.registry.register(_Collector(self))
         if system_metrics:
             gpus = None if number_of_gpu is not None and number_of_gpu <= 0 else query_nvidia_smi
             self.registry.register(SystemMetricsCollector(self.hostname, gpus=gpus))
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._endpoint = MetricsEndpoint(self.render)
 
     # ------------------------------------------------------------- recording
     def model(self, name: str, version: str) -> ModelStats:
@@ -266,20 +180,17 @@ class ServerMetrics:
                 return stats
         label = version or "default"
         stats = ModelStats(self._ttfr.labels(name, label), self._gap.labels(name, label))
-        if name in self._llm_models:
-            stats.llm = self._llm_children(name, label)
+        if name in self.llm.models:
+            stats.llm = self.llm.children(name, label)
         self._models.setdefault(name, {})[version] = stats
         return stats
 
-    def _llm_children(self, name: str, label: str) -> tuple[Any, Any, Any]:
-        return self._ttft.labels(name, label), self._itl.labels(name, label), self._e2e.labels(name, label)
-
     def _mark_llm(self, name: str) -> None:
         """``name`` reported serving statistics: its requests feed the LLM histograms from now on."""
-        self._llm_models.add(name)
+        self.llm.models.add(name)
         for version, stats in self._models.get(name, {}).items():
             if stats.llm is None:
-                stats.llm = self._llm_children(name, version or "default")
+                stats.llm = self.llm.children(name, version or "default")
 
     def serving_stat(self, model_name: str, model_version: str, name: str, metric_type: str,
                      dims: Mapping[str, str], value: float) -> None:
@@ -290,23 +201,9 @@ class ServerMetrics:
         workers). Unknown names or types and negative increments are dropped with one
         warning per name and cause.
         """
-        if model_name not in self._llm_models:
+        if model_name not in self.llm.models:
             self._mark_llm(model_name)
-        key = (model_name, model_version)
-        spec = self.stats.get(name)
-        counter = spec is not None and spec.counter
-        if counter and metric_type == "counter" and value >= 0:
-            counts = self._serving_counts.setdefault(key, {})
-            counts[name] = counts.get(name, 0.0) + value
-        elif spec is not None and not counter and metric_type == "gauge":
-            worker = dims.get("pid", "")
-            self._serving_gauges.setdefault(key, {}).setdefault(worker, {})[name] = value
-        elif counter and metric_type == "counter":
-            self._handler.warn_once(f"serving:{name}:negative", f"model {model_name}: serving counter {name!r} "
-                                                            "cannot decrease; negative increments are dropped")
-        else:
-            self._handler.warn_once(f"serving:{name}", f"model {model_name}: serving statistic {name!r} "
-                                                   f"({metric_type}) is not known; dropped")
+        self.llm.record(model_name, model_version, name, metric_type, dims, value)
 
     def error(self, method: str, code: grpc.StatusCode, reason: str) -> None:
         """Count an RPC that ended with status ``code`` (``inference_service_errors_total``)."""
@@ -354,94 +251,17 @@ class ServerMetrics:
 
     def serve(self, address: str, port: int, access_log: AccessLog | None = None, cap: int = 1000,
               timeout_s: float | None = None) -> int:
-        """Serve ``GET /metrics`` on ``address:port`` in a daemon thread; returns the bound port.
-        Each request gets an ``access_log`` line (``None``: none); at most ``cap`` connections,
-        each given ``timeout_s`` per read (``request_head_timeout_sec``).
+        """Serve ``GET /metrics`` on ``address:port``; returns the bound port (see
+        :meth:`MetricsEndpoint.serve <.metrics_http.MetricsEndpoint.serve>`).
 
         Raises:
             OSError: the address cannot be bound.
         """
-        host = address.strip("[]")
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("MetricsHTTPServer", (BoundedThreadingHTTPServer,), {"address_family": family, "cap": cap})
-        handler = type("MetricsHandler", (_MetricsHandler,),
-                       {"metrics": self, "access_log": access_log, "timeout": timeout_s})
-        self._httpd = server_class((host, port), handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
-                                        name="metrics-http", daemon=True)
-        self._thread.start()
-        return int(self._httpd.server_address[1])
+        return self._endpoint.serve(address, port, access_log, cap, timeout_s)
 
     def stop(self) -> None:
         """Stop the HTTP endpoint (blocks up to the server's poll interval)."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
-
-
-class _MetricsHandler(BaseHTTPRequestHandler):
-    """``GET /metrics`` (``/`` too): the exposition; anything else 404."""
-
-    metrics: ServerMetrics
-    access_log: AccessLog | None = None
-    server_version = "inference-service-metrics"
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        start = time.perf_counter()
-        self._status = 500
-        try:
-            self._answer()
-        finally:
-            if self.access_log is not None:
-                host, port = self.client_address[0], self.client_address[1]
-                peer = f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
-                self.access_log.record_http("GET", shorten(urlsplit(self.path).path), "", "", self._status, start,
-                                            1 if self._status < 400 else 0, peer)
-
-    def send_response(self, code: int, message: str | None = None) -> None:
-        """As ``BaseHTTPRequestHandler``'s, keeping the status for the access log."""
-        self._status = code
-        super().send_response(code, message)
-
-    def _answer(self) -> None:
-        url = urlsplit(self.path)
-        if url.path not in ("/metrics", "/"):
-            self.send_error(404, "only /metrics is served here")
-            return
-        query = parse_qs(url.query)
-        wanted = query.get("name[]") or query.get("name")
-        try:
-            body = self.metrics.render(set(wanted) if wanted else None)
-        except Exception:  # noqa: BLE001 - a scrape must answer, the cause goes to the log
-            log.exception("metrics scrape failed")
-            self.send_error(500, "metrics scrape failed; see the server log")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _not_allowed(self) -> None:
-        """405 with ``Allow: GET`` for any other method (http.server would answer 501)."""
-        self.send_response(405)
-        body = b"only GET is served here\n"
-        self.send_header("Allow", "GET")
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-        log.debug("metrics scrape from %s: " + format, self.client_address[0], *args)
+        self._endpoint.stop()
 
 
 class _Collector:
@@ -453,14 +273,12 @@ class _Collector:
 
     def describe(self) -> Iterator[Metric]:
         """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
-        stats = self.metrics.stats.values()
         for name in ("inference_service_stream_messages", "inference_service_cancellations",
                      "inference_service_errors", "inference_service_worker_restarts",
-                     *(LLM + s.family for s in stats if s.counter)):
+                     *self.metrics.llm.counter_names()):
             yield CounterMetricFamily(name, "")
         for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
-                     "inference_service_workers", *(LLM + s.family for s in stats if not s.counter),
-                     LLM + "kv_cache_usage_perc"):
+                     "inference_service_workers", *self.metrics.llm.gauge_names()):
             yield GaugeMetricFamily(name, "")
 
     def collect(self) -> Iterator[Metric]:
@@ -505,41 +323,7 @@ class _Collector:
         yield depth
         yield workers
         yield restarts
-        yield from self._llm(version_stats)
-
-    def _llm(self, version_stats: Iterable[VersionStats]) -> Iterator[Metric]:
-        """The LLM families: the workers' serving counters, and their gauges summed over each
-        version's running workers (a gone worker's values are forgotten)."""
-        m = self.metrics
-        labels = ["model_name", "model_version"]
-        counters = [spec for spec in m.stats.values() if spec.counter]
-        for spec in counters:
-            counter = CounterMetricFamily(LLM + spec.family, spec.help, labels=labels)
-            for (name, version), counts in list(m._serving_counts.items()):
-                counter.add_metric([name, version], counts.get(spec.name, 0.0))
-            yield counter
-        gauges = {spec.name: GaugeMetricFamily(LLM + spec.family, spec.help, labels=labels)
-                  for spec in m.stats.values() if not spec.counter}
-        usage = GaugeMetricFamily(LLM + "kv_cache_usage_perc",
-                                  "LLM: fraction of the KV cache capacity in use (0 to 1).", labels=labels)
-        live = {(v.model_name, v.model_version): {str(pid) for pid in v.worker_pids} for v in version_stats}
-        for key, per_worker in list(m._serving_gauges.items()):
-            pids = live.get(key)
-            if pids is None:  # the version is gone
-                m._serving_gauges.pop(key, None)
-                continue
-            for gone in [pid for pid in list(per_worker) if pid not in pids]:
-                per_worker.pop(gone, None)
-            totals = dict.fromkeys(gauges, 0.0)
-            for values in list(per_worker.values()):
-                for stat, value in list(values.items()):
-                    totals[stat] += value
-            for stat, gauge in gauges.items():
-                gauge.add_metric(list(key), totals[stat])
-            capacity = totals["kv_cache_capacity_tokens"]
-            usage.add_metric(list(key), totals["kv_cache_used_tokens"] / capacity if capacity else 0.0)
-        yield from gauges.values()
-        yield usage
+        yield from m.llm.collect(version_stats)
 
 
 class Telemetry:

@@ -1,33 +1,12 @@
-"""Token authorization, on by default (as TorchServe 0.11.1+).
+"""Token authorization of the gRPC APIs, on by default (as TorchServe 0.11.1+).
 
-At start the server writes ``key_file.json`` (mode 0600) into its working
-directory in TorchServe's layout::
-
-    {"management": {"key": "...", "expiration time": "2025-01-01T00:00:00.000000Z"},
-     "inference":  {"key": "...", "expiration time": ...},
-     "API":        {"key": "..."}}
-
-Clients send ``authorization: Bearer <key>`` metadata: the inference key on the
-inference port (``Ping`` included), the management key on the management port.
-A missing or wrong key is answered UNAUTHENTICATED (TorchServe answers
-PERMISSION_DENIED) with TorchServe's message, "Token Authorization failed. Token
-either incorrect, expired, or not provided correctly", then which key to send.
-``grpc.health.v1`` and server reflection stay open so probes work. Keys never appear in the log.
-
-Keys do not expire unless ``token_expiration_min`` is set. When it is, each key
-is replaced once half its lifetime has passed (the key file is rewritten
-atomically) and the replaced key stays valid until its own expiration time, so
-a client that re-reads the key file never finds itself locked out. The ``API``
-key is written for TorchServe's layout only: no gRPC API uses it (TorchServe
-uses it for its HTTP token API, which this server does not have).
-
-Quick start::
-
-    auth = TokenAuthorization(Path("key_file.json"), expiration_min=None)
-    auth.start()                        # writes the key file
-    server = grpc.aio.server(interceptors=auth.interceptors(INFERENCE))
-    ...
-    await auth.stop()                   # deletes the key file
+At start the server writes ``key_file.json`` (mode 0600, TorchServe's layout: a ``management``,
+an ``inference`` and an ``API`` key) into its working directory. Clients send
+``authorization: Bearer <key>``: the inference key on the inference port, the management key
+on the management port; a missing or wrong key is answered UNAUTHENTICATED with TorchServe's
+message. ``grpc.health.v1`` and server reflection stay open. With ``token_expiration_min`` each
+key is replaced at half its lifetime and the old one stays valid until it expires. Keys never
+appear in the log. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -36,7 +15,6 @@ import asyncio
 import contextlib
 import datetime
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -407,46 +385,3 @@ class TokenAuthorization:
                 self.key_file.unlink()
         else:
             log.warning("%s now holds another server's keys; left in place", self.key_file)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether a bind address only accepts local connections (``localhost``, 127.0.0.0/8, ``::1``)."""
-    host = address.strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def warn_exposed_binds(binds: dict[str, str], token_auth: bool, tls: bool,
-                       tls_hint: str = "set enable_grpc_ssl") -> list[str]:
-    """Log a loud WARNING for each API bound beyond loopback without token authorization, and
-    a warning for one bound there without TLS (the gRPC ports and both HTTP APIs use it).
-
-    Args:
-        binds: API name (``inference``, ``HTTP management``...) -> bind address.
-        token_auth: whether token authorization is on.
-        tls: whether these ports use TLS.
-        tls_hint: how to turn TLS on, for the warning.
-
-    Returns:
-        The warnings logged (for tests).
-    """
-    warnings = []
-    for name, address in binds.items():
-        if is_loopback(address):
-            continue
-        if not token_auth:
-            warnings.append(
-                f"SECURITY WARNING: the {name} API listens on {address} (not loopback) with token "
-                f"authorization DISABLED: anyone who can reach this port can call it"
-                + (" and register models (arbitrary code)" if "management" in name else ""))
-        elif not tls:
-            warnings.append(
-                f"the {name} API listens on {address} without TLS: keys and data cross the network "
-                f"in clear text ({tls_hint})")
-    for message in warnings:
-        log.warning("%s", message)
-    return warnings

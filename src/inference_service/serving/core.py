@@ -23,7 +23,7 @@ import inference_service
 from inference_service.config import Settings
 from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, Kind
-from inference_service.dispatch.process import WorkerOptions
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import (
     FailedPrecondition,
     InferenceError,

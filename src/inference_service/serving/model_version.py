@@ -16,8 +16,8 @@ from inference_service.contracts import wire
 from inference_service.contracts.cpu import default_threads
 from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, JobQueue
-from inference_service.dispatch.process import WorkerOptions
 from inference_service.dispatch.supervisor import WorkerSlot, WorkerState
+from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import (
     FailedPrecondition,
     InvalidArgument,

@@ -73,7 +73,8 @@ from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
 from inference_service.frontends.request_ids import handler_headers
 from inference_service.observability.accesslog import AccessLog
-from inference_service.security.auth import INFERENCE, KeyStore, read_bearer, warn_exposed_binds
+from inference_service.security.auth import INFERENCE, KeyStore, read_bearer
+from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 
 log = logging.getLogger("inference_service.http")

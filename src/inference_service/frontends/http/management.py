@@ -83,8 +83,8 @@ from inference_service.security.auth import (
     MANAGEMENT,
     TokenAuthorization,
     read_bearer,
-    warn_exposed_binds,
 )
+from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.registration import RegisterRequest
 

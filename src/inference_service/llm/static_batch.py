@@ -1,0 +1,142 @@
+"""The LLM handler's static-batch path (``continuousBatching`` absent or false): all requests
+of one batch are generated together, step by step until all are done, each step's new text
+pieces sent at once as intermediate messages.
+
+:func:`generate_batch` is the one loop both handler forms drive:
+:class:`~inference_service.llm.handler.LLMHandler` through :func:`send_pieces`,
+:class:`~inference_service.llm.generator_handler.LLMGeneratorHandler` by yielding the pieces.
+See docs/llm.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any, Protocol
+
+from inference_service.handler import Context, send_intermediate_predict_response
+from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
+from inference_service.llm.params import GenerationResult
+from inference_service.llm.requests import GenerationRequest
+
+Pieces = Generator[dict[int, str], set[int] | None, list[Any]]
+"""Yields ``{batch index: new text piece}`` per step, takes the undelivered indices, returns the
+final messages."""
+
+
+class BatchHost(Protocol):
+    """What :func:`generate_batch` uses of the handler (:class:`~.handler.LLMHandler`)."""
+
+    def _engine(self) -> Any: ...
+
+    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str: ...
+
+    def _count(self, job: ActiveRequest, tokens: int | None) -> None: ...
+
+    def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]: ...
+
+    def _report_engine(self) -> None: ...
+
+
+def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], context: Context) -> Pieces:
+    """Generate all requests of one batch together (engine keys ``{prefix}:{index}``).
+
+    Yields, once per engine step that released text, ``{batch index: new text piece}``
+    (non-empty pieces only). The driver sends back the indices whose piece it could not
+    deliver (no request id: called outside a worker); those pieces are kept for that
+    request's final message. Before every step, requests whose client cancelled
+    (``context.is_cancelled``) are dropped from the engine. Closing the generator stops
+    generation at once and frees the KV cache of every request of the batch.
+
+    Returns:
+        One final message per request: the text not yet sent, or the usage object
+        (docs/llm.md, "The stream's messages"); for a request that failed validation, its
+        error message (discarded by the worker, which answers INVALID_ARGUMENT).
+    """
+    engine = host._engine()
+    results: list[Any] = [None] * len(data)
+    live: dict[int, ActiveRequest] = {}
+    unsent: dict[int, list[str]] = {}
+    try:
+        for idx, row in enumerate(data):
+            prepared = host._prepare(row, idx, context)
+            if isinstance(prepared, str):
+                results[idx] = prepared
+                continue
+            request, prompt_ids = prepared
+            job = ActiveRequest(f"{prefix}:{idx}", request, log_id(context, idx), time.perf_counter(),
+                                len(prompt_ids))
+            engine.add(job.key, prompt_ids, request.params)
+            live[idx] = job
+        while live:
+            for idx in [i for i in live if cancelled(context, i)]:
+                job = live.pop(idx)
+                dropped = engine.cancel(job.key)
+                if dropped is not None:
+                    host._count(job, None)
+                    results[idx] = host._finish(job, dropped, idx)
+            if not live:
+                break
+            outputs = engine.step([job.key for job in live.values()])
+            pieces: dict[int, str] = {}
+            finished: list[tuple[int, ActiveRequest, GenerationResult]] = []
+            for idx, job in live.items():
+                out = outputs.get(job.key)
+                if out is None:
+                    continue
+                host._count(job, out.tokens)
+                if out.piece:
+                    pieces[idx] = out.piece
+                if out.finished and out.result is not None:
+                    finished.append((idx, job, out.result))
+            host._report_engine()
+            for idx, job, result in finished:
+                del live[idx]
+                if job.request.params.include_usage and result.remaining_text:
+                    # the usage object is a message of its own: the held-back text goes now
+                    pieces[idx] = pieces.get(idx, "") + result.remaining_text
+                    result.remaining_text = ""
+            if pieces:
+                for idx in (yield pieces) or ():
+                    unsent.setdefault(idx, []).append(pieces[idx])
+            for idx, job, result in finished:
+                result.remaining_text = "".join(unsent.pop(idx, [])) + result.remaining_text
+                results[idx] = host._finish(job, result, idx)
+    finally:
+        for job in live.values():  # closed early: client gone, error, GeneratorExit
+            if engine.cancel(job.key) is not None:
+                host._count(job, None)
+        host._report_engine()
+    return results
+
+
+def send_pieces(batch: Pieces, size: int, context: Context) -> list[Any]:
+    """Drive ``batch`` (of ``size`` requests) to its end, sending each step's pieces through
+    :func:`~inference_service.handler.send_intermediate_predict_response`; returns the final
+    messages. Closes ``batch`` whatever happens.
+
+    Raises:
+        RequestCancelled: from ``send_intermediate_predict_response``, when every client of the
+            batch went away.
+    """
+    try:
+        pieces = next(batch)
+        while True:
+            undelivered: set[int] = set()
+            targets: dict[int, str] = {}
+            for idx in pieces:
+                request_id = context.request_ids.get(idx)
+                if request_id is None:
+                    undelivered.add(idx)
+                elif not cancelled(context, idx):  # nobody to send to; it leaves before the next step
+                    targets[idx] = request_id
+            if targets:
+                message: list[Any] = [None] * size
+                for idx in targets:
+                    message[idx] = pieces[idx]
+                send_intermediate_predict_response(message, targets, "Intermediate Prediction success", 200, context)
+            pieces = batch.send(undelivered)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        batch.close()
