@@ -27,7 +27,8 @@ from typing import Any
 
 import grpc
 
-from inference_service.errors import TORCHSERVE, InferenceError, torchserve_status
+from inference_service.contracts.torchserve_status import TORCHSERVE, torchserve_status
+from inference_service.errors import InferenceError
 
 log = logging.getLogger(__name__)
 

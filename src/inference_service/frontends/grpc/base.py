@@ -18,7 +18,7 @@ passed). Large answers wait for room in the servicer's ``send_budget`` (:mod:`.s
 
 A servicer whose ``status_codes`` attribute is ``"torchserve"`` (``grpc_status_codes``) answers
 each refusal with TorchServe 0.12's code and message instead
-(:func:`inference_service.errors.torchserve_status`); the details keep this server's ``reason``.
+(:func:`inference_service.contracts.torchserve_status.torchserve_status`); the details keep this server's ``reason``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from inference_service.errors import TORCHSERVE, InferenceError, InvalidArgument, shorten, torchserve_status
+from inference_service.contracts.torchserve_status import TORCHSERVE, torchserve_status
+from inference_service.errors import InferenceError, InvalidArgument, shorten
 from inference_service.frontends.grpc.registration import Malformed
 from inference_service.frontends.grpc.send_budget import CallBudget, SendBudget
 from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current, request_id

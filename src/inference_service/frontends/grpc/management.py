@@ -7,7 +7,8 @@ import json
 import grpc
 
 from inference_service._proto import management_pb2, management_pb2_grpc
-from inference_service.errors import TORCHSERVE, PermissionDenied
+from inference_service.contracts.torchserve_status import TORCHSERVE
+from inference_service.errors import PermissionDenied
 from inference_service.frontends.grpc.base import unary
 from inference_service.frontends.torchserve_json import (
     describe_json,
