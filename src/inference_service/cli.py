@@ -1,16 +1,8 @@
 """Command line: ``inference-service`` (and ``python -m inference_service``).
 
-Accepts the ``torchserve`` flags users' scripts already pass (``--start``,
-``--stop``, ``--foreground``, ``--model-store``, ``--models``, ``--ts-config``,
-``--ncs``, ``--disable-token-auth``, ``--enable-model-api``) plus options of
-its own, and builds the one :class:`~inference_service.config.Settings` of the run
-(:func:`settings_from_args`). A model store that does not exist is refused in every
-mode (TorchServe's text, "--model-store directory not found").
-
-``--foreground`` runs the server in this process (:func:`inference_service.server.serve`);
-``--start`` (the default) runs it in the background and waits for its startup models,
-and ``--stop`` stops the instance of this working directory (or ``--run-dir``): both in
-:mod:`inference_service.launch.launcher`.
+Accepts the ``torchserve`` flags users' scripts already pass plus options of its own, and builds
+the run's one :class:`~inference_service.config.Settings` (:func:`settings_from_args`).
+See docs/configuration.md.
 """
 
 from __future__ import annotations

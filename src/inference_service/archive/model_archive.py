@@ -1,28 +1,11 @@
-"""Model archives and the model store.
+"""Model archives (``.mar`` zip, tgz, or an unpacked directory) and the model store.
 
-A model archive is what ``torch-model-archiver`` writes: a zip ``.mar`` (its
-default), a gzipped tar (``--archive-format tgz``), or an unpacked directory
-(``no-archive``), each holding ``MAR-INF/MANIFEST.json`` and the handler,
-weights, extra files and the per-model YAML config named by
-``model.configFile``. Local archives are opened only from inside the model
-store: the name given (RegisterModel's ``url``, ``--models``) must stay in it as
-written (no ``..``, no absolute path elsewhere), and a symbolic link found there is
-then followed wherever it points, as TorchServe does (an operator's choice:
-TorchServe's test harness and Kubernetes volume mounts fill stores with links);
-``http(s)://`` URLs are fetched only when they match ``allowed_urls``
-(:class:`~inference_service.archive.fetch.UrlPolicy`, checked before anything
-is fetched, and again for every redirect), with a size cap and a deadline, into
-the per-instance directory. Extraction is the one hardened path for both
-(:mod:`inference_service.archive.extract`): member names must stay inside the
-extraction directory (no ``..``, no absolute paths, no links) and the total
-uncompressed size is capped. Extraction directories are named after the
-archive's sanitised name plus a random suffix; the manifest and YAML are data
-(``json``, and ``yaml.safe_load`` within a size and node budget:
-:mod:`inference_service.archive.yaml_budget`), never code.
-
-This module opens archives; the checks of the ``url`` text live in
-:mod:`inference_service.archive.model_url`. ``UrlPolicy``, ``fetch_archive``,
-``is_remote_url`` and ``sanitize_archive_name`` are re-exported from here.
+Local archives are opened only from inside the model store as named (no ``..``); a symbolic
+link found there is followed, as TorchServe does. Remote ones are fetched under
+:class:`~inference_service.archive.fetch.UrlPolicy`; both are extracted by the one hardened path
+(:mod:`inference_service.archive.extract`), and manifest and YAML are read as data, never code
+(:mod:`inference_service.archive.yaml_budget`). The ``url`` text checks live in
+:mod:`inference_service.archive.model_url`. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """YAML read from a model archive, within a budget: ``yaml.safe_load`` that cannot blow up.
 
-``yaml.safe_load`` runs no code, but YAML aliases let a few hundred bytes stand
-for millions of values ("billion laughs": each level of ``[*a, *a, ...]``
-multiplies the count by ten), and an alias may even point into its own anchor
-(a recursive list). The server keeps a model's config and walks it (to send it
-to workers, to describe the model), so it pays for every expanded value.
-
-:func:`load_yaml_budgeted` parses with PyYAML's pure-Python ``SafeLoader`` (the
-one ``yaml.safe_load`` uses; libyaml's composer crashes the process on deeply
-nested input) and counts, while the document is being composed, the nodes it
-would have with every alias expanded: it stops at the first node past the
-budget, before the rest is read and before any Python object is built.
-Anchors and aliases within the budget keep working (TorchServe's own
-``metrics.yaml`` uses them, though no ``model-config.yaml`` of its examples
-does); the largest YAML file in TorchServe's repository is 22 KB.
+YAML aliases let a few hundred bytes stand for millions of values ("billion laughs"), or
+recurse. :func:`load_yaml_budgeted` uses PyYAML's pure-Python ``SafeLoader`` (libyaml's composer
+crashes on deep nesting) and counts the nodes with aliases expanded while composing, stopping at
+the first past the budget. Aliases within it still work (TorchServe's ``metrics.yaml`` uses them).
 """
 
 from __future__ import annotations

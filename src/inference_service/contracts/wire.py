@@ -1,26 +1,10 @@
 """Framing of the local IPC channel between the frontend and a worker process.
 
-The channel is a connected ``AF_UNIX`` stream socket pair. Every message is a
-frame::
-
-    u32 length (of what follows, big-endian) | u8 kind | body
-
-Frontend -> worker kinds: ``INIT`` (JSON :class:`WorkerSpec`), ``BATCH``
-(:func:`encode_batch`), ``CANCEL`` (request id), ``STOP`` and ``CREDIT``
-(:func:`encode_credit`: the client took that many more intermediate responses of a request).
-
-Intermediate responses are flow-controlled per request: a worker sends at most
-:attr:`WorkerSpec.stream_window` ``CHUNK`` frames of a request beyond those the frontend
-has credited, then waits for a ``CREDIT``. A fast handler streaming to a slower client
-therefore waits instead of burning a core that the frontend and the client need.
-Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
-(message), ``CHUNK`` (an intermediate response), ``FINAL`` (the last
-response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
-is finished and the worker is free) and ``METRIC`` (metric updates, :func:`encode_metrics`:
-serving statistics, and handler metrics when the spec asks to ``forward_metrics``).
-Responses carry the request id, so one routing callback on the frontend can hand each to its
-request's mailbox.
-No pickle: bodies are length-prefixed binary fields (JSON for the rare control frames).
+An ``AF_UNIX`` stream socket pair; every message is a frame
+``u32 length (big-endian) | u8 kind | body``, no pickle. Intermediate responses are
+flow-controlled per request: a worker sends at most :attr:`WorkerSpec.stream_window` ``CHUNK``
+frames beyond those credited (``CREDIT``), so a fast handler waits for a slow client instead of
+burning a core. See docs/architecture.md.
 """
 
 from __future__ import annotations

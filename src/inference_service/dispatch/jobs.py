@@ -1,19 +1,10 @@
 """Requests in flight: :class:`Job` (one request and its :class:`Mailbox`) and :class:`JobQueue`.
 
-A job's mailbox is fed only by the routing callback of the worker that runs it; the RPC
-that owns the job reads it. Abort marks the job so the routing drops further output and
-the queue skips it.
-
-Dispatch is synchronous: a job put into the queue goes to a free worker within the same
-call, and a worker that reports its batch done takes the next ready batch within the
-routing callback that read the report; no task wakes up in between. Only a batch that
-waits for ``max_batch_delay`` arms a timer.
-
-A worker offers itself with the number of requests it can take now (its *room*): 1 batch
-for a worker in TorchServe's default mode, or free places of its running batch for a
-worker that runs several requests at once (``continuousBatching`` /
-``asyncCommunication``; the queue is then built with ``concurrent=True`` and hands such a
-worker every waiting job it has room for, at once and whether it streams or not).
+A mailbox is fed only by the routing callback of the worker that runs its job. Dispatch is
+synchronous: a put job reaches a free worker, and a worker reporting done takes the next batch,
+within the same call; only ``max_batch_delay`` arms a timer (this beat a task per batch). A
+worker offers its *room*: 1 batch, or free places when it runs several requests at once
+(``concurrent=True``). See docs/architecture.md.
 """
 
 from __future__ import annotations

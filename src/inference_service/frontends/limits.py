@@ -1,29 +1,11 @@
 """Bounds on request work that grows with the input, checked before the work starts.
 
-The front doors share one event loop with every API, the health service and the metrics, so
-a request's parsing must neither take long on the loop nor inflate far beyond its raw size.
-Each bound is a setting (``config.properties`` key, :class:`~inference_service.config.Settings`
-field) answered with a client error:
-
-==========================  =========  ===============================================  ======
-bound                       default    applies to                                       status
-==========================  =========  ===============================================  ======
-``max_request_size``        6553500    body bytes (all APIs); a v2 request's JSON body  413
-                                       for the handler (checked while it is written)
-``max_request_parts``       1000       parts of ``multipart/*``, fields of               400
-                                       ``application/x-www-form-urlencoded`` (8080)
-``max_json_depth``          64         nesting of JSON bodies (``/v2``, ``POST          400
-                                       /models`` on 8081)
-``max_json_nodes``          100000     objects and arrays of a JSON body (``/v2``,      400
-                                       ``POST /models``, ``/v1``), before parsing
-==========================  =========  ===============================================  ======
-
-Work on bodies of at least :data:`OFFLOAD_BYTES` runs in a thread of the loop's default
-executor (:func:`off_loop`). A thread alone is not enough: one long C call (``json.loads`` of a
-4 MB tensor takes 0.1 to 0.5 s) holds the interpreter, and the loop waits for it. So every C call
-on a large body is bounded too: JSON is written :data:`JSON_SLICE` elements per ``json.dumps``
-(:class:`JsonWriter`) and long arrays of numbers are read :data:`NUMBERS_SLICE` bytes per
-``json.loads`` (:func:`loads_sliced`), so the loop gets the interpreter back within milliseconds.
+The front doors share one event loop, so parsing must neither take long on it nor inflate far
+beyond the raw size. The bounds (``max_request_size``, ``max_request_parts``, ``max_json_depth``,
+``max_json_nodes``) are settings answered with a client error; see docs/operations.md. Bodies of
+at least :data:`OFFLOAD_BYTES` are handled off the loop (:func:`off_loop`), and every C call on
+them is sliced too (:class:`JsonWriter`, :func:`loads_sliced`): one ``json.loads`` of a 4 MB
+tensor holds the interpreter, and so the loop, for 0.1 to 0.5 s.
 """
 
 from __future__ import annotations

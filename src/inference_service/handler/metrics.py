@@ -1,19 +1,8 @@
 """TorchServe's ``context.metrics`` API for handlers.
 
-Handlers call ``add_time``, ``add_counter``, ``add_size``, ``add_percent`` and
-``add_metric``; each metric is kept for ``get_metric`` and either
-
-- logged at INFO on the worker's ``metrics`` logger (one line per update,
-  TorchServe's log form; ``metrics_mode=log``, the default), or
-- queued for the frontend (``metrics_mode=prometheus``): the worker sends the
-  queued updates as a ``METRIC`` frame with its next response frames, and the
-  server exports them on its ``/metrics`` endpoint
-  (:mod:`inference_service.observability.metrics`).
-
-Engine statistics (:meth:`Metrics.add_stats`, an addition: the bundled LLM handler's
-``SchedulerStats`` and ``IterationStats``) are always queued for the frontend, in every
-``metrics_mode``; the server exports them under its own names. In ``metrics_mode=log`` they
-are also written as one log metrics line at most every :data:`STATS_LOG_INTERVAL_S`.
+Each update is logged on the worker's ``metrics`` logger (``metrics_mode=log``) or queued for
+the frontend's ``/metrics`` (``prometheus``) as a ``METRIC`` frame. Engine statistics
+(:meth:`Metrics.add_stats`, an addition) are always queued. See docs/observability.md.
 """
 
 from __future__ import annotations

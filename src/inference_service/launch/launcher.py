@@ -1,26 +1,10 @@
 """``--start`` and ``--stop``: run the server in the background and say what happened.
 
-``--start`` (:func:`start_background`) runs the server detached, logging to
-``<working dir>/logs/inference_service.log`` (or ``--log-file``), rotated by size
-(:mod:`inference_service.observability.logfiles`):
-
-1. before starting, it refuses (exit 1, the cause on stderr) a startup archive that is
-   missing or unreadable (:mod:`inference_service.launch.preflight`; the model store was checked
-   by the command line) and a port that is already in use, naming the port and the pid
-   holding it (:mod:`inference_service.launch.ports`);
-2. it waits until the server listens (its status file, :mod:`inference_service.observability.status`);
-   a server that exits meanwhile is reported with the errors of its log;
-3. it waits until every startup model the status file lists (``--models``, ``load_models``
-   or a restored snapshot) is ``ready`` (its minimum workers READY), at most ``--wait-ready``
-   seconds (300; ``0``: only until they are registered). A model the server marks ``failed``
-   (it cannot register, or its workers fail to load) stops the server again, and its error,
-   as the server wrote it, is printed; a model still loading at the deadline leaves the
-   server running and exits 1.
-
-TorchServe's ``torchserve --start`` returns before anything is loaded; scripts that poll for
-readiness afterwards keep working, they just find it ready. ``--stop`` (:func:`stop_instance`)
-signals the instance of the pid file, only while a server holds the file's lock
-(:mod:`inference_service.launch.rundir`), and waits for it to exit.
+``--start`` (:func:`start_background`) refuses a missing archive or a busy port before starting,
+then waits until every startup model is ``ready`` (at most ``--wait-ready`` s); a ``failed``
+model stops the server and prints its error. TorchServe's ``--start`` returns before anything
+is loaded. ``--stop`` (:func:`stop_instance`) signals the pid file's server only while it holds
+the file's lock (:mod:`inference_service.launch.rundir`). See docs/install.md.
 """
 
 from __future__ import annotations

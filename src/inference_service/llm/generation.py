@@ -1,21 +1,7 @@
 """One request's text generation for causal LMs: prompt ids in, text pieces out.
 
-- :func:`model_context_length` / :func:`build_prompt_ids`: a parsed
-  :class:`~inference_service.llm.requests.GenerationRequest` (prompt text or chat
-  messages) -> prompt token ids, checked against the model's context length.
-- :func:`generate_pieces` / :func:`generate_text`: one request's generation, a thin
-  wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`
-  (the batched, continuous-batching generation loop the handlers drive directly; the
-  one generation loop of this package).
-- :func:`final_message`: the last message of a stream (the remaining text, or an
-  object with finish reason and token counts).
-
-Request parsing lives in :mod:`inference_service.llm.requests`, the options and result
-types in :mod:`inference_service.llm.params`, decoding and stop strings in
-:mod:`inference_service.llm.text`.
-
-torch is imported inside the functions that need it; this module imports
-without it.
+A thin wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`, the
+one generation loop of this package; torch is imported inside the functions that need it.
 """
 
 from __future__ import annotations

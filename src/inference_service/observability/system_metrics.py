@@ -1,41 +1,11 @@
 """TorchServe's system metrics (host CPU, memory, disk and GPUs), read at scrape time.
 
-TorchServe's frontend runs ``ts/metrics/metric_collector.py`` once a minute and, in
-``prometheus`` mode, exposes what it reports as gauges named as in its ``metrics.yaml``,
-labelled ``Level="Host"`` and ``Hostname`` (GPU metrics also ``DeviceId``). This module
-gives ``/metrics`` the same gauges, with the same names, units and labels, but read when
-Prometheus scrapes (no background thread, no child Python process):
-
-========================  =========  =====================================================
-Gauge                     Unit       Value
-========================  =========  =====================================================
-``CPUUtilization``        Percent    busy share of all CPUs since the previous scrape
-                                     (``/proc/stat``; the first scrape: since start-up)
-``MemoryUsed``            Megabytes  MemTotal - MemAvailable (``/proc/meminfo``), MiB
-``MemoryAvailable``       Megabytes  MemAvailable, MiB
-``MemoryUtilization``     Percent    MemoryUsed / MemTotal x 100
-``DiskUsage``             Gigabytes  used space of the file system of ``/``, GiB
-``DiskAvailable``         Gigabytes  space available to unprivileged users there, GiB
-``DiskUtilization``       Percent    used / (used + available) x 100 (``df``'s Use%)
-``GPUMemoryUtilization``  Percent    per GPU: memory used / memory total x 100
-``GPUMemoryUsed``         Megabytes  per GPU: memory used, MiB
-``GPUUtilization``        Percent    per GPU: ``utilization.gpu``
-========================  =========  =====================================================
-
-As TorchServe's, they are on ``/metrics`` only with ``metrics_mode=prometheus`` (its frontend
-makes them Prometheus gauges in that mode only; ``log`` and ``legacy`` log them), and the GPU
-gauges only when ``number_of_gpu`` is above 0 (its ``gpu_utilization`` returns at once
-otherwise): :class:`~inference_service.observability.metrics.ServerMetrics` decides.
-
-"Megabytes" and "Gigabytes" are TorchServe's unit names for what it computes as bytes /
-1024² and bytes / 1024³ (psutil's numbers), and so are they here. The GPU gauges are read
-from ``nvidia-smi`` (the tool :func:`inference_service.dispatch.gpu.detect_gpus` counts GPUs
-with) and exist only when it lists a GPU: without one, no GPU family appears at all (a GPU
-that reports a figure as ``[N/A]`` has no sample for it). CPU and
-memory need Linux's ``/proc``; elsewhere those gauges have no sample (the disk ones still do).
-
-A scrape never fails because of this module: what cannot be read is left out and logged
-once.
+Same gauge names, units and labels as TorchServe's ``ts/metrics/metric_collector.py``
+(``Level="Host"``, ``Hostname``, GPUs ``DeviceId``), but read when Prometheus scrapes: no
+background thread, no child process. "Megabytes"/"Gigabytes" are TorchServe's names for
+bytes / 1024² and / 1024³. GPU gauges come from ``nvidia-smi``; CPU and memory need ``/proc``.
+A scrape never fails here: what cannot be read is left out and logged once.
+See docs/observability.md.
 """
 
 from __future__ import annotations

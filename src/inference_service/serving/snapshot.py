@@ -1,19 +1,8 @@
 """Config snapshots: registered models survive a restart, even after ``kill -9``.
 
-As TorchServe's snapshot feature: after every change of the registered models
-(register, unregister, scale, set default) the server writes
-``<working dir>/logs/config/<timestamp>-snapshot.cfg`` atomically (temporary
-file + rename). It is a Java-properties file whose ``model_snapshot`` key holds
-TorchServe's JSON layout::
-
-    {"name": "...-snapshot.cfg", "modelCount": 1,
-     "models": {"echo": {"1.0": {"defaultVersion": true, "marName": "echo.mar",
-                                 "minWorkers": 1, "maxWorkers": 1, "batchSize": 1,
-                                 "maxBatchDelay": 100, "responseTimeout": 120,
-                                 "startupTimeout": 120}}}}
-
-At start the latest snapshot is restored unless ``--ncs``, ``--ts-config`` or
-``--models`` is given. The newest ``KEEP`` files are kept.
+As TorchServe's snapshot feature: after every change of the registered models the server writes
+``<working dir>/logs/config/<timestamp>-snapshot.cfg`` atomically, in TorchServe's layout (a
+``model_snapshot`` JSON property); the newest ``KEEP`` are kept. See docs/operations.md.
 """
 
 from __future__ import annotations

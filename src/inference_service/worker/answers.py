@@ -1,16 +1,9 @@
 """The one place where a handler's outcome becomes frames to the server, for the worker's three
-modes (batch: :mod:`.runtime`, :mod:`.continuous`, :mod:`.async_runner`).
+modes (:mod:`.runtime`, :mod:`.continuous`, :mod:`.async_runner`).
 
-A request ends with exactly one of:
-
-- ``FINAL`` with the handler's result for it (``str`` as UTF-8, ``bytes`` as is, anything
-  else as JSON: ``handler.encoding.encode_response``);
-- ``ERROR`` with a gRPC code number, a message and, where the handler gave one, its HTTP
-  status (the HTTP API answers that status as is, as TorchServe's REST API does):
-  a status >= 400 the handler set for the request (its phrase, TorchServe 0.12's code table:
-  ``errors.grpc_code_for_http``), a raised ``PredictionException`` (its code), any other
-  exception (INTERNAL with the exception's message; the traceback goes to the log only), or
-  a cancel (CANCELLED).
+A request ends with exactly one ``FINAL`` (``str`` as UTF-8, ``bytes`` as is, else JSON) or
+``ERROR`` (gRPC code, message, and the handler's HTTP status if any, TorchServe 0.12's table);
+a traceback goes to the log only.
 """
 
 from __future__ import annotations

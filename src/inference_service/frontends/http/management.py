@@ -1,47 +1,11 @@
-"""TorchServe's HTTP/1.1 management API (its REST API on port 8081), over the same
+"""TorchServe's HTTP/1.1 management API (port 8081), over the same
 :class:`~inference_service.serving.core.InferenceCore` as the gRPC management servicer.
 
-Served by aiohttp in the server's asyncio loop, on ``management_address`` (default
-``http://127.0.0.1:8081`` as TorchServe; ``--http-management-address`` / ``--http-management-port``,
-port 0 picks a free one; ``--no-http-management`` or ``--no-http`` turns it off). Each route reads
-TorchServe's query parameters, makes the one core call the gRPC servicer makes for the same RPC,
-and answers with TorchServe 0.12's status code and JSON body (its ``ManagementRequestHandler``,
-``ApiUtils`` and ``TokenAuthorizationHandler``):
-
-- ``POST /models?url=&model_name=&handler=&runtime=&batch_size=&max_batch_delay=&initial_workers=
-  &synchronous=&response_timeout=&startup_timeout=`` (or the same keys in an ``application/json``
-  body): :meth:`InferenceCore.register`. 200 ``{"status": "Model \\"m\\" Version: 1.0 registered
-  with 1 initial workers"}`` (``synchronous``, TorchServe's default here: true) or ``... registered
-  with 0 initial workers. Use scale workers API to add workers for the model.``; 202 ``Processing
-  worker updates...`` when not synchronous; 409 for a version already registered. Numbers at or
-  below 0 are unset, as TorchServe reads them.
-- ``GET /models?limit=&next_page_token=``: :meth:`InferenceCore.list_models` (ListModels' JSON;
-  a limit outside 1..100 is 100, as TorchServe's).
-- ``GET /models/{name}[/{version}|/all][?customized=true]``: :meth:`InferenceCore.versions`
-  (DescribeModel's JSON array, :mod:`..torchserve_json`).
-- ``PUT /models/{name}[/{version}]?min_worker=&max_worker=&number_gpu=&synchronous=&timeout=``:
-  :meth:`InferenceCore.scale`; ``min_worker`` defaults to 1 and ``max_worker`` to ``min_worker``
-  as TorchServe's. 200 ``Workers scaled to 3 for model: m[, version: 2.0]`` (synchronous), 202
-  ``Processing worker updates...``.
-- ``DELETE /models/{name}[/{version}]``: :meth:`InferenceCore.unregister`. 200 ``Model "m"
-  unregistered``; 403 for the default version while other versions exist.
-- ``PUT /models/{name}/{version}/set-default``: :meth:`InferenceCore.set_default`. 200
-  ``Default version successfully updated for model "m" to "2.0"``.
-- ``GET /token?type=management|inference`` (any method, as TorchServe): a new key of that type,
-  written to ``key_file.json`` (:meth:`TokenAuthorization.renew`); the old one stops working at
-  once. Needs the ``API`` key; only served with token authorization on.
-
-``POST /models`` and ``DELETE`` need ``--enable-model-api``; without it they answer 405, as
-TorchServe 0.12's REST API does (its gRPC API answers PERMISSION_DENIED "Model API disabled").
-With token authorization on, every request carries ``Authorization: Bearer <management key>``
-(``/token``: the ``API`` key); otherwise 401 with TorchServe's message, as the HTTP inference API
-answers (TorchServe: 400).
-
-Errors are TorchServe's ``{"code", "type", "message"}`` with the status of
-:func:`inference_service.frontends.http.inference.http_status` (400 BadRequestException, 404
-ModelNotFoundException, 500 a worker that failed to load in a synchronous call, 503 while
-shutting down, ...), a parameter that is not an integer (or ``true``/``false``) 400, an unknown
-path 404 and a method a path does not serve 405, with TorchServe's texts.
+Each route reads TorchServe's query parameters, makes the one core call the gRPC servicer makes
+for the same RPC, and answers with TorchServe 0.12's status code and JSON body (its
+``ManagementRequestHandler``, ``ApiUtils`` and ``TokenAuthorizationHandler``). Without
+``--enable-model-api``, ``POST /models`` and ``DELETE`` answer 405 as TorchServe's REST API does.
+See docs/apis.md and docs/security.md.
 """
 
 from __future__ import annotations

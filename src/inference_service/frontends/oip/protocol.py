@@ -1,32 +1,11 @@
 """Open Inference Protocol (KServe v2) requests and responses, between the wire and a handler.
 
-Both transports (gRPC ``ModelInfer`` in :mod:`inference_service.frontends.grpc.open_inference`,
-HTTP ``POST /v2/models/{name}/infer`` in :mod:`inference_service.frontends.oip.http`) turn
-what they receive into an :class:`InferRequest` and hand the handler what TorchServe 0.12
-hands it (``OpenInferenceProtocolImpl.modelInfer``): one input ``body`` holding the request as
-JSON::
-
-    {"id": "42", "model_name": "m",
-     "inputs": [{"name": "INPUT0", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
-
-Elements are flattened in row-major order. ``BYTES`` elements that arrived as bytes (gRPC, raw
-or typed; HTTP binary tensor data) are base64 strings, as TorchServe's gRPC path sends them;
-``BYTES`` sent as JSON strings (HTTP) stay those strings. Request and input ``parameters`` and
-the requested ``outputs`` are included when the client sent any (TorchServe drops them), without
-the transport's own (``binary_data``, ``binary_data_size``, ``binary_data_output``).
-
-The handler answers a v2 response as JSON (what TorchServe's ``kservev2`` envelope writes)::
-
-    {"id": "42", "model_name": "m", "model_version": "1.0",
-     "outputs": [{"name": "OUTPUT0", "shape": [2, 2], "datatype": "FP32", "data": [2.0, 4.0, 6.0, 8.0]}]}
-
-:func:`parse_answer` checks it into an :class:`InferResponse` (``data`` may be nested; its
-element count must fill ``shape``; a missing ``id``, ``model_name`` or ``model_version`` is the
-request's). A handler answer that is not such a response fails the request with INTERNAL
-(reason ``HANDLER_ERROR``), naming what is wrong.
-
-The health and metadata answers are here too, so both transports give the same ones:
-:func:`server_ready`, :func:`model_ready`, :func:`server_metadata`, :func:`model_metadata`.
+Both transports turn what they receive into an :class:`InferRequest` and hand the handler what
+TorchServe 0.12 hands it (``OpenInferenceProtocolImpl.modelInfer``): one input ``body`` holding
+the request as JSON, elements flattened row-major, ``BYTES`` that arrived as bytes base64-encoded.
+Request and input ``parameters`` and the requested ``outputs`` are included (TorchServe drops
+them). The handler answers a v2 response as JSON, checked by :func:`parse_answer`.
+See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Tensor data of the Open Inference Protocol (KServe v2): data types, shapes and raw bytes.
 
-The protocol names twelve data types (``BOOL``, ``UINT8`` ... ``UINT64``, ``INT8`` ...
-``INT64``, ``FP16``, ``FP32``, ``FP64``, ``BF16``, ``BYTES``). A tensor's elements travel
-flattened in row-major order, either as typed values (gRPC ``InferTensorContents``, HTTP JSON
-``data``) or as raw bytes (gRPC ``raw_input_contents`` / ``raw_output_contents``, HTTP's binary
-tensor data extension): little-endian, no padding, one element after the other; a ``BYTES``
-element is a 4-byte little-endian length followed by that many bytes; ``BOOL`` is one byte
-(0 false, anything else true); ``BF16`` the upper 16 bits of an IEEE float32.
-
-Everything here is plain Python (``struct``), independent of gRPC and HTTP. Errors are raised
-as the given :class:`~inference_service.errors.InferenceError` class: INVALID_ARGUMENT for what
-a client sent, the handler's error for what a handler answered.
-
-Quick start::
-
-    count = element_count([2, 2], InvalidArgument)               # 4
-    values = decode_raw("FP32", raw, count, "INPUT0", InvalidArgument)
-    raw = encode_raw("INT64", [1, 2, 3], "OUTPUT0", HandlerError)
+Raw bytes are little-endian, unpadded; a ``BYTES`` element is a u32 little-endian length and
+the bytes; ``BOOL`` one byte (non-zero true); ``BF16`` the upper 16 bits of a float32. Plain
+Python (``struct``); errors are raised as the given
+:class:`~inference_service.errors.InferenceError` class. See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations
