@@ -1,11 +1,9 @@
 """One LLM request, typed: its sampling parameters with their limits and defaults, and its prompt.
 
-:class:`GenerationParams` (also :data:`SamplingParams`, vLLM's name) declares each parameter
-once: its type, default and check (a field's metadata). :class:`GenerationRequest` is what
-every door builds (the OpenAI door from its request, the gRPC/HTTP doors by
-:func:`parse_request` of the JSON body) and what crosses to the worker as that JSON body
-(:meth:`GenerationRequest.to_body`). Fields and limits: docs/llm.md. Every problem raises
-:class:`InvalidRequest` (status 400), whose message names the field.
+:class:`GenerationParams` (also :data:`SamplingParams`, vLLM's name) declares each parameter once
+in a field's metadata. :class:`GenerationRequest` is what every door builds and what crosses to
+the worker as JSON. Every problem raises :class:`InvalidRequest` (400) naming the field.
+See docs/llm.md.
 """
 
 from __future__ import annotations

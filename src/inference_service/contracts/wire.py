@@ -65,13 +65,8 @@ def frame(kind: int, body: bytes = b"") -> bytes:
 
 @dataclass
 class Request:
-    """One request of a batch as the worker sees it.
-
-    Args:
-        request_id: the id the handler sees in ``context.request_ids``.
-        inputs: the gRPC input map (name -> bytes).
-        headers: request headers passed to ``context.get_request_header``.
-        sequence_id: StreamPredictions2 sequence id, else ``None``.
+    """One request of a batch as the worker sees it: ``inputs`` the gRPC input map, ``headers`` for
+    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``.
     """
 
     request_id: str
@@ -99,10 +94,8 @@ def _too_long(text: str) -> bool:
 
 
 def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None) -> str | None:
-    """Why a request cannot be framed for a worker (a message naming the limit), or ``None``.
-
-    Checked before a request is queued, so a request the framing cannot carry is refused
-    with INVALID_ARGUMENT instead of failing on its way to a worker.
+    """Why a request cannot be framed for a worker (naming the limit), or ``None``: checked before
+    queueing, so it is refused with INVALID_ARGUMENT instead of failing on its way.
     """
     if len(inputs) > MAX_ENTRIES:
         return f"the input map has {len(inputs)} entries; at most {MAX_ENTRIES} are allowed"
@@ -162,9 +155,7 @@ def encode_batch(requests: list[Request]) -> bytes:
 
 
 def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dict[str, bytearray]]]:
-    """Inverse of :func:`encode_batch`: ``(request_id, sequence_id, headers, inputs)`` per request.
-
-    Inputs come back as ``bytearray`` values, as TorchServe hands them to handlers.
+    """Inverse of :func:`encode_batch`; inputs come back as ``bytearray``, as TorchServe hands them.
 
     Raises:
         ProtocolError: the body is malformed.
@@ -286,34 +277,16 @@ class WorkerSpec:
     """Everything a worker needs to load its model (sent as the ``INIT`` frame).
 
     Args:
-        model_name: registered model name.
-        model_version: the version being served.
-        model_dir: extracted archive directory (on ``sys.path`` in the worker).
-        handler: entry point, as in the manifest (``file.py``, ``module:function``,
-            a built-in name, or a dotted module).
-        manifest: the archive manifest.
-        model_yaml_config: parsed per-model YAML config.
-        batch_size: the model's batch_size.
-        worker_id: the worker's id (e.g. ``9000``), for logs.
-        gpu: GPU id or ``None``.
-        server_version: this server's version.
-        extra_paths: extra ``sys.path`` entries (e.g. per-model dependencies).
-        limit_max_image_pixels: TorchServe's Pillow guard flag.
+        handler: entry point as in the manifest (``file.py``, ``module:function``, a built-in
+            name, or a dotted module).
+        extra_paths: extra ``sys.path`` entries (per-model dependencies).
         world_size: processes in the worker group (>1: launched with torchrun).
-        forward_metrics: send handler metrics to the frontend as ``METRIC`` frames
-            (``metrics_mode=prometheus``) instead of logging them.
-        log_level: the worker's logging level name (the server's ``--log-level``).
-        stream_window: intermediate responses a request may have in flight beyond the
-            frontend's credits (0: no flow control).
-        mode: how the worker runs requests (:data:`MODES`): ``batch`` (one batch at a
-            time, then ``DONE``), ``continuous`` (TorchServe's ``continuousBatching``:
-            the handler is called again and again with the running requests; each
-            request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``
-            (TorchServe's ``asyncCommunication``: ``async def handle`` per request).
-        max_running: most requests the worker runs at once in ``continuous`` and
-            ``async`` mode (the frontend never sends more).
-        envelope: TorchServe's request envelope to wrap the handler in (``service_envelope``:
-            ``body``, ``json``, ``kserve``, ``kservev2``), ``None`` for none.
+        forward_metrics: send handler metrics as ``METRIC`` frames (``metrics_mode=prometheus``).
+        stream_window: intermediate responses in flight beyond the credits (0: no flow control).
+        mode: :data:`MODES`: ``batch`` (then ``DONE``), ``continuous`` (``continuousBatching``;
+            each request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``.
+        max_running: most requests run at once in ``continuous`` and ``async`` mode.
+        envelope: the ``service_envelope`` to wrap the handler in, or ``None``.
     """
 
     model_name: str

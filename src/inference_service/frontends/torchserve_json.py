@@ -1,11 +1,6 @@
-"""TorchServe's DescribeModel JSON and management status texts, shaped from the registry's
-plain values (shared by the gRPC and HTTP management APIs).
-
-The management servicer answers ``DescribeModel`` with :func:`describe_json` of
-:func:`describe_version` for each version the core returns
-(:meth:`InferenceCore.versions <inference_service.serving.core.InferenceCore.versions>`). The keys,
-their order and the indentation are TorchServe's (``DescribeModelResponse`` of its
-management API), plus ``restarts`` per worker.
+"""TorchServe's DescribeModel JSON and management status texts, shared by the gRPC and HTTP
+management APIs: keys, order and indentation as TorchServe's ``DescribeModelResponse``, plus
+``restarts`` per worker.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Image decoding and the standard ImageNet preprocessing, with or without torchvision.
 
-The built-in vision handlers (:mod:`inference_service.handler.vision_handlers`)
-decode request bytes with Pillow (:func:`decode_image`) and turn the image into
-a tensor with a callable ``image_processing`` attribute, as TorchServe's do.
-:class:`ImageNetPreprocess` is TorchServe's ``Resize(256) -> CenterCrop(224) ->
-ToTensor() -> Normalize(ImageNet mean/std)``: it uses torchvision's transforms
-when torchvision is importable and otherwise the equivalent Pillow + torch code
-below (same sizes, bilinear resampling, crop offsets and padding, scaling and
-normalisation as torchvision applies to a Pillow image).
+:class:`ImageNetPreprocess` is TorchServe's ``Resize(256) -> CenterCrop(224) -> ToTensor() ->
+Normalize``: torchvision's transforms when importable, else equivalent Pillow + torch code (same
+resampling, crop offsets, padding and scaling as torchvision applies to a Pillow image).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Text cleanup, tokenisation, n-grams and vocabularies for the built-in text handlers.
 
-What TorchServe's ``TextHandler`` does with torchtext, done without it: HTML
-removal, contraction expansion, accent stripping, punctuation removal, the
-``basic_english`` tokenizer, ``ngrams_iterator``, and a vocabulary that maps
-tokens to indices. Vocabularies are read from JSON or from a ``torch.save``
-file holding plain data (a "state dict" of the vocabulary); a pickled
-vocabulary object (e.g. a torchtext ``Vocab``) loads only when the caller
-passes ``weights_only=False``.
+What TorchServe's ``TextHandler`` does with torchtext, done without it. A pickled vocabulary
+object loads only when the caller passes ``weights_only=False``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """TorchServe's built-in vision handlers: ``image_classifier``, ``image_segmenter``, ``object_detector``.
 
-Same names, class hierarchy and input/output contracts as TorchServe 0.12's
-``ts.torch_handler.*`` (which import these classes), so a ``.mar`` built with
-``--handler image_classifier`` and custom handlers subclassing
-``ts.torch_handler.image_classifier.ImageClassifier`` run unchanged.
-
-Input of every request: the encoded image (PNG, JPEG, ... anything Pillow
-decodes) in the input map's ``data`` or ``body`` entry; a ``str`` is taken as
-base64, a list as the image tensor itself (no preprocessing). Bytes that do not
-decode fail that request with INVALID_ARGUMENT and a message; the worker stays
-ready. Outputs are documented per class.
+Same names, class hierarchy and contracts as TorchServe 0.12's ``ts.torch_handler.*`` (which
+import these classes). Input: the encoded image in ``data`` or ``body`` (a ``str`` is base64, a
+list the tensor itself); bytes that do not decode fail that request with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Text out of generated tokens: streaming decoding and stop strings.
 
-- :class:`IncrementalDecoder`: token ids in, newly stable text out, such that the
-  concatenation of everything it returns (plus :meth:`IncrementalDecoder.flush`)
-  equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
-- :class:`StopStringFilter`: cuts the text at the first stop string, holding back
-  only a tail that could still become one.
-
 Neither imports torch or transformers; the decoder only calls ``tokenizer.decode``.
 """
 

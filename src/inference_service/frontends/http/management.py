@@ -108,9 +108,7 @@ def status_response(text: str, status: int = 200) -> web.Response:
 
 
 def management_ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The management API's TLS context: ``None`` (plaintext) unless ``management_address`` is
-    ``https://`` (then ``certificate_file`` / ``private_key_file``, and ``client_ca_file`` for
-    mutual TLS, as the HTTP inference API).
+    """``None`` (plaintext) unless ``management_address`` is ``https://``; then as the HTTP inference API.
 
     Raises:
         OSError: HTTPS without a certificate or key, or a file that is not a readable PEM file.
@@ -133,13 +131,10 @@ class HttpManagementApi:
         await api.stop()
 
     Args:
-        core: the serving core shared with the gRPC servicers.
-        auth: the server's token authorization (``None``: off; no ``/token`` route then).
-        model_api_enabled: whether ``POST /models`` and ``DELETE`` are served (``--enable-model-api``).
-        max_request_size: largest request body in bytes (a JSON register body).
-        ssl_context: serve HTTPS with this context (``None``: plaintext).
+        auth: the token authorization (``None``: off, and no ``/token`` route).
+        model_api_enabled: serve ``POST /models`` and ``DELETE`` (``--enable-model-api``).
+        max_request_size: largest request body in bytes.
         shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
-        access_log: where each request gets its line (``None``: nowhere; see :mod:`.access`).
     """
 
     def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
@@ -210,10 +205,8 @@ class HttpManagementApi:
 
     # --------------------------------------------------------------- routes
     async def register(self, request: web.Request) -> web.Response:
-        """``POST /models``: RegisterModel (see the module docstring for parameters and answers).
-
-        A version registered already answers 409 (TorchServe's ConflictStatusException); other
-        FAILED_PRECONDITION errors (no model store, a failed ``requirements.txt`` install) 400.
+        """``POST /models``: RegisterModel. A version registered already is 409 (TorchServe's
+        ConflictStatusException); other FAILED_PRECONDITION errors 400.
         """
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
@@ -239,10 +232,8 @@ class HttpManagementApi:
         return json_response(json.dumps(page, indent=2))
 
     async def describe(self, request: web.Request) -> web.Response:
-        """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array.
-
-        ``customized=true`` is read and answered with the same description: the handler's
-        customized metadata is not asked for (as DescribeModel on gRPC here).
+        """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array; ``customized=true`` gets
+        the same (the handler's customized metadata is not asked for).
         """
         boolean(request.query, "customized", False)
         name, version = _model(request)
@@ -281,10 +272,8 @@ class HttpManagementApi:
         return status_response(f'Default version successfully updated for model "{name}" to "{version}"')
 
     async def token(self, request: web.Request) -> web.Response:
-        """``/token?type=management|inference``: a new key of that type in ``key_file.json``.
-
-        400 for another or no ``type``, or a key the operator fixed (TorchServe answers 400
-        "Token Authentication failed..." for a bad type); 500 when the key file cannot be written.
+        """``/token?type=management|inference``: a new key in ``key_file.json``; 400 for another type or
+        a key the operator fixed, 500 when the key file cannot be written.
         """
         scope = request.query.get("type", "")
         if scope not in (MANAGEMENT, INFERENCE):
