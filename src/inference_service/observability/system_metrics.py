@@ -51,11 +51,8 @@ _UNITS = {"Percent": "Percent", "Megabytes": "Megabytes (MiB, bytes / 1024^2)",
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """One reading of the aggregate ``cpu`` line of ``/proc/stat``.
-
-    Attributes:
-        busy: clock ticks spent neither idle nor waiting for I/O.
-        total: all clock ticks (guest time is part of user time, so it is not counted twice).
+    """One reading of ``/proc/stat``'s ``cpu`` line, in clock ticks: ``busy`` neither idle nor iowait;
+    ``total`` all (guest time is part of user time, so not counted twice).
     """
 
     busy: int
@@ -64,11 +61,7 @@ class CpuTimes:
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    """Host memory from ``/proc/meminfo``, in bytes.
-
-    Attributes:
-        total: MemTotal. available: MemAvailable (MemFree + Buffers + Cached on kernels before 3.14).
-    """
+    """Host memory from ``/proc/meminfo``, in bytes (``available``: MemAvailable)."""
 
     total: int
     available: int
@@ -76,13 +69,7 @@ class MemoryInfo:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One GPU as ``nvidia-smi`` reports it; a field is ``None`` when the GPU does not report it.
-
-    Attributes:
-        index: the device id (``DeviceId`` label).
-        utilization: GPU utilization, percent.
-        memory_used / memory_total: MiB.
-    """
+    """One GPU as ``nvidia-smi`` reports it (percent; memory in MiB; ``None``: not reported)."""
 
     index: str
     utilization: float | None
@@ -138,17 +125,10 @@ def _number(text: str) -> float | None:
 
 
 def query_nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> list[GpuSample]:
-    """Every GPU ``nvidia-smi`` lists, with its utilization and memory.
-
-    Args:
-        timeout: seconds ``nvidia-smi`` may take (default 5).
-
-    Returns:
-        One :class:`GpuSample` per GPU; empty when ``nvidia-smi`` is not on ``PATH`` (no GPU:
-        nothing is run).
+    """Every GPU ``nvidia-smi`` lists; empty when it is not on ``PATH`` (nothing is run then).
 
     Raises:
-        OSError: ``nvidia-smi`` could not be run, timed out or failed.
+        OSError: ``nvidia-smi`` could not be run, timed out (``timeout`` s) or failed.
     """
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -179,13 +159,8 @@ def _percent(part: float, whole: float) -> float:
 
 
 class CpuUtilization:
-    """CPU utilization between two readings of ``/proc/stat`` (psutil's ``cpu_percent(interval=None)``).
-
-    The first reading is taken at construction, so the first :meth:`percent` covers the time
-    since then; each later one covers the time since the previous call. Thread-safe.
-
-    Args:
-        read: where the CPU times come from (default: :func:`read_cpu_times` of ``/proc/stat``).
+    """CPU utilization between two readings of ``/proc/stat`` (psutil's ``cpu_percent(interval=None)``);
+    the first interval starts at construction. Thread-safe.
     """
 
     def __init__(self, read: Callable[[], CpuTimes | None] = read_cpu_times) -> None:
@@ -195,10 +170,8 @@ class CpuUtilization:
         self._value: float | None = None
 
     def percent(self) -> float | None:
-        """Percent (0 to 100) of CPU time spent busy since the previous call.
-
-        ``None`` when ``/proc/stat`` cannot be read, or before a first interval could be
-        measured; a call within one clock tick of the previous one repeats its answer.
+        """Busy percent (0 to 100) since the previous call; ``None`` when ``/proc/stat`` cannot be read or
+        before a first interval; within one clock tick, the previous answer.
         """
         now = self._read()
         if now is None:
@@ -220,12 +193,9 @@ class SystemMetricsCollector:
         registry.register(SystemMetricsCollector("myhost"))
 
     Args:
-        hostname: the ``Hostname`` label.
-        disk_path: a path on the file system the disk gauges measure (default ``/``, as TorchServe).
-        meminfo: read memory (default: :func:`read_memory` of ``/proc/meminfo``).
-        cpu: the CPU utilization reader (default: a :class:`CpuUtilization` of ``/proc/stat``).
-        gpus: list the GPUs (default: :func:`query_nvidia_smi`); may raise ``OSError``; ``None``:
-            no GPU gauges at all, nothing queried (TorchServe's ``number_of_gpu=0``).
+        disk_path: a path on the file system the disk gauges measure (``/``, as TorchServe).
+        gpus: lists the GPUs, may raise ``OSError``; ``None``: no GPU gauges, nothing queried
+            (TorchServe's ``number_of_gpu=0``).
     """
 
     def __init__(self, hostname: str, disk_path: str | Path = "/",
