@@ -48,11 +48,7 @@ def _split(results: list[Any], lengths: list[int]) -> list[list[Any]]:
 
 
 class BaseEnvelope(ABC):
-    """Wraps ``handle_fn(data, context)``; subclasses define :meth:`parse_input` and :meth:`format_output`.
-
-    Args:
-        handle_fn: the handler's entry point (a module-level ``handle`` or a handler's bound ``handle``).
-    """
+    """Wraps ``handle_fn(data, context)``; subclasses define :meth:`parse_input` and :meth:`format_output`."""
 
     def __init__(self, handle_fn: Callable[[Any, Any], Any]) -> None:
         self._handle_fn = handle_fn
@@ -228,8 +224,7 @@ def envelope_class(name: str) -> type[BaseEnvelope]:
 
 
 def wrap(handle: Callable[[Any, Any], Any], name: str) -> Callable[[Any, Any], Any]:
-    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does
-    (``envelope_class(entry_point).handle``).
+    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does.
 
     Raises:
         ValueError: an unknown envelope name.
