@@ -31,12 +31,7 @@ class MetricTypes(enum.Enum):
 
 
 class Dimension:
-    """One name/value dimension of a metric (TorchServe's ``ts.metrics.dimension.Dimension``).
-
-    Args:
-        name: dimension name (a Prometheus label name once exported).
-        value: its value.
-    """
+    """One name/value dimension of a metric (TorchServe's ``ts.metrics.dimension.Dimension``)."""
 
     def __init__(self, name: str, value: str) -> None:
         self.name = name
@@ -77,11 +72,8 @@ STATS_LOG_INTERVAL_S = 10.0
 
 
 class Metrics:
-    """The ``context.metrics`` object of a worker (TorchServe's ``MetricsCache``).
-
-    Args:
-        model_name: dimension ``ModelName`` of every metric.
-        request_ids: the current batch's ``{index: request_id}`` (updated per batch).
+    """The ``context.metrics`` object of a worker (TorchServe's ``MetricsCache``); every metric has the
+    dimension ``ModelName``.
     """
 
     def __init__(self, model_name: str) -> None:
@@ -126,15 +118,9 @@ class Metrics:
         self._log_stats()
 
     def add_serving_stat(self, name: str, value: float) -> None:
-        """Queue one serving statistic for the server's ``/metrics`` (every ``metrics_mode``).
-
-        Args:
-            name: a field of the engine statistics (:data:`SERVING_STATS`).
-            value: a counter's (or total's) increment (>= 0), or a gauge's current value for
-                this worker (the server sums the workers of a model version).
-
-        Raises:
-            ValueError: an unknown name.
+        """Queue one serving statistic (:data:`SERVING_STATS`) for the server's ``/metrics``: a counter's
+        increment (>= 0) or a gauge's value for this worker (the server sums a version's workers).
+        ValueError for an unknown name.
         """
         spec = SERVING_STATS.get(name)
         if spec is None:
@@ -233,9 +219,5 @@ class Metrics:
         return self._record(name, value, unit, idx, metric_type, dimensions)
 
     def get_metric(self, metric_name: str, metric_type: str = "counter") -> Metric:
-        """Return a metric recorded before.
-
-        Raises:
-            KeyError: no metric of that name and type was recorded.
-        """
+        """A metric recorded before; KeyError when none of that name and type was."""
         return self._metrics[(metric_name, str(getattr(metric_type, "value", metric_type)).lower())]

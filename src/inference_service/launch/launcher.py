@@ -72,11 +72,8 @@ def _alive(pid: int) -> bool:
 
 
 def stop_instance(settings: Settings, timeout: float) -> int:
-    """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s for it to exit.
-
-    Returns:
-        The exit status: 0 when it stopped, 1 when none runs or it did not stop in time
-        (said on stderr).
+    """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s; exit status 0
+    when it stopped, 1 when none runs or it did not stop in time (said on stderr).
     """
     pid = running_pid(settings)
     if pid is None:
@@ -121,16 +118,8 @@ def log_messages(log_path: Path, offset: int) -> list[str]:
 
 
 def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -> int:
-    """``--start``: the steps of the module docstring.
-
-    Args:
-        argv: the command line; the server runs with it, ``--start`` replaced by ``--foreground``.
-        settings: the settings it gives.
-        wait_ready_s: at most this long for the startup models to be READY (0: registered).
-
-    Returns:
-        The exit status: 0 when the server runs with its startup models ready (or registered),
-        1 otherwise (the cause on stderr).
+    """``--start``: run ``argv`` with ``--foreground`` detached and wait at most ``wait_ready_s`` for
+    the startup models to be ready (0: registered). Exit status 0, or 1 with the cause on stderr.
     """
     try:
         prepare_run_dir(settings.instance_dir)
@@ -193,13 +182,7 @@ def listening(info: dict[str, Any], health_address: str = "") -> str:
 
 
 class _Run:
-    """The server ``--start`` started, followed through its status file and log.
-
-    Args:
-        child: the server process.
-        settings: its settings (instance directory, drain timeout).
-        log_path: its log; ``offset``: where this run's part of it begins (bytes).
-    """
+    """The server ``--start`` started, followed through its status file and log (from ``offset`` bytes)."""
 
     def __init__(self, child: subprocess.Popen[bytes], settings: Settings, log_path: Path, offset: int) -> None:
         self.child = child
@@ -229,12 +212,8 @@ class _Run:
         return None
 
     def wait_models(self, info: dict[str, Any], wait_ready_s: float) -> str | None:
-        """Wait for the startup models of the status file's ``models`` map (ready, or registered
-        when ``wait_ready_s`` is 0).
-
-        Returns:
-            What to add to the "started" line, or ``None`` when it failed (reported; a model the
-            server marks failed stops the server).
+        """Wait for the status file's startup models; returns what to add to the "started" line, or
+        ``None`` when it failed (reported; a failed model stops the server).
         """
         models: dict[str, dict[str, Any]] = info.get("models") or {}
         if not models:

@@ -71,10 +71,8 @@ def _module_function(module: ModuleType, name: str) -> Callable[..., Any] | None
 
 
 def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
-    """Call a function entry point once with ``(None, context)`` (TorchServe's load-time call).
-
-    A generator it returns is run to its end (its items are discarded); a coroutine or an
-    async generator is run to its end with :func:`asyncio.run`.
+    """TorchServe's load-time call ``fn(None, context)``; a generator, coroutine or async generator it
+    returns is run to its end.
     """
     result = fn(None, context)
     if inspect.isgenerator(result):
@@ -93,24 +91,13 @@ def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
 
 
 def load_service(handler: str, model_dir: str, context: Context, envelope: str | None = None) -> Service:
-    """Import and initialise the handler named by ``handler`` (precedence: see the module
-    docstring), wrapped in the request ``envelope`` if one is named (as TorchServe's model
-    loader wraps the entry point: ``envelope_class(entry_point).handle``).
-
-    Args:
-        handler: the manifest's (or RegisterModel's) handler entry point.
-        model_dir: the extracted archive directory (put first on ``sys.path``).
-        context: the worker's context, passed to ``initialize`` (or to a function entry
-            point's load-time call with ``data=None``).
-        envelope: ``service_envelope`` (``body``, ``json``, ``kserve``, ``kservev2``) or ``None``.
-
-    Returns:
-        The ready :class:`Service`.
+    """Import and initialise the handler entry point (``model_dir`` first on ``sys.path``), wrapped in
+    the request ``envelope`` if named, as TorchServe's loader does.
 
     Raises:
-        HandlerLoadError: not found; ``module:function`` naming no function; no
-            ``handle`` function and not exactly one class; or its import, the
-            load-time call or ``initialize`` raised (the message carries the cause).
+        HandlerLoadError: not found; ``module:function`` naming no function; no ``handle``
+            function and not exactly one class; or its import, load-time call or ``initialize``
+            raised (the message carries the cause).
     """
     service = _load(handler, model_dir, context)
     if not envelope:

@@ -88,17 +88,14 @@ async def open_inference_errors(request: web.Request, handler: _Handler) -> web.
 
 def request_from_http(body: bytes, header_length: str | None, name: str, version: str,
                       max_depth: int = 64, max_nodes: int = 100_000) -> InferRequest:
-    """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`.
-
-    Binary inputs of fixed-size types stay raw bytes
-    (:class:`~inference_service.frontends.oip.tensors.RawElements`) until the handler's body is written.
+    """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`;
+    fixed-size binary inputs stay raw until the handler's body is written.
 
     Raises:
-        InvalidArgument: the JSON does not parse, nests deeper than ``max_depth``
-            (``max_json_depth``), holds more than ``max_nodes`` objects and arrays
-            (``max_json_nodes``, counted before parsing) or is not an object, ``inputs`` is not a list,
-            a bad ``Inference-Header-Content-Length``, binary data sizes that do not add up to
-            the bytes after the JSON, or an input that :func:`make_input` refuses.
+        InvalidArgument: JSON that does not parse, nests deeper than ``max_depth``, holds more than
+            ``max_nodes`` objects and arrays (counted before parsing) or is not an object; a bad
+            ``Inference-Header-Content-Length`` or binary sizes that do not add up; an input
+            :func:`make_input` refuses.
     """
     binary = b""
     if header_length is not None:
@@ -225,11 +222,7 @@ def _version(request: web.Request) -> str:
 
 
 class OpenInferenceRoutes:
-    """The route handlers of :func:`add_open_inference_routes` over one core.
-
-    Args:
-        core: the serving core shared with the gRPC servicers.
-    """
+    """The route handlers of :func:`add_open_inference_routes` over one core."""
 
     def __init__(self, core: InferenceCore) -> None:
         self.core = core
