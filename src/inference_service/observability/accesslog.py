@@ -69,14 +69,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, log_format: str = "plain") -> None:
-    """Set the root logger's level and the format of its handlers (a stderr handler if it has none).
-
-    Args:
-        level: a level name (DEBUG, INFO, WARNING, ERROR, CRITICAL).
-        log_format: ``"plain"`` (``time LEVEL logger: message``) or ``"json"`` (:class:`JsonFormatter`).
-
-    Raises:
-        ValueError: an unknown level or format.
+    """Set the root logger's level and its handlers' format, ``"plain"`` or ``"json"`` (a stderr
+    handler if it has none). ValueError for an unknown level or format.
     """
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
@@ -97,14 +91,9 @@ def configure_logging(level: str, log_format: str = "plain") -> None:
 
 
 class AccessLog:
-    """Writes one line per RPC on the ``inference_service.access`` logger (see the module docstring).
-
-    The logger's level is set to INFO, so ``--log-level WARNING`` quiets the rest of
-    the log but not the access log (``--no-access-log`` does that).
-
-    Args:
-        json_fields: pass the line's fields as record attributes (for the JSON format);
-            plain logs skip building them.
+    """Writes one line per RPC on the ``inference_service.access`` logger, whose level is INFO, so
+    ``--log-level WARNING`` does not quiet it (``--no-access-log`` does). ``json_fields``: pass the
+    fields as record attributes (the JSON format); plain logs skip building them.
     """
 
     def __init__(self, json_fields: bool = False) -> None:
@@ -128,10 +117,9 @@ class AccessLog:
 
     def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,
                     messages: int, peer: str, request_id: str = "") -> None:
-        """Log one HTTP request: ``method`` (``GET``...), ``path`` (as sent, no query), the model and
-        version the route names ("" when none), the HTTP ``status``, ``start`` (``time.perf_counter()``
-        when it arrived), the chunks written (``messages``) and the client's ``peer`` (gRPC's form,
-        ``ipv4:127.0.0.1:50312``) and its ``request_id`` ("" none)."""
+        """Log one HTTP request: ``path`` as sent without the query, ``start`` a ``time.perf_counter()``,
+        ``peer`` in gRPC's form (``ipv4:127.0.0.1:50312``), "" for what is missing.
+        """
         if not self.logger.isEnabledFor(logging.INFO):
             return
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)

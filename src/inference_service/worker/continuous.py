@@ -50,11 +50,7 @@ class _Running:
 
 
 class ContinuousRunner:
-    """Runs a worker's handler as a continuous batch (see the module docstring).
-
-    Args:
-        worker: the loaded worker (channel, context, service, ``spec.max_running``).
-    """
+    """Runs a worker's handler as a continuous batch (see the module docstring)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
