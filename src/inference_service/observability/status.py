@@ -26,12 +26,8 @@ STARTUP_STATES = (REGISTERING, REGISTERED, READY, FAILED, UNREGISTERED)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a new temporary file (mode 0600, created with
-    ``O_EXCL``: a link planted in the directory is never written through) and rename.
-
-    Raises:
-        OSError: the directory is not writable.
-        TypeError: ``data`` holds something JSON cannot encode.
+    """Write ``data`` as JSON to ``path`` through a new temporary file (0600, ``O_EXCL``: a planted link
+    is never written through), then rename. OSError / TypeError pass through.
     """
     text = json.dumps(data, indent=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -55,17 +51,8 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def startup_key(ident: str, version: str = "") -> str:
-    """The key of a startup model in the ``models`` map.
-
-    Args:
-        ident: the ``load_models`` entry's name if it has one, else its URL (``"echo"``,
-            ``"echo.mar"``, ``"https://host/m.mar"``); a snapshot model's name.
-        version: a snapshot model's version (``""`` for ``load_models`` entries, whose
-            version is known only once registered).
-
-    Returns:
-        ``ident``, or ``"ident/version"`` with a version (a snapshot can hold several
-        versions of one model).
+    """The ``models`` map key: ``ident`` (a ``load_models`` name or URL, a snapshot model's name), or
+    ``"ident/version"`` for a snapshot model (a snapshot may hold several versions).
     """
     return f"{ident}/{version}" if version else ident
 
@@ -87,18 +74,8 @@ class VersionView(Protocol):
 
 
 class StartupModels:
-    """The states of the startup models, as the status file's ``models`` map shows them.
-
-    The server marks each startup model :meth:`registering` before its registration starts,
-    then :meth:`registered` (with the version) or :meth:`failed`; :meth:`as_json` derives a
-    registered model's current state from its workers each time it is called.
-
-    Quick start::
-
-        models = StartupModels()
-        models.registering("echo")
-        models.registered("echo", version)     # the ModelVersion the core returned
-        models.as_json()  # {"echo": {"state": "registered", "model_name": "echo", "version": "1.0"}}
+    """The startup models' states as the status file's ``models`` map; :meth:`as_json` derives a
+    registered model's state from its workers on each call.
     """
 
     def __init__(self) -> None:
