@@ -93,14 +93,12 @@ def worker_threads(config: Mapping[str, Any]) -> int | None:
 
 
 def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> BuiltEngine:
-    """The OpenVINO engine on the IR of the configured model: ``model_path`` naming an IR
-    directory is used as is; otherwise the model directory (``model_path``, ``gguf_file`` or the
-    bundled SmolLM2) is converted once to ``weight_format`` (:func:`prepare_ir`).
+    """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
+    converted once to ``weight_format``.
 
     Raises:
         EngineConfigError: a bad ``weight_format``, ``cache_size`` or ``enable_prefix_caching``.
-        inference_service.llm.model.ModelPreparationError: the model cannot be located or
-            converted (the message names the model type and the ``engine: torch`` fallback).
+        ModelPreparationError: the model cannot be located or converted.
     """
     from transformers import AutoTokenizer
 
