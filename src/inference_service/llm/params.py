@@ -17,22 +17,14 @@ __all__ = ["GenerationParams", "GenerationResult", "SamplingParams"]
 
 @dataclass
 class GenerationResult:
-    """How a generation ended (:attr:`~inference_service.llm.engine.StepOutput.result`; the
-    return value of :func:`~inference_service.llm.generation.generate_pieces`).
+    """How a generation ended (:attr:`~inference_service.llm.engine.StepOutput.result`).
 
     Attributes:
-        remaining_text: text released only at the end (a held-back tail that
-            turned out not to be a stop string, or an incomplete character);
-            not yielded as a piece. May be empty.
-        finish_reason: ``"stop"`` (end-of-sequence token or stop string),
-            ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``
-            (``should_stop`` returned true).
-        prompt_tokens: number of prompt tokens.
-        completion_tokens: number of tokens sampled (an end-of-sequence token
-            that ended generation counts).
-        token_ids: the sampled token ids, in order (including such an
-            end-of-sequence token).
-        stop_string: the stop string that ended generation, if any.
+        remaining_text: text released only at the end (a held-back tail that was no stop string, or
+            an incomplete character); not yielded as a piece.
+        finish_reason: ``"stop"`` (end-of-sequence or stop string), ``"length"`` or ``"cancelled"``.
+        completion_tokens: tokens sampled, an end-of-sequence token that ended it included (also in
+            ``token_ids``).
     """
 
     remaining_text: str = ""

@@ -60,11 +60,7 @@ def log_to_file(path: Path, max_bytes: int) -> None:
 
 
 def read_log_config(path: Path) -> dict[str, Any]:
-    """The dictConfig in ``path`` (JSON for ``.json``, YAML otherwise).
-
-    Raises:
-        ValueError: the file cannot be read or parsed, or is not a mapping with ``version: 1``.
-    """
+    """The dictConfig in ``path`` (JSON for ``.json``, else YAML); ValueError unless a ``version: 1`` mapping."""
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -77,11 +73,7 @@ def read_log_config(path: Path) -> dict[str, Any]:
 
 
 def apply_log_config(config: dict[str, Any], path: Path) -> None:
-    """Apply a dictConfig read by :func:`read_log_config`.
-
-    Raises:
-        ValueError: the standard library refuses it (the message names the file).
-    """
+    """Apply a dictConfig from :func:`read_log_config`; ValueError naming the file if refused."""
     try:
         logging.config.dictConfig(config)
     except (ValueError, TypeError, AttributeError, ImportError) as exc:

@@ -27,11 +27,7 @@ INTERNAL = 13  #: grpc.StatusCode.INTERNAL
 
 
 def final(request_id: str, value: Any) -> bytes:
-    """The ``FINAL`` frame of ``request_id`` carrying ``value``.
-
-    Raises:
-        TypeError: ``value`` cannot be encoded (not str, bytes, JSON or a tensor).
-    """
+    """The ``FINAL`` frame of ``request_id``; TypeError when ``value`` cannot be encoded."""
     return wire.encode_response(wire.FINAL, request_id, encode_response(value))
 
 
@@ -57,12 +53,7 @@ def status_error(context: Context, idx: int, request_id: str) -> bytes | None:
 
 
 def result(context: Context, idx: int, request_id: str, value: Any) -> bytes:
-    """The last frame of batch entry ``idx``: its status error if the handler set one, else
-    ``FINAL`` with ``value``.
-
-    Raises:
-        TypeError: ``value`` cannot be encoded.
-    """
+    """The last frame of batch entry ``idx``: the status error the handler set, else ``FINAL``."""
     frame = status_error(context, idx, request_id)
     return frame if frame is not None else final(request_id, value)
 

@@ -24,11 +24,7 @@ from inference_service.worker.runtime import Worker
 
 
 class AsyncRunner:
-    """Runs a worker's ``async def handle`` once per request, concurrently (see the module docstring).
-
-    Args:
-        worker: the loaded worker.
-    """
+    """Runs a worker's ``async def handle`` once per request, concurrently."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -105,11 +101,8 @@ class AsyncRunner:
         self.channel.send(frame)
 
     async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:
-        """The request's last frame: FINAL with the handler's result, or its status error.
-
-        Raises:
-            TypeError: the handler returned something other than one result.
-            Whatever the handler raises.
+        """The request's last frame: FINAL with the result, or its status error; TypeError for other than
+        one result, and whatever the handler raises.
         """
         assert self.worker.service is not None
         result = self.worker.service.handle([inputs], context)

@@ -66,14 +66,8 @@ class Worker:
                 return
 
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
-        """Call the handler on one batch: a generator's items go out as intermediate responses.
-
-        Returns:
-            One result per request (``None`` entries when the handler returned ``None``).
-
-        Raises:
-            TypeError: the handler returned something other than one result per request.
-            Whatever the handler raises.
+        """One result per request of the batch (a generator's items go out as intermediate responses);
+        TypeError for another count, and whatever the handler raises.
         """
         assert self.service is not None
         result = self.service.handle(data, self.context)
