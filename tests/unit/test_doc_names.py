@@ -4,9 +4,10 @@ Names go stale when code moves (issue 32: ``openai_mount.py`` and ``worker/proce
 lived on in docstrings after the move to ``frontends/openai/mount.py`` and
 ``dispatch/process.py``). Scanned: the docstrings of ``src/inference_service`` (not the
 generated ``_proto``), ``docs/**/*.md`` and ``README.md``. Checked: ``something.py`` and
-``room/module.py`` paths (some repository file under :data:`ROOTS` must end with it), and
-dotted ``inference_service.x.y`` paths (the longest prefix that is a module or package must
-be followed by names that module defines), and ``docs/page.md`` links.
+``room/module.py`` paths (some repository file under :data:`ROOTS` must end with it); dotted
+``inference_service.x.y`` paths, and ``room.x.y`` ones in double backticks relative to the
+package (the longest prefix that is a module or package must be followed by names that module
+defines); and ``docs/page.md`` links.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ PACKAGE = REPO / "src" / "inference_service"
 ROOTS = ("src/inference_service", "scripts", "tests", "benchmarks", "examples", "clients")
 
 FILE_NAME = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_]\w*\.py)\b")
+# A path relative to the package, in double backticks: ``dispatch.process.WorkerProcess``.
+RELATIVE_PATH = re.compile(
+    r"``((?:archive|contracts|dispatch|errors|frontends|launch|llm|observability|security|serving|worker)"
+    r"(?:\.[A-Za-z_]\w*)+)``")
 DOC_PAGE = re.compile(r"(?<![\w./-])docs/[\w./-]+\.md\b")
 MODULE_PATH = re.compile(r"(?<![\w.])inference_service(?:\.[A-Za-z_]\w*)+")
 
@@ -140,6 +145,8 @@ def _stale_names() -> set[tuple[str, str]]:
     for where, text in _texts():
         stale.update((where, name) for name in FILE_NAME.findall(text) if not _file_exists(name))
         stale.update((where, name) for name in MODULE_PATH.findall(text) if not _module_exists(name))
+        stale.update((where, name) for name in RELATIVE_PATH.findall(text)
+                     if not _module_exists("inference_service." + name))
         stale.update((where, name) for name in DOC_PAGE.findall(text)
                      if name not in FOREIGN and not (REPO / name).is_file())
     return stale

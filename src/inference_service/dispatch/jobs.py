@@ -43,7 +43,7 @@ MailItem = tuple[Kind, Union[bytes, InferenceError]]
 
 
 class Runner(Protocol):
-    """What a :class:`Job` needs of the worker running it (``worker.process.WorkerProcess``)."""
+    """What a :class:`Job` needs of the worker running it (``dispatch.process.WorkerProcess``)."""
 
     def credit(self, request_id: str, count: int) -> None:
         """The client took ``count`` more intermediate responses of ``request_id``."""
