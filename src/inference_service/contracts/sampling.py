@@ -184,11 +184,8 @@ REQUEST_FIELDS = frozenset({"prompt", "messages", *PARAM_FIELDS})
 
 
 def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
-    """The defaults every request starts from, read from a handler config section's
-    :data:`CONFIG_FIELDS`.
-
-    Raises:
-        InvalidRequest: an invalid value (the message says "handler config" and names the key).
+    """The defaults every request starts from, from a handler config's :data:`CONFIG_FIELDS`;
+    InvalidRequest names the key ("handler config").
     """
     try:
         return GenerationParams().updated({name: config.get(name) for name in CONFIG_FIELDS})

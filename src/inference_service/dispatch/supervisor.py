@@ -1,10 +1,6 @@
-"""Worker supervision: :class:`WorkerSlot` keeps one worker process of a model version
-alive, offers it to the version's job queue, and restarts it with bounded exponential
-back-off when it dies.
-
-The slot knows its owner only through :class:`SlotOwner` (the registry entry,
-:class:`~inference_service.serving.model_version.ModelVersion`, implements it), so this module does not
-import the registry.
+"""Worker supervision: :class:`WorkerSlot` keeps one worker process of a model version alive,
+offers it to the job queue, and restarts it with bounded exponential back-off. It knows its
+owner only through :class:`SlotOwner`, so this module does not import the registry.
 """
 
 from __future__ import annotations

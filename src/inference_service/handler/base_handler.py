@@ -63,11 +63,8 @@ class BaseHandler:
         self.target = 0
 
     def initialize(self, context: Context) -> None:
-        """Load the model named by the manifest onto the worker's device.
-
-        Raises:
-            ModelLoadError: the serialized or model file is missing or invalid,
-                or ``model-config.yaml``'s handler options are malformed.
+        """Load the manifest's model onto the worker's device; ModelLoadError for a missing or invalid
+        file or malformed ``handler`` options.
         """
         import torch
 
@@ -137,11 +134,8 @@ class BaseHandler:
         return path if rel.startswith("..") else rel
 
     def _load_serialized_model(self, model_pt_path: str) -> Any:
-        """Load a ``serializedFile`` that has no ``modelFile``: a TorchScript archive.
-
-        Raises:
-            ModelLoadError: a weights-only format (``.safetensors``), an
-                unsupported one (``.onnx``, ``.so``), or not loadable.
+        """Load a TorchScript ``serializedFile`` (no ``modelFile``); ModelLoadError for ``.safetensors``
+        (weights need their class), ``.onnx``, ``.so``, or an unloadable file.
         """
         name = self._display_name(model_pt_path)
         ext = os.path.splitext(model_pt_path)[1].lower()
@@ -171,11 +165,7 @@ class BaseHandler:
             raise ModelLoadError(f"cannot load TorchScript file {name!r}: {_brief(exc)}{hint}") from exc
 
     def _load_state_dict(self, model_pt_path: str) -> Mapping[str, Any]:
-        """Read a state dict: safetensors, or ``torch.load`` (``weights_only`` unless opted out).
-
-        Raises:
-            ModelLoadError: unreadable, not a mapping, or (weights-only) it pickles objects.
-        """
+        """Safetensors, or ``torch.load`` (``weights_only`` unless opted out); ModelLoadError if unusable."""
         import torch
 
         name = self._display_name(model_pt_path)
@@ -202,12 +192,8 @@ class BaseHandler:
         return state
 
     def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
-        """Build the one ``nn.Module`` class of ``model_file`` and load its state dict (if any).
-
-        Raises:
-            ModelLoadError: the file is missing, fails to import, holds no or
-                several module classes, the class cannot be built without
-                arguments, or the state dict cannot be read or does not fit.
+        """Build the one no-argument ``nn.Module`` class of ``model_file`` and load its state dict (if
+        any); ModelLoadError naming what failed.
         """
         import torch
 

@@ -33,11 +33,7 @@ def _body(row: Any) -> Any:
 
 
 def _split(results: list[Any], lengths: list[int]) -> list[list[Any]]:
-    """``results`` cut into consecutive pieces of ``lengths``.
-
-    Raises:
-        ValueError: the handler returned another number of results than it was given items.
-    """
+    """``results`` cut into pieces of ``lengths``; ValueError when the handler returned another count."""
     if len(results) != sum(lengths):
         raise ValueError(f"the handler returned {len(results)} results for {sum(lengths)} items")
     out, cursor = [], 0
@@ -212,11 +208,7 @@ ENVELOPES: dict[str, type[BaseEnvelope]] = {
 
 
 def envelope_class(name: str) -> type[BaseEnvelope]:
-    """The envelope class called ``name`` (``service_envelope``'s value).
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones).
-    """
+    """The envelope class called ``name`` (``service_envelope``); ValueError listing the known names."""
     found = ENVELOPES.get(name)
     if found is None:
         raise ValueError(f"unknown service_envelope {name!r} (one of {', '.join(sorted(ENVELOPES))})")
@@ -224,9 +216,5 @@ def envelope_class(name: str) -> type[BaseEnvelope]:
 
 
 def wrap(handle: Callable[[Any, Any], Any], name: str) -> Callable[[Any, Any], Any]:
-    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does.
-
-    Raises:
-        ValueError: an unknown envelope name.
-    """
+    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does; ValueError if unknown."""
     return envelope_class(name)(handle).handle

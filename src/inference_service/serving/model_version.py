@@ -252,8 +252,7 @@ class ModelVersion:
         """Pin a new sequence to the least-loaded worker (StreamPredictions2).
 
         Raises:
-            FailedPrecondition: the model has no sequence batching configured.
-            ResourceExhausted: ``maxNumSequence`` sequences are open.
+            FailedPrecondition: no sequence batching. ResourceExhausted: ``maxNumSequence`` open.
             Unavailable: no worker.
         """
         if not self.config.sequence_batching:

@@ -111,14 +111,13 @@ _REFUSED_NEGATIVE = ("batch_size", "max_batch_delay", "response_timeout", "start
 
 
 def _checked_request(req: RegisterRequest) -> RegisterRequest:
-    """``req`` checked: 0 means unset (proto3); a negative ``initial_workers`` is unset too, as
-    TorchServe's gRPC RegisterModel reads it (``GRPCUtils.getRegisterParam``, and its own test
-    data registers with ``initial_workers=-1``).
+    """``req`` checked: 0 is unset (proto3), and a negative ``initial_workers`` too, as TorchServe's
+    ``GRPCUtils.getRegisterParam`` reads it (its test data sends ``-1``).
 
     Raises:
-        InvalidArgument: a runtime other than python; a negative ``batch_size``,
-            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe takes
-            its default silently).
+        InvalidArgument: a runtime other than python, or a negative ``batch_size``,
+            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe silently
+            takes its default).
     """
     if req.runtime and req.runtime != "python":
         raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)", reason="RUNTIME")
