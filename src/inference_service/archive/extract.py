@@ -28,8 +28,7 @@ DEFAULT_MAX_ARCHIVE_BYTES = 10 * 1024**3
 
 def safe_member(name: str) -> PurePosixPath:
     """``name`` (a member, or a file the manifest names) as a relative path; backslashes separate.
-    InvalidArgument when absolute, with a ``..`` segment or a drive letter.
-    """
+    InvalidArgument when absolute, with a ``..`` segment or a drive letter."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
         raise InvalidArgument(f"archive member {name!r} points outside the archive; refusing to extract")
@@ -38,8 +37,7 @@ def safe_member(name: str) -> PurePosixPath:
 
 def sanitize_archive_name(name: str) -> str:
     """A directory-name stem: the part before the first ``.``, ``[A-Za-z0-9_-]`` kept, others ``_``, at
-    most 64 characters, ``"model"`` if empty; never ``/``, ``\\``, ``..`` or NUL.
-    """
+    most 64 characters, ``"model"`` if empty; never ``/``, ``\\``, ``..`` or NUL."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     return re.sub(r"[^A-Za-z0-9_-]", "_", base.split(".")[0])[:64] or "model"
 
@@ -105,8 +103,7 @@ def archive_extractor(path: Path) -> Callable[[Path, Path, int], None] | None:
     """``extract(src, dest, max_bytes)`` for a zip or tar (by content, not name), else ``None``.
     ``extract`` checks every member before writing any: InvalidArgument for one outside the
     archive, a link or special file, or a total above ``max_bytes``; ``zipfile.BadZipFile`` /
-    ``tarfile.TarError`` / ``EOFError`` for a damaged archive.
-    """
+    ``tarfile.TarError`` / ``EOFError`` for a damaged archive."""
     if zipfile.is_zipfile(path):
         return _extract_zip
     if tarfile.is_tarfile(path):

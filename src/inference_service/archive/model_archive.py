@@ -51,8 +51,7 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 @dataclass
 class ModelArchive:
     """An opened model archive: ``config`` the per-model YAML (``{}`` without one); ``extracted``
-    whether ``model_dir`` is a private copy to delete on unregister.
-    """
+    whether ``model_dir`` is a private copy to delete on unregister."""
 
     url: str
     model_dir: Path

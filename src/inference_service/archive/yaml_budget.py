@@ -23,8 +23,7 @@ MAX_YAML_NODES = 100_000
 
 class _BudgetLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` counting the nodes composed, an alias as the size of its anchored node;
-    refuses past ``max_nodes`` and for an alias used inside the node it names.
-    """
+    refuses past ``max_nodes`` and for an alias used inside the node it names."""
 
     def __init__(self, text: str, source: str, max_nodes: int) -> None:
         super().__init__(text)

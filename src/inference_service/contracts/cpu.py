@@ -27,8 +27,7 @@ _CGROUP = Path("/sys/fs/cgroup")
 
 def cgroup_cpu_limit(root: Path = _CGROUP) -> float | None:
     """This cgroup's CPU quota in CPUs (``2.5`` = 250 ms per 100 ms), or ``None``: v2 ``cpu.max``, else
-    v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; a missing or unreadable file is no quota.
-    """
+    v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; a missing or unreadable file is no quota."""
     try:
         quota, _, period = (root / "cpu.max").read_text().partition(" ")
         if quota.strip() != "max":

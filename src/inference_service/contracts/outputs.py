@@ -29,8 +29,7 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class FinalMessage:
     """How a generation ended, as its final message tells it: ``text`` not sent before (``""`` when
-    streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed).
-    """
+    streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed)."""
 
     text: str
     finish_reason: str

@@ -134,8 +134,7 @@ class GenerationParams:
     """The sampling parameters of one generation (vLLM's ``SamplingParams``); ranges and defaults are
     in each field's :func:`param` and in docs/llm.md. An engine that cannot honour a value refuses
     it (``refusal``, a 400 naming the field): the OpenVINO engine refuses non-zero presence and
-    frequency penalties.
-    """
+    frequency penalties."""
 
     max_new_tokens: int = param(256, _int_in(1, MAX_NEW_TOKENS_LIMIT), config=True)
     temperature: float = param(0.0, _check_temperature, config=True)
@@ -185,8 +184,7 @@ REQUEST_FIELDS = frozenset({"prompt", "messages", *PARAM_FIELDS})
 
 def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
     """The defaults every request starts from, from a handler config's :data:`CONFIG_FIELDS`;
-    InvalidRequest names the key ("handler config").
-    """
+    InvalidRequest names the key ("handler config")."""
     try:
         return GenerationParams().updated({name: config.get(name) for name in CONFIG_FIELDS})
     except InvalidRequest as exc:

@@ -23,8 +23,7 @@ StatKind = Literal["counter", "total", "gauge"]
 @dataclass(frozen=True, slots=True)
 class StatSpec:
     """One statistic as every consumer reads it: METRIC-frame name ``serving:<name>``; Prometheus
-    family ``inference_service_llm_<family>`` (``_total`` added for a counter or total).
-    """
+    family ``inference_service_llm_<family>`` (``_total`` added for a counter or total)."""
 
     name: str
     kind: StatKind
@@ -92,8 +91,7 @@ def stat_values(stats: Any) -> list[tuple[StatSpec, float]]:
 class VersionStats:
     """One model version's serving state at one instant (``InferenceCore.stats()``, read at scrape
     time). ``workers`` counts every DescribeModel state (zeros too); ``restarts`` is monotonic across
-    scale-downs; ``worker_pids`` keys a worker's forwarded gauges (a gone worker's are left out).
-    """
+    scale-downs; ``worker_pids`` keys a worker's forwarded gauges (a gone worker's are left out)."""
 
     model_name: str
     model_version: str

@@ -66,8 +66,7 @@ def frame(kind: int, body: bytes = b"") -> bytes:
 @dataclass
 class Request:
     """One request of a batch as the worker sees it: ``inputs`` the gRPC input map, ``headers`` for
-    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``.
-    """
+    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``."""
 
     request_id: str
     inputs: dict[str, bytes]
@@ -95,8 +94,7 @@ def _too_long(text: str) -> bool:
 
 def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None) -> str | None:
     """Why a request cannot be framed for a worker (naming the limit), or ``None``: checked before
-    queueing, so it is refused with INVALID_ARGUMENT instead of failing on its way.
-    """
+    queueing, so it is refused with INVALID_ARGUMENT instead of failing on its way."""
     if len(inputs) > MAX_ENTRIES:
         return f"the input map has {len(inputs)} entries; at most {MAX_ENTRIES} are allowed"
     if len(headers) > MAX_ENTRIES:

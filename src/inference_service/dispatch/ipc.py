@@ -29,8 +29,7 @@ class ChannelOwner(Protocol):
 
 class FrameChannel(asyncio.Protocol):
     """One rank's IPC connection: each frame handed to the owner's ``on_frame`` (no task, no await);
-    :meth:`pause`/:meth:`resume` back-pressure the worker.
-    """
+    :meth:`pause`/:meth:`resume` back-pressure the worker."""
 
     def __init__(self, owner: ChannelOwner) -> None:
         self.owner = owner
@@ -110,8 +109,7 @@ async def relay_output(stream: asyncio.StreamReader | None, level: int, logger: 
                        extra: dict[str, Any]) -> None:
     """Log each non-blank line of a worker's stdout/stderr as ``<prefix> <line>`` on ``logger``: a line
     the worker's logging wrote keeps its level (traceback lines that of the line before), others get
-    ``level``; handler metric lines go to :data:`MODEL_METRICS_LOGGER`. ``extra`` is on each record.
-    """
+    ``level``; handler metric lines go to :data:`MODEL_METRICS_LOGGER`. ``extra`` is on each record."""
     if stream is None:
         return
     metrics_logger = logging.getLogger(MODEL_METRICS_LOGGER)

@@ -134,8 +134,7 @@ class Mailbox:
 class Job:
     """One inference request. Times are ``time.monotonic()``: ``deadline`` (dropped after; ``None``:
     none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
-    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value.
-    """
+    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -214,8 +213,7 @@ class JobQueue:
 
     def put(self, job: Job, worker_id: int | None = None) -> None:
         """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready; the caller has
-        admitted it (``ModelVersion.admit``).
-        """
+        admitted it (``ModelVersion.admit``)."""
         if worker_id is None:
             self._shared.append(job)
         else:

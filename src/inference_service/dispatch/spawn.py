@@ -65,8 +65,7 @@ class ChildProcess:
 def _pipe_reader(fd: int) -> asyncio.StreamReader:
     """A stream of what arrives on the pipe ``fd``, which this owns and closes: ``add_reader`` and
     ``os.read``, because the loop's pipe transport would close ``fd`` a second time later, by then
-    perhaps a descriptor of the loop's own (uvloop aborts on that).
-    """
+    perhaps a descriptor of the loop's own (uvloop aborts on that)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
     os.set_blocking(fd, False)

@@ -1,7 +1,6 @@
 """Worker supervision: :class:`WorkerSlot` keeps one worker process of a model version alive,
 offers it to the job queue, and restarts it with bounded exponential back-off. It knows its
-owner only through :class:`SlotOwner`, so this module does not import the registry.
-"""
+owner only through :class:`SlotOwner`, so this module does not import the registry."""
 
 from __future__ import annotations
 
@@ -154,8 +153,7 @@ class WorkerSlot:
 
     async def _serve(self, process: WorkerProcess) -> None:
         """Offer ``process`` to the job queue until it dies or the slot stops; requests reach it through
-        :meth:`take`, called by the queue, not through this task.
-        """
+        :meth:`take`, called by the queue, not through this task."""
         model = self.model
         queue = model.queue
         self._response_timeout_s = model.config.response_timeout_s

@@ -77,8 +77,7 @@ NUMBERS_SLICE = 64 * 1024
 def loads_sliced(body: bytes) -> Any:
     """``json.loads(body)`` with long arrays of numbers parsed :data:`NUMBERS_SLICE` bytes per call, so
     no call holds the interpreter long. Same result and errors (ValueError, RecursionError); small
-    bodies, a backslash or non-UTF-8 go to ``json.loads`` whole.
-    """
+    bodies, a backslash or non-UTF-8 go to ``json.loads`` whole."""
     if len(body) < OFFLOAD_BYTES or b"\\" in body or b"\x00" in body[:4] or body.startswith(codecs.BOM_UTF8):
         return json.loads(body)
     nonce = f"\u0000{secrets.token_hex(8)}"  # a key no client can guess: marks where an array was
@@ -160,8 +159,7 @@ def json_depth(value: Any) -> int:
 
 def check_parts(count: int, max_parts: int, what: str) -> None:
     """Refuse a body of more than ``max_parts`` parts (``count`` may be an upper bound) with
-    InvalidArgument naming ``max_request_parts``.
-    """
+    InvalidArgument naming ``max_request_parts``."""
     if count > max_parts:
         raise InvalidArgument(f"{what} of more than max_request_parts={max_parts} {_noun(what)}",
                               reason="TOO_MANY_PARTS")
@@ -173,8 +171,7 @@ def _noun(what: str) -> str:
 
 class JsonWriter:
     """JSON text written piece by piece; :meth:`write` / :meth:`values` raise ResourceExhausted
-    (``REQUEST_TOO_LARGE``, 413) once it passes ``limit`` bytes (``max_request_size``).
-    """
+    (``REQUEST_TOO_LARGE``, 413) once it passes ``limit`` bytes (``max_request_size``)."""
 
     def __init__(self, limit: int, what: str) -> None:
         self.limit = limit

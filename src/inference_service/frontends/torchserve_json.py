@@ -1,7 +1,6 @@
 """TorchServe's DescribeModel JSON and management status texts, shared by the gRPC and HTTP
 management APIs: keys, order and indentation as TorchServe's ``DescribeModelResponse``, plus
-``restarts`` per worker.
-"""
+``restarts`` per worker."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``BaseHandler``: the default handler life cycle, compatible with TorchServe's (same attributes:
-``self.context``, ``self.manifest``, ``self.model``, ``self.device``...). See docs/own-model.md.
-"""
+``self.context``, ``self.manifest``, ``self.model``, ``self.device``...). See docs/own-model.md."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ class BaseHandler:
 
     def initialize(self, context: Context) -> None:
         """Load the manifest's model onto the worker's device; ModelLoadError for a missing or invalid
-        file or malformed ``handler`` options.
-        """
+        file or malformed ``handler`` options."""
         import torch
 
         self.context = context
@@ -135,8 +133,7 @@ class BaseHandler:
 
     def _load_serialized_model(self, model_pt_path: str) -> Any:
         """Load a TorchScript ``serializedFile`` (no ``modelFile``); ModelLoadError for ``.safetensors``
-        (weights need their class), ``.onnx``, ``.so``, or an unloadable file.
-        """
+        (weights need their class), ``.onnx``, ``.so``, or an unloadable file."""
         name = self._display_name(model_pt_path)
         ext = os.path.splitext(model_pt_path)[1].lower()
         if ext == ".safetensors":
@@ -193,8 +190,7 @@ class BaseHandler:
 
     def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
         """Build the one no-argument ``nn.Module`` class of ``model_file`` and load its state dict (if
-        any); ModelLoadError naming what failed.
-        """
+        any); ModelLoadError naming what failed."""
         import torch
 
         path = os.path.join(model_dir, model_file)
@@ -244,8 +240,7 @@ class BaseHandler:
 
     def _compile_model(self, model: Any) -> Any:
         """Apply ``pt2`` (``torch.compile``) as TorchServe does: ``model`` unchanged when off, for
-        ``pt2.export``, or on failure (logged). Raises ModelLoadError for a ``pt2`` of the wrong type.
-        """
+        ``pt2.export``, or on failure (logged). Raises ModelLoadError for a ``pt2`` of the wrong type."""
         import torch
 
         pt2 = self.model_yaml_config.get("pt2") if isinstance(self.model_yaml_config, dict) else None
@@ -294,8 +289,7 @@ class BaseHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         """Run ``preprocess -> inference -> postprocess`` on one batch (one dict per request, inputs as
-        bytearray); one result per request.
-        """
+        bytearray); one result per request."""
         start = time.perf_counter()
         self.context = context
         output = self.postprocess(self.inference(self.preprocess(data)))

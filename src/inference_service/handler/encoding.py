@@ -9,8 +9,7 @@ from typing import Any
 def encode_response(value: Any) -> bytes:
     """Encode one handler result as TorchServe's worker does: ``str`` as UTF-8, bytes-likes unchanged,
     ``None`` empty, a tensor or numpy array as the JSON of ``tolist()`` (never pickle), anything
-    else as JSON; TypeError when not JSON-serialisable.
-    """
+    else as JSON; TypeError when not JSON-serialisable."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):

@@ -53,8 +53,7 @@ def decode_image(payload: bytes | bytearray | memoryview | str) -> Any:
 
 def resize_shorter_side(image: Any, size: int) -> Any:
     """As torchvision's ``Resize(size)`` on a Pillow image: shorter side ``size`` px, longer
-    ``int(size * long / short)``, bilinear.
-    """
+    ``int(size * long / short)``, bilinear."""
     from PIL import Image
 
     width, height = image.size
@@ -68,8 +67,7 @@ def resize_shorter_side(image: Any, size: int) -> Any:
 
 def center_crop(image: Any, size: int | Sequence[int]) -> Any:
     """As torchvision's ``CenterCrop``: offsets ``round((side - crop) / 2)``; a smaller image is first
-    zero-padded, ``(crop - side) // 2`` before and the rest after.
-    """
+    zero-padded, ``(crop - side) // 2`` before and the rest after."""
     from PIL import Image
 
     crop_h, crop_w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
@@ -88,8 +86,7 @@ def center_crop(image: Any, size: int | Sequence[int]) -> Any:
 
 def to_tensor(image: Any) -> Any:
     """As torchvision's ``ToTensor``: ``C x H x W``; 8-bit modes float32 in [0, 1], mode ``1`` 0.0/1.0;
-    ``I``, ``I;16`` and ``F`` keep their values and type.
-    """
+    ``I``, ``I;16`` and ``F`` keep their values and type."""
     import torch
 
     if image.mode == "1":
@@ -135,8 +132,7 @@ class ToTensor:
 
 class ImageNetPreprocess:
     """TorchServe's image classifier / segmenter preprocessing as one callable, with a conversion to
-    RGB added (TorchServe fails on RGBA or palette images); sizes in px. Built on first use.
-    """
+    RGB added (TorchServe fails on RGBA or palette images); sizes in px. Built on first use."""
 
     def __init__(
         self,

@@ -73,8 +73,7 @@ STATS_LOG_INTERVAL_S = 10.0
 
 class Metrics:
     """The ``context.metrics`` object of a worker (TorchServe's ``MetricsCache``); every metric has the
-    dimension ``ModelName``.
-    """
+    dimension ``ModelName``."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -120,8 +119,7 @@ class Metrics:
     def add_serving_stat(self, name: str, value: float) -> None:
         """Queue one serving statistic (:data:`SERVING_STATS`) for the server's ``/metrics``: a counter's
         increment (>= 0) or a gauge's value for this worker (the server sums a version's workers).
-        ValueError for an unknown name.
-        """
+        ValueError for an unknown name."""
         spec = SERVING_STATS.get(name)
         if spec is None:
             raise ValueError(f"unknown serving statistic {name!r}; known: {sorted(SERVING_STATS)}")

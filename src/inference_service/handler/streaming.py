@@ -11,8 +11,7 @@ from inference_service.handler.encoding import encode_response
 
 class RequestCancelled(BaseException):
     """Raised into a handler when every request it streams to was cancelled; a ``BaseException`` so a
-    handler's ``except Exception:`` does not swallow it.
-    """
+    handler's ``except Exception:`` does not swallow it."""
 
 
 def send_intermediate_predict_response(

@@ -101,8 +101,7 @@ def ngrams(tokens: Sequence[str], n: int) -> Iterator[str]:
 
 class Vocabulary:
     """Token -> index lookup (a subset of torchtext's ``Vocab`` API); unknown tokens get
-    ``default_index``, else ``"<unk>"``'s index, else 0.
-    """
+    ``default_index``, else ``"<unk>"``'s index, else 0."""
 
     def __init__(self, stoi: Mapping[str, int], default_index: int | None = None) -> None:
         self._stoi = dict(stoi)

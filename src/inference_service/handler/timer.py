@@ -12,8 +12,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def timed(func: F) -> F:
     """Record a handler method's duration as ``ts_handler_<name>`` (ms), as TorchServe's: only with
-    ``handler: {profile: true}``; on CUDA after ``torch.cuda.synchronize()`` (queued GPU work).
-    """
+    ``handler: {profile: true}``; on CUDA after ``torch.cuda.synchronize()`` (queued GPU work)."""
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:

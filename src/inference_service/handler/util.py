@@ -11,8 +11,7 @@ from typing import Any
 
 class PredictionException(Exception):
     """Raised by a handler to fail the batch with HTTP status ``error_code`` (500), as in TorchServe;
-    mapped through TorchServe's table (400 -> INVALID_ARGUMENT, 409 -> ABORTED, 507 -> INTERNAL).
-    """
+    mapped through TorchServe's table (400 -> INVALID_ARGUMENT, 409 -> ABORTED, 507 -> INTERNAL)."""
 
     def __init__(self, message: str, error_code: int = 500) -> None:
         super().__init__(message)

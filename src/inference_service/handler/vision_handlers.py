@@ -137,8 +137,7 @@ class ImageClassifier(VisionHandler):
 class ImageSegmenter(VisionHandler):
     """``image_segmenter``: image -> ``H x W x 2`` JSON, ``[class index (float), probability]`` per
     pixel, as TorchServe's (top class only: about 1.3 MB of JSON at 224 x 224). The model's
-    ``N x classes x H x W`` logits may come in a dict under ``"out"`` (torchvision's).
-    """
+    ``N x classes x H x W`` logits may come in a dict under ``"out"`` (torchvision's)."""
 
     image_processing: Callable[[Any], Any] = ImageNetPreprocess()
 
@@ -157,8 +156,7 @@ class ImageSegmenter(VisionHandler):
 class ObjectDetector(VisionHandler):
     """``object_detector``: image -> ``[{"<label>": [x1, y1, x2, y2], "score": s}, ...]`` (pixels)
     scoring at least ``threshold`` (0.5), as TorchServe's. ``ToTensor`` only, no resizing; images of
-    different sizes go to the model as a list instead of a stacked tensor.
-    """
+    different sizes go to the model as a list instead of a stacked tensor."""
 
     image_processing: Callable[[Any], Any] = ToTensor()
     threshold = 0.5

@@ -73,8 +73,7 @@ def _alive(pid: int) -> bool:
 
 def stop_instance(settings: Settings, timeout: float) -> int:
     """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s; exit status 0
-    when it stopped, 1 when none runs or it did not stop in time (said on stderr).
-    """
+    when it stopped, 1 when none runs or it did not stop in time (said on stderr)."""
     pid = running_pid(settings)
     if pid is None:
         stale = stale_pid(pid_file(settings))
@@ -119,8 +118,7 @@ def log_messages(log_path: Path, offset: int) -> list[str]:
 
 def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -> int:
     """``--start``: run ``argv`` with ``--foreground`` detached and wait at most ``wait_ready_s`` for
-    the startup models to be ready (0: registered). Exit status 0, or 1 with the cause on stderr.
-    """
+    the startup models to be ready (0: registered). Exit status 0, or 1 with the cause on stderr."""
     try:
         prepare_run_dir(settings.instance_dir)
         pid = running_pid(settings)
@@ -213,8 +211,7 @@ class _Run:
 
     def wait_models(self, info: dict[str, Any], wait_ready_s: float) -> str | None:
         """Wait for the status file's startup models; returns what to add to the "started" line, or
-        ``None`` when it failed (reported; a failed model stops the server).
-        """
+        ``None`` when it failed (reported; a failed model stops the server)."""
         models: dict[str, dict[str, Any]] = info.get("models") or {}
         if not models:
             return ""

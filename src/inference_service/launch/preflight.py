@@ -20,8 +20,7 @@ def model_store_problem(settings: Settings) -> str | None:
 
 def startup_problems(settings: Settings) -> list[str]:
     """``["startup model NAME: <the archive error>", ...]`` for each ``load_models`` archive in the store
-    that is missing or unreadable (server's rules; remote URLs and snapshots left to the server).
-    """
+    that is missing or unreadable (server's rules; remote URLs and snapshots left to the server)."""
     from inference_service.archive.model_archive import MANIFEST, is_remote_url, read_manifest, resolve_in_store
     from inference_service.errors import InferenceError
 

@@ -1,7 +1,6 @@
 """The run directory and its pid file: trusted only when it is this user's alone, and a pid
 file that names a server only while that server holds a ``flock`` on it (the kernel drops it
-however the process dies), so ``--stop`` never signals a process that reused a stale pid.
-"""
+however the process dies), so ``--stop`` never signals a process that reused a stale pid."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def _open_pid_file(path: Path, flags: int) -> int:
 
 def locked_pid(path: Path) -> int | None:
     """The pid in ``path`` if a running server holds its lock, else ``None`` (no file, or stale).
-    RunDirError when the pid file is a symbolic link.
-    """
+    RunDirError when the pid file is a symbolic link."""
     try:
         fd = _open_pid_file(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -102,8 +100,7 @@ class PidLock:
     @classmethod
     def acquire(cls, path: Path) -> PidLock | None:
         """Lock the pid file and write this pid; ``None`` when another server holds it. RunDirError for a
-        symbolic link; OSError when it cannot be created.
-        """
+        symbolic link; OSError when it cannot be created."""
         fd = _open_pid_file(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -82,8 +82,7 @@ def default_cache_root() -> Path:
 
 def converted_model_dir(gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where the conversion of ``gguf_path`` lives (existing or not): ``<root>/models/SmolLM2-135M-Instruct``
-    for the default file, else ``<root>/models/<stem>-<8 hex digits of a hash of path and size>``.
-    """
+    for the default file, else ``<root>/models/<stem>-<8 hex digits of a hash of path and size>``."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     path = Path(gguf_path).expanduser().resolve()
     if path.name == DEFAULT_GGUF_NAME:
@@ -222,8 +221,7 @@ def _is_current(directory: Path) -> bool:
 def _load_gguf_dense(source: Path) -> Any:
     """Load a GGUF file as a plain fp32 model that ``save_pretrained`` accepts: transformers' GGUF
     quantizer stays attached (and refuses serialization) even when dequantized, so the weights are
-    copied into a fresh model of the same config minus ``quantization_config``.
-    """
+    copied into a fresh model of the same config minus ``quantization_config``."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -296,8 +294,7 @@ def resolve_model_dir(config: Mapping[str, Any]) -> Path:
 
 def warm_up(model: Any) -> float:
     """Two tiny forward passes (prefill + one cached step) so the first request does not pay one-time
-    setup costs; returns the seconds spent.
-    """
+    setup costs; returns the seconds spent."""
     import torch
 
     start = time.perf_counter()

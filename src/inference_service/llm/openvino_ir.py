@@ -1,8 +1,7 @@
 """OpenVINO IR for the OpenVINO engine: converted once, with optimum-intel's exporter and NNCF's
 weight compression, into a cache keyed by the source model, the weight format and the tools'
 versions (docs/llm.md, "Engines"). The exporter runs in a child process: it loads the torch
-model, about 1 GB the worker need not keep.
-"""
+model, about 1 GB the worker need not keep."""
 
 from __future__ import annotations
 
@@ -138,8 +137,7 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
                cache_dir: str | os.PathLike[str] | None = None) -> tuple[Path, float | None]:
     """``(IR directory, conversion seconds or None when cached)`` of ``model_dir``; one process
     converts, others wait on a lock file. ModelPreparationError for an unknown weight format or a
-    failed conversion.
-    """
+    failed conversion."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")

@@ -41,8 +41,7 @@ __all__ = [
 
 def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
     """Parse one request of a handler's ``data`` batch: the body under ``"data"`` or ``"body"``, or the
-    row itself. InvalidRequest when there is none or it is invalid.
-    """
+    row itself. InvalidRequest when there is none or it is invalid."""
     if isinstance(row, Mapping):
         body = row.get("data")
         if body is None:
@@ -65,8 +64,7 @@ def max_token_chars(tokenizer: Any) -> int:
 def check_prompt_size(request: GenerationRequest, max_chars: int | None) -> None:
     """Refuse, before tokenization, a prompt whose characters (prompt, or messages' contents summed)
     exceed ``max_chars`` (context length times :func:`max_token_chars`; ``None``: no check): even at
-    the longest token it would not fit the context. Raises InvalidRequest.
-    """
+    the longest token it would not fit the context. Raises InvalidRequest."""
     if max_chars is None:
         return
     if request.prompt is not None:

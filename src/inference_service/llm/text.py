@@ -54,8 +54,7 @@ class IncrementalDecoder:
 
     def _advance_window(self) -> None:
         """Move the window start to a token boundary ``s`` where decoding ``ids[s:]`` gives exactly the
-        released text after ``decode(ids[start:s])``, so decoding stays equivalent.
-        """
+        released text after ``decode(ids[start:s])``, so decoding stays equivalent."""
         if self._released_ids - self._start < 2 * self._WINDOW:
             return
         new_start = self._released_ids - self._WINDOW

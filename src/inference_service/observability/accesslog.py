@@ -70,8 +70,7 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(level: str, log_format: str = "plain") -> None:
     """Set the root logger's level and its handlers' format, ``"plain"`` or ``"json"`` (a stderr
-    handler if it has none). ValueError for an unknown level or format.
-    """
+    handler if it has none). ValueError for an unknown level or format."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     # Neither format shows the caller's file/line, thread or process, so records skip
@@ -93,8 +92,7 @@ def configure_logging(level: str, log_format: str = "plain") -> None:
 class AccessLog:
     """Writes one line per RPC on the ``inference_service.access`` logger, whose level is INFO, so
     ``--log-level WARNING`` does not quiet it (``--no-access-log`` does). ``json_fields``: pass the
-    fields as record attributes (the JSON format); plain logs skip building them.
-    """
+    fields as record attributes (the JSON format); plain logs skip building them."""
 
     def __init__(self, json_fields: bool = False) -> None:
         self.json_fields = json_fields
@@ -118,8 +116,7 @@ class AccessLog:
     def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,
                     messages: int, peer: str, request_id: str = "") -> None:
         """Log one HTTP request: ``path`` as sent without the query, ``start`` a ``time.perf_counter()``,
-        ``peer`` in gRPC's form (``ipv4:127.0.0.1:50312``), "" for what is missing.
-        """
+        ``peer`` in gRPC's form (``ipv4:127.0.0.1:50312``), "" for what is missing."""
         if not self.logger.isEnabledFor(logging.INFO):
             return
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)

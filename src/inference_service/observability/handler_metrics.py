@@ -41,8 +41,7 @@ class HandlerMetricsExporter:
         sanitised dimension names plus ``Hostname``; unknown types become gauges. Runs on the event
         loop; never raises: an update that cannot be exported (one of our names, a clash, bad or
         changed dimensions or type, a negative counter increment) is dropped with one warning per name
-        and cause.
-        """
+        and cause."""
         for name, metric_type, unit, dims, value in updates:
             try:
                 self._apply(name, metric_type, unit, dims, value)

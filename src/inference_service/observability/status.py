@@ -27,8 +27,7 @@ STARTUP_STATES = (REGISTERING, REGISTERED, READY, FAILED, UNREGISTERED)
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` through a new temporary file (0600, ``O_EXCL``: a planted link
-    is never written through), then rename. OSError / TypeError pass through.
-    """
+    is never written through), then rename. OSError / TypeError pass through."""
     text = json.dumps(data, indent=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -52,8 +51,7 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 def startup_key(ident: str, version: str = "") -> str:
     """The ``models`` map key: ``ident`` (a ``load_models`` name or URL, a snapshot model's name), or
-    ``"ident/version"`` for a snapshot model (a snapshot may hold several versions).
-    """
+    ``"ident/version"`` for a snapshot model (a snapshot may hold several versions)."""
     return f"{ident}/{version}" if version else ident
 
 
@@ -75,8 +73,7 @@ class VersionView(Protocol):
 
 class StartupModels:
     """The startup models' states as the status file's ``models`` map; :meth:`as_json` derives a
-    registered model's state from its workers on each call.
-    """
+    registered model's state from its workers on each call."""
 
     def __init__(self) -> None:
         self._failed: dict[str, str] = {}

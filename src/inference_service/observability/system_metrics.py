@@ -52,8 +52,7 @@ _UNITS = {"Percent": "Percent", "Megabytes": "Megabytes (MiB, bytes / 1024^2)",
 @dataclass(frozen=True)
 class CpuTimes:
     """One reading of ``/proc/stat``'s ``cpu`` line, in clock ticks: ``busy`` neither idle nor iowait;
-    ``total`` all (guest time is part of user time, so not counted twice).
-    """
+    ``total`` all (guest time is part of user time, so not counted twice)."""
 
     busy: int
     total: int
@@ -160,8 +159,7 @@ def _percent(part: float, whole: float) -> float:
 
 class CpuUtilization:
     """CPU utilization between two readings of ``/proc/stat`` (psutil's ``cpu_percent(interval=None)``);
-    the first interval starts at construction. Thread-safe.
-    """
+    the first interval starts at construction. Thread-safe."""
 
     def __init__(self, read: Callable[[], CpuTimes | None] = read_cpu_times) -> None:
         self._read = read
@@ -171,8 +169,7 @@ class CpuUtilization:
 
     def percent(self) -> float | None:
         """Busy percent (0 to 100) since the previous call; ``None`` when ``/proc/stat`` cannot be read or
-        before a first interval; within one clock tick, the previous answer.
-        """
+        before a first interval; within one clock tick, the previous answer."""
         now = self._read()
         if now is None:
             return None

@@ -1,7 +1,6 @@
 """TLS and mutual TLS on the gRPC ports: TorchServe's ``enable_grpc_ssl`` keys, plus
 ``client_ca_file`` (``--tls-client-ca``) for client certificates, which TorchServe does not
-offer. See docs/security.md.
-"""
+offer. See docs/security.md."""
 
 from __future__ import annotations
 

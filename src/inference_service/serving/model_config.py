@@ -15,8 +15,7 @@ from inference_service.errors import InvalidArgument, shorten
 @dataclass
 class ModelConfig:
     """Effective settings of one model version (units in the names); defaults are TorchServe's. See
-    docs/configuration.md.
-    """
+    docs/configuration.md."""
 
     batch_size: int = 1
     max_batch_delay_ms: int = 100

@@ -1,6 +1,5 @@
 """The registry entry of one registered model version: its effective config, job queue,
-worker slots (:mod:`inference_service.dispatch.supervisor`) and sequences.
-"""
+worker slots (:mod:`inference_service.dispatch.supervisor`) and sequences."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ _worker_ids = itertools.count(9000)
 
 class ModelVersion:
     """One version of a registered model; ``handler`` is RegisterModel's entry point, else the
-    manifest's; ``on_change`` is called when worker states change (health updates).
-    """
+    manifest's; ``on_change`` is called when worker states change (health updates)."""
 
     def __init__(self, name: str, archive: ModelArchive, config: ModelConfig, handler: str,
                  server_version: str, on_change: Callable[[], None], loaded_at_startup: bool = False,
@@ -283,8 +281,7 @@ class ModelVersion:
 
     async def close(self) -> None:
         """Stop every worker, fail queued jobs, remove the extracted archive; scale-downs still running
-        are awaited too.
-        """
+        are awaited too."""
         self.closed = True
         self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
         await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))

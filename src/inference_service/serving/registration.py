@@ -35,8 +35,7 @@ def version_key(version: str) -> tuple[int, ...] | None:
 
 def newest_version(versions: Iterable[str]) -> str:
     """The fallback default version: the numerically highest dot-separated-integer one
-    (:func:`version_key`), else the last registered.
-    """
+    (:func:`version_key`), else the last registered."""
     ordered = list(versions)
     numeric = [(key, i) for i, v in enumerate(ordered) if (key := version_key(v)) is not None]
     return ordered[max(numeric)[1]] if numeric else ordered[-1]
@@ -71,8 +70,7 @@ class ModelEntry:
 def list_models_page(models: Mapping[str, ModelEntry], limit: int, next_page_token: int) -> dict[str, Any]:
     """One page of TorchServe's ListModels JSON, names sorted, the default version's URL; never raises.
     ``limit`` outside 1..100 means 100 (TorchServe answers an empty page for 0, which proto3 cannot
-    tell from unset); a negative ``next_page_token`` is 0, as TorchServe.
-    """
+    tell from unset); a negative ``next_page_token`` is 0, as TorchServe."""
     if limit <= 0 or limit > 100:  # TorchServe's ApiUtils.getModelList: outside 1..100 means 100
         limit = 100
     next_page_token = max(0, next_page_token)  # as TorchServe: a negative token is the first page
@@ -96,8 +94,7 @@ def valid_model_name(name: str) -> bool:
 @dataclass
 class PreparedVersion:
     """A model version ready to be registered; the caller removes ``archive`` if registration fails.
-    ``name`` and ``handler`` are the request's, else the manifest's.
-    """
+    ``name`` and ``handler`` are the request's, else the manifest's."""
 
     archive: ModelArchive
     name: str

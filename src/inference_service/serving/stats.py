@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 
 class RequestStats(Protocol):
     """What the core records one request of a model into (``metrics.ModelStats`` is one); ``requests``
-    counts requests looked up successfully.
-    """
+    counts requests looked up successfully."""
 
     requests: int
 

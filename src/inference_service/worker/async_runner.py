@@ -102,8 +102,7 @@ class AsyncRunner:
 
     async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:
         """The request's last frame: FINAL with the result, or its status error; TypeError for other than
-        one result, and whatever the handler raises.
-        """
+        one result, and whatever the handler raises."""
         assert self.worker.service is not None
         result = self.worker.service.handle([inputs], context)
         if inspect.isasyncgen(result):

@@ -115,8 +115,7 @@ class WorkerChannel:
 
     def next_pending(self) -> tuple[int, bytes] | None:
         """The oldest frame a poll kept (not a cancel or credit), ``None`` if none; ``(0, b"")`` is the
-        channel's end.
-        """
+        channel's end."""
         if not self._pending:
             return None
         item = self._pending.popleft()

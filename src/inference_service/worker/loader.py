@@ -72,8 +72,7 @@ def _module_function(module: ModuleType, name: str) -> Callable[..., Any] | None
 
 def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
     """TorchServe's load-time call ``fn(None, context)``; a generator, coroutine or async generator it
-    returns is run to its end.
-    """
+    returns is run to its end."""
     result = fn(None, context)
     if inspect.isgenerator(result):
         for _ in result:

@@ -67,8 +67,7 @@ class Worker:
 
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
         """One result per request of the batch (a generator's items go out as intermediate responses);
-        TypeError for another count, and whatever the handler raises.
-        """
+        TypeError for another count, and whatever the handler raises."""
         assert self.service is not None
         result = self.service.handle(data, self.context)
         if inspect.isgenerator(result):

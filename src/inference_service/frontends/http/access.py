@@ -1,7 +1,6 @@
 """The access log of the HTTP APIs (8080, 8081, ``/v1``, ``/v2``): :func:`install_access_log` puts a
 middleware in front of an application's own, so it sees the status the client gets, and counts
-a stream's chunks. Format: :mod:`inference_service.observability.accesslog`.
-"""
+a stream's chunks. Format: :mod:`inference_service.observability.accesslog`."""
 
 from __future__ import annotations
 

@@ -206,8 +206,7 @@ class HttpManagementApi:
     # --------------------------------------------------------------- routes
     async def register(self, request: web.Request) -> web.Response:
         """``POST /models``: RegisterModel. A version registered already is 409 (TorchServe's
-        ConflictStatusException); other FAILED_PRECONDITION errors 400.
-        """
+        ConflictStatusException); other FAILED_PRECONDITION errors 400."""
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
         params, synchronous_default = await _register_params(request)
@@ -233,8 +232,7 @@ class HttpManagementApi:
 
     async def describe(self, request: web.Request) -> web.Response:
         """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array; ``customized=true`` gets
-        the same (the handler's customized metadata is not asked for).
-        """
+        the same (the handler's customized metadata is not asked for)."""
         boolean(request.query, "customized", False)
         name, version = _model(request)
         return json_response(describe_json(self.core.versions(name, version)))
@@ -273,8 +271,7 @@ class HttpManagementApi:
 
     async def token(self, request: web.Request) -> web.Response:
         """``/token?type=management|inference``: a new key in ``key_file.json``; 400 for another type or
-        a key the operator fixed, 500 when the key file cannot be written.
-        """
+        a key the operator fixed, 500 when the key file cannot be written."""
         scope = request.query.get("type", "")
         if scope not in (MANAGEMENT, INFERENCE):
             raise InvalidArgument(f"parameter type must be {MANAGEMENT} or {INFERENCE}, got {scope!r}")

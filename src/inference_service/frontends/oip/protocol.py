@@ -42,8 +42,7 @@ T = TypeVar("T")
 class Tensor:
     """One tensor of a request or response; ``data`` flattened row-major: bools, ints, floats, or for
     BYTES ``bytes`` (arrived as bytes) / ``str`` (JSON text); raw fixed-size inputs stay raw until
-    written out (:class:`~inference_service.frontends.oip.tensors.RawElements`).
-    """
+    written out (:class:`~inference_service.frontends.oip.tensors.RawElements`)."""
 
     name: str
     datatype: str
@@ -63,8 +62,7 @@ class RequestedOutput:
 @dataclass
 class InferRequest:
     """One v2 inference request, checked: ``model_version`` "" is the default version, ``id`` "" when
-    the client sent none, ``outputs`` empty means all.
-    """
+    the client sent none, ``outputs`` empty means all."""
 
     model_name: str
     model_version: str

@@ -20,8 +20,7 @@ from inference_service.errors import InferenceError
 class DataType:
     """How one protocol data type is stored: ``fmt`` the ``struct`` character (``""`` for BYTES),
     ``field`` the ``InferTensorContents`` field (``""``: raw only, FP16 and BF16), ``low``/``high``
-    the inclusive range of integer kinds.
-    """
+    the inclusive range of integer kinds."""
 
     name: str
     fmt: str
@@ -71,8 +70,7 @@ def datatype(name: str, error: type[InferenceError], what: str) -> DataType:
 
 def element_count(shape: Iterable[Any], error: type[InferenceError], what: str = "tensor") -> int:
     """The number of elements of ``shape`` (1 for ``[]``); ``error`` for a dimension that is not a
-    non-negative integer (the protocol's ``-1`` appears only in model metadata).
-    """
+    non-negative integer (the protocol's ``-1`` appears only in model metadata)."""
     count = 1
     for dim in shape:
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
@@ -102,8 +100,7 @@ def flatten(data: Any) -> list[Any]:
 
 def check_values(dtype: DataType, values: list[Any], error: type[InferenceError], what: str) -> list[Any]:
     """Check and normalise JSON-typed elements against ``dtype`` (integers become floats for float
-    types; BYTES keeps ``str`` or ``bytes``); ``error`` names ``what`` and the element's index.
-    """
+    types; BYTES keeps ``str`` or ``bytes``); ``error`` names ``what`` and the element's index."""
     kind = dtype.kind
     for index, value in enumerate(values):
         if kind == "float":
@@ -132,8 +129,7 @@ def check_count(count: int, expected: int, error: type[InferenceError], what: st
 
 def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
     """The ``count`` elements of raw tensor bytes, as floats, ints, bools or ``bytes``; ``error`` when
-    ``raw`` does not hold exactly ``count``.
-    """
+    ``raw`` does not hold exactly ``count``."""
     if dtype.name == "BYTES":
         return _decode_bytes(raw, count, what, error)
     size = dtype.itemsize
@@ -151,8 +147,7 @@ def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[I
 class RawElements:
     """Fixed-size elements kept as raw bytes and decoded slice by slice when written out, so a request
     holds its raw size, not Python numbers (eight times more for FP32). ``len()`` is the element
-    count; ``elements[start:stop]`` decodes that slice.
-    """
+    count; ``elements[start:stop]`` decodes that slice."""
 
     def __init__(self, dtype: DataType, raw: bytes, count: int) -> None:
         self.dtype = dtype
@@ -183,8 +178,7 @@ class RawElements:
 
 class RawBytesElements(RawElements):
     """BYTES elements kept raw (a small one costs about 40 bytes as a Python ``bytes``), decoded slice
-    by slice; slices are cheapest in order (a cursor remembers the last end).
-    """
+    by slice; slices are cheapest in order (a cursor remembers the last end)."""
 
     def __init__(self, raw: bytes, count: int) -> None:
         super().__init__(DATATYPES["BYTES"], raw, count)
@@ -215,8 +209,7 @@ class RawBytesElements(RawElements):
 
 def raw_elements(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> RawElements:
     """A :class:`RawElements` (BYTES: :class:`RawBytesElements`, lengths checked) view of ``count``
-    elements; ``error`` when ``raw`` does not hold exactly that many.
-    """
+    elements; ``error`` when ``raw`` does not hold exactly that many."""
     if dtype.name == "BYTES":
         _check_bytes(raw, count, what, error)
         return RawBytesElements(raw, count)
@@ -268,8 +261,7 @@ PACK_SLICE = 65536
 
 def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, error: type[InferenceError]) -> bytes:
     """Raw tensor bytes of checked ``values`` (BYTES: ``bytes`` or UTF-8 ``str``); ``error`` for a value
-    the type cannot hold (e.g. beyond FP16's range).
-    """
+    the type cannot hold (e.g. beyond FP16's range)."""
     n = len(values)
     try:
         if dtype.name == "BYTES":

@@ -1,6 +1,5 @@
 """The ``/v1`` routes, mounted at start; :mod:`inference_service.frontends.openai.api` (and pydantic
-with its schemas, about 7 MiB) is imported on the first ``/v1`` request, not at start.
-"""
+with its schemas, about 7 MiB) is imported on the first ``/v1`` request, not at start."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def unauthorized_response(request: web.Request) -> web.Response:
 
 class LazyOpenAIApi:
     """The ``/v1`` sub-application: :data:`ROUTES` and the error middleware, forwarding to an
-    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request.
-    """
+    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request."""
 
     def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
         self.core = core
@@ -80,8 +78,7 @@ class LazyOpenAIApi:
 def add_openai_routes(app: web.Application, core: InferenceCore, *,
                       http_status: Callable[[InferenceError], int]) -> LazyOpenAIApi:
     """Mount the OpenAI-compatible API at ``/v1`` on ``app`` before it starts; ``app``'s middlewares
-    (token authorization) run first, then failures are answered in OpenAI's shape.
-    """
+    (token authorization) run first, then failures are answered in OpenAI's shape."""
     api = LazyOpenAIApi(core, http_status)
     app.add_subapp(PREFIX, api.app)
     return api
