@@ -115,11 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The event loop constructor of the ``event_loop`` setting: uvloop's, or asyncio's own.
-
-    Raises:
-        ConfigError: uvloop was chosen but cannot be imported.
-    """
+    """The ``event_loop`` setting's loop constructor (uvloop's or asyncio's); ConfigError if uvloop is missing."""
     if name == "asyncio":
         return asyncio.new_event_loop
     try:
@@ -131,12 +127,8 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Build :class:`Settings`: defaults < ``--ts-config`` < command line.
-
-    Raises:
-        ConfigError: the config file is unreadable or has a malformed value, or
-            the TLS settings do not fit together (:func:`inference_service.security.tls.validate`).
-    """
+    """Build :class:`Settings`: defaults < ``--ts-config`` < command line; ConfigError for an
+    unreadable or malformed config, or TLS settings that do not fit together."""
     settings = Settings()
     if args.ts_config is not None:
         apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))

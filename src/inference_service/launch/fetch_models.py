@@ -36,14 +36,8 @@ class FetchError(Exception):
 
 
 def archive_name(spec: str) -> tuple[str, str]:
-    """Split a ``[NAME=]URL`` argument into ``(file name, url)``.
-
-    Without ``NAME`` the file name is the last segment of the URL's path, percent-decoded.
-
-    Raises:
-        FetchError: the name is not a plain file name (letters, digits, ``._-``, not starting
-            with a dot) ending in ``.mar``, ``.tar.gz`` or ``.tgz``.
-    """
+    """``(file name, url)`` of a ``[NAME=]URL`` argument (no NAME: the URL path's last segment,
+    percent-decoded); FetchError unless a plain name ending in ``.mar``, ``.tar.gz`` or ``.tgz``."""
     name, sep, url = spec.partition("=")
     if not sep or "://" in name:  # a bare URL (its query may hold '=')
         name, url = unquote(urlparse(spec).path.rsplit("/", 1)[-1]), spec
@@ -54,13 +48,8 @@ def archive_name(spec: str) -> tuple[str, str]:
 
 
 def fetch_into_store(spec: str, model_store: Path, policy: UrlPolicy) -> Path:
-    """Fetch one ``[NAME=]URL`` archive into ``model_store``; returns its path there.
-
-    Raises:
-        FetchError: the name is refused (:func:`archive_name`), the URL is refused or cannot
-            be fetched (the server's reasons, see :func:`~inference_service.archive.fetch.fetch_archive`),
-            or the download is neither a zip nor a tar archive. Nothing is left in the store then.
-    """
+    """Fetch one ``[NAME=]URL`` archive into ``model_store`` and return its path; FetchError (leaving
+    nothing in the store) for a refused name or URL, a failed fetch, or neither zip nor tar."""
     name, url = archive_name(spec)
     try:
         download = fetch_archive(url, model_store, policy)

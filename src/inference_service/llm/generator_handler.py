@@ -21,22 +21,9 @@ class LLMGeneratorHandler(LLMHandler):
     def handle(  # type: ignore[override]
         self, data: list[dict[str, Any]], context: Context
     ) -> Generator[list[Any], None, list[Any]]:
-        """Generate all requests of the batch together, yielding each step's text pieces.
-
-        Args:
-            data: one input map per request (body under ``data`` or ``body``).
-            context: the worker's context for this batch.
-
-        Yields:
-            Lists of ``len(data)`` entries: the new text piece of each request that
-            released text in this step, ``None`` for the others (at least one entry is
-            not ``None``).
-
-        Returns:
-            One final message per request (the remaining text or the usage
-            object; a rejected request's error message, which the worker
-            discards in favour of INVALID_ARGUMENT).
-        """
+        """Generate all requests of the batch together, yielding per step a list of ``len(data)`` entries
+        (a request's new text piece, or ``None``; at least one not ``None``), and returning one final
+        message per request (a rejected request's is discarded for INVALID_ARGUMENT)."""
         batch = self._generate_batch(data, context)
         try:
             pieces = next(batch)

@@ -32,13 +32,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class LoopLagMonitor:
-    """Measures the lag of the running event loop and names who holds it (see the module docstring).
-
-    Args:
-        registry: where the histogram is registered (``None``: not exported, still logged).
-        interval_s: heartbeat period (s).
-        warn_s: a loop held longer than this (s) is logged as a warning.
-    """
+    """Measures the running loop's lag and names who holds it; ``registry`` ``None``: logged only.
+    Periods in seconds."""
 
     def __init__(self, registry: CollectorRegistry | None, interval_s: float = 0.05, warn_s: float = 0.1) -> None:
         self.interval_s = interval_s

@@ -60,11 +60,7 @@ class SnapshotStore:
         return files[-1] if files else None
 
     def save(self, core: InferenceCore, model_store: Path | None) -> Path:
-        """Write the current registry atomically; prune old files. Returns the new file.
-
-        Raises:
-            OSError: the directory is not writable.
-        """
+        """Write the current registry atomically and prune old files; returns the new file (OSError passes)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         now_us = time.time_ns() // 1000  # one clock read: seconds and microseconds always agree
         name = time.strftime("%Y%m%d%H%M%S", time.localtime(now_us // 1_000_000)) + f"{now_us % 1_000_000:06d}"
@@ -104,11 +100,7 @@ class SnapshotStore:
         return path
 
     def load(self, path: Path) -> list[SnapshotModel]:
-        """Parse a snapshot file.
-
-        Raises:
-            SnapshotError: unreadable, not properties, or a malformed ``model_snapshot``.
-        """
+        """Parse a snapshot file; SnapshotError when unreadable or malformed."""
         try:
             with open(path, encoding="utf-8") as f:
                 props = javaproperties.load(f)

@@ -45,24 +45,13 @@ def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
 
 
 def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Apply a model's CPU settings to this worker process, before torch is imported.
-
-    Args:
-        handler_config: the ``handler`` section of model-config.yaml. Keys (all optional):
-            ``cpu_affinity`` (CPUs this worker runs on, see :func:`parse_affinity`),
-            ``torch_threads`` (intra-op threads; default: the inherited ``OMP_NUM_THREADS``,
-            which the server sets from ``worker_threads`` or :func:`default_threads`; capped
-            at the CPUs of ``cpu_affinity``), ``omp_wait_policy`` (``passive`` or
-            ``active``; default: the inherited ``OMP_WAIT_POLICY``, else ``passive``).
-        environ: the environment to set (``os.environ`` by default).
-
-    Returns:
-        ``{"threads", "wait_policy", "affinity"}`` as applied (``affinity`` a sorted list or
-        ``None``).
+    """Apply a model's ``handler`` CPU keys to this worker process, before torch is imported, and
+    return ``{"threads", "wait_policy", "affinity"}`` as applied. ``torch_threads`` defaults to the
+    inherited ``OMP_NUM_THREADS`` (set by the server) and is capped at the CPUs of ``cpu_affinity``;
+    ``omp_wait_policy`` to the inherited ``OMP_WAIT_POLICY``, else ``passive``.
 
     Raises:
-        ValueError: a key has a malformed value, or ``cpu_affinity`` names CPUs this process
-            may not use.
+        ValueError: a malformed value, or ``cpu_affinity`` naming CPUs this process may not use.
     """
     env = os.environ if environ is None else environ
     affinity = parse_affinity(handler_config.get("cpu_affinity"))
