@@ -1,11 +1,5 @@
-"""Safe extraction of a model archive (zip ``.mar`` or tar/tgz) into a directory.
-
-The one hardened path for local and downloaded archives alike. Every member is
-checked before anything is written: its name must stay inside the extraction
-directory (no ``..``, no absolute path, no drive letter), it must be a regular
-file or a directory (no symbolic or hard link, no device), and the total
-uncompressed size is capped. Only then are the members written.
-"""
+"""Safe extraction of a model archive (zip ``.mar`` or tar/tgz): every member is checked before
+anything is written (inside the directory, a regular file or directory, total size capped)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Remote model archives: which ``http(s)`` URLs may be fetched, and the download itself.
-
-As TorchServe's ``allowed_urls``: a remote RegisterModel ``url`` is fetched only
-when one of the operator's patterns matches it (:class:`UrlPolicy`, checked
-before anything is fetched and again for every redirect), with a size cap and a
-deadline, into a randomly named file. Extraction is then the same as for a
-local archive (:mod:`inference_service.archive.extract`).
-"""
+"""Remote model archives: which ``http(s)`` URLs may be fetched (TorchServe's ``allowed_urls``,
+checked before fetching and for every redirect), and the capped, timed download into a randomly
+named file. See docs/security.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Statistics, declared once: engine statistics as dataclasses (vLLM's ``SchedulerStats`` and
 ``IterationStats``) and one model version's serving state (:class:`VersionStats`).
 
-Each field of an engine statistic carries its kind, its Prometheus family and help
-(:func:`stat`); the worker's METRIC frames (``serving:<field>``), the server's
-``inference_service_llm_*`` families and the worker's log metrics line are all derived from
-these fields (docs/observability.md lists them). A new statistic is one field here.
+METRIC frames, the ``inference_service_llm_*`` families and the log metrics line are all derived
+from the fields (:func:`stat`): a new statistic is one field here. See docs/observability.md.
 """
 
 from __future__ import annotations

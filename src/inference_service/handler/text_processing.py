@@ -1,8 +1,4 @@
-"""Text cleanup, tokenisation, n-grams and vocabularies for the built-in text handlers.
-
-What TorchServe's ``TextHandler`` does with torchtext, done without it. A pickled vocabulary
-object loads only when the caller passes ``weights_only=False``.
-"""
+"""Text cleanup, tokenisation, n-grams and vocabularies: TorchServe's ``TextHandler`` steps without torchtext."""
 
 from __future__ import annotations
 

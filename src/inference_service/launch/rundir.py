@@ -84,9 +84,7 @@ def stale_pid(path: Path) -> str | None:
 
 
 class PidLock:
-    """This server's pid file, locked for as long as the server runs.
-
-    Quick start::
+    """This server's pid file, locked while the server runs::
 
         lock = PidLock.acquire(run_dir / "inference_service.pid")  # None: another server runs
         ...

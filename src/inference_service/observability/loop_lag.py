@@ -1,15 +1,10 @@
 """Event-loop lag: how late the frontend's event loop runs what is due, and who held it.
 
 A heartbeat every ``interval_s`` (50 ms) records its lateness in
-``inference_service_event_loop_lag_seconds``; a watchdog thread logs a warning naming the HTTP
-route or gRPC method that holds the loop past ``warn_s`` (100 ms), or "no request running" when
-another thread holds the interpreter. See docs/observability.md.
-
-Quick start::
-
-    monitor = LoopLagMonitor(registry)        # a prometheus_client CollectorRegistry, or None
-    app.middlewares.insert(0, monitor.middleware)
-    monitor.start()                           # in the running loop
+``inference_service_event_loop_lag_seconds``; a watchdog thread logs the HTTP route or gRPC
+method holding the loop past ``warn_s`` (100 ms), or "no request running" when another thread
+holds the interpreter. Install :meth:`LoopLagMonitor.middleware` first, then :meth:`LoopLagMonitor.start` in
+the running loop. See docs/observability.md.
 """
 
 from __future__ import annotations

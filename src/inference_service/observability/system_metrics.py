@@ -183,17 +183,10 @@ class CpuUtilization:
 
 
 class SystemMetricsCollector:
-    """``prometheus_client`` collector of TorchServe's system metrics (gauges, read at scrape time).
-
-    Quick start::
-
-        registry.register(SystemMetricsCollector("myhost"))
-
-    Args:
-        disk_path: a path on the file system the disk gauges measure (``/``, as TorchServe).
-        gpus: lists the GPUs, may raise ``OSError``; ``None``: no GPU gauges, nothing queried
-            (TorchServe's ``number_of_gpu=0``).
-    """
+    """``prometheus_client`` collector of TorchServe's system metrics, e.g.
+    ``registry.register(SystemMetricsCollector("myhost"))``. ``disk_path``: a path on the measured
+    file system (``/``, as TorchServe); ``gpus``: lists the GPUs, may raise ``OSError``; ``None``: no
+    GPU gauges, nothing queried (TorchServe's ``number_of_gpu=0``)."""
 
     def __init__(self, hostname: str, disk_path: str | Path = "/",
                  meminfo: Callable[[], MemoryInfo | None] = read_memory,

@@ -1,12 +1,10 @@
 """Continuous batching in the worker: TorchServe's ``continuousBatching: true`` contract.
 
-The handler is called again and again with the requests running on this worker; new requests
-join at the next call (up to ``batch_size``), each leaves when it ends. ``data[index]`` is the
-input map on a request's first call and ``{}`` afterwards; ``context.stopping_criteria`` says
-per request whether a result is its last. A request whose client lags pauses, is preempted after
-``streamPausePreemptMSec`` and ended (RESOURCE_EXHAUSTED) after ``streamPauseAbortMSec``; the
-optional ``preempt_requests`` / ``drop_requests`` handler methods are additions.
-See docs/own-model.md and docs/llm.md.
+The handler is called again and again with the running requests (up to ``batch_size``);
+``data[index]`` is a request's input map on its first call, ``{}`` after;
+``context.stopping_criteria`` says per request whether a result is its last. A lagging stream
+pauses, is preempted after ``streamPausePreemptMSec`` and ended after ``streamPauseAbortMSec``;
+``preempt_requests`` / ``drop_requests`` are optional handler additions. See docs/llm.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N``
-(or ``--connect PATH`` for each rank of a torchrun-launched group).
-
-Reads the ``INIT`` spec, applies the CPU settings (:mod:`.cpu`) before anything imports torch,
-loads the handler and answers ``READY`` or ``LOAD_FAILED``; then serves on the main thread, which
-reads the socket itself (no thread hand-off per request), in the spec's mode (:mod:`.runtime`,
-:mod:`.continuous` or :mod:`.async_runner`).
-"""
+"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N`` (or
+``--connect PATH`` per torchrun rank). CPU settings are applied before anything imports torch;
+the main thread reads the socket itself (no thread hand-off per request)."""
 
 from __future__ import annotations
 

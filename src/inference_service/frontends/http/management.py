@@ -121,20 +121,15 @@ def management_ssl_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 class HttpManagementApi:
-    """TorchServe's HTTP/1.1 management API (``/models``, ``/token``) on an aiohttp server.
-
-    Quick start::
+    """TorchServe's HTTP/1.1 management API (``/models``, ``/token``) on an aiohttp server::
 
         api = HttpManagementApi(core, auth=token_authorization, model_api_enabled=True)
         port = await api.start("127.0.0.1", 0)   # the bound port
         ...
         await api.stop()
 
-    Args:
-        auth: the token authorization (``None``: off, and no ``/token`` route).
-        model_api_enabled: serve ``POST /models`` and ``DELETE`` (``--enable-model-api``).
-        max_request_size: largest request body in bytes.
-        shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
+    ``auth`` ``None``: off, and no ``/token`` route; ``shutdown_timeout_s``: how long open
+    responses may finish at :meth:`stop`.
     """
 
     def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
@@ -322,14 +317,9 @@ def _method_not_allowed(allowed: set[str] | frozenset[str], hint: str = "") -> w
 
 
 async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
-    """RegisterModel's parameters and the default of ``synchronous``: from an ``application/json``
-    body (default false, TorchServe's Gson defaults), else from the query (default true, as
-    TorchServe's ``RegisterModelRequest``).
-
-    Raises:
-        InvalidArgument: a JSON body that is not an object, not JSON, nested deeper than
-            ``max_json_depth`` or holding more than ``max_json_nodes`` objects and arrays.
-    """
+    """RegisterModel's parameters and ``synchronous``'s default: from an ``application/json`` body
+    (false, TorchServe's Gson defaults), else the query (true, its ``RegisterModelRequest``).
+    InvalidArgument for a JSON body that is not an object or passes the JSON bounds."""
     if request.content_type != "application/json":
         return dict(request.query), True
     raw = await request.read()
