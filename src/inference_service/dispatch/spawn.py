@@ -90,12 +90,8 @@ def _pipe_reader(fd: int) -> asyncio.StreamReader:
 
 async def spawn(argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = (),
                 start_new_session: bool = False) -> ChildProcess:
-    """Start ``argv`` with stdin from ``/dev/null`` and piped stdout/stderr, keeping ``pass_fds``
-    open in the child (and leading a new session when ``start_new_session``).
-
-    Raises:
-        OSError: the program cannot be started.
-    """
+    """Start ``argv`` with stdin ``/dev/null``, piped stdout/stderr, ``pass_fds`` kept open (and a new
+    session when ``start_new_session``); OSError when it cannot be started."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:

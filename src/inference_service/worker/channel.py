@@ -17,12 +17,10 @@ _RECV_BYTES = 1 << 18
 
 
 class WorkerChannel:
-    """The worker's end of the IPC socket: framed writes under a lock, frame reads, cancel set.
-
-    Only the main thread reads: :meth:`read_frame` between batches, :meth:`poll` while a handler
-    runs. With :attr:`window` > 0 a request may send ``window`` intermediate responses beyond its
-    credits; the next :meth:`send_intermediate` blocks until a ``CREDIT`` or ``CANCEL``.
-    """
+    """The worker's end of the IPC socket. Only the main thread reads: :meth:`read_frame` between
+    batches, :meth:`poll` while a handler runs. With :attr:`window` > 0 a request may send ``window``
+    intermediate responses beyond its credits; the next :meth:`send_intermediate` blocks until a
+    ``CREDIT`` or ``CANCEL``."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
