@@ -1,16 +1,8 @@
 """Command line: ``inference-service`` (and ``python -m inference_service``).
 
-Accepts the ``torchserve`` flags users' scripts already pass (``--start``,
-``--stop``, ``--foreground``, ``--model-store``, ``--models``, ``--ts-config``,
-``--ncs``, ``--disable-token-auth``, ``--enable-model-api``) plus options of
-its own, and builds the one :class:`~inference_service.config.Settings` of the run
-(:func:`settings_from_args`). A model store that does not exist is refused in every
-mode (TorchServe's text, "--model-store directory not found").
-
-``--foreground`` runs the server in this process (:func:`inference_service.server.serve`);
-``--start`` (the default) runs it in the background and waits for its startup models,
-and ``--stop`` stops the instance of this working directory (or ``--run-dir``): both in
-:mod:`inference_service.launch.launcher`.
+Accepts the ``torchserve`` flags users' scripts already pass plus options of its own, and builds
+the run's one :class:`~inference_service.config.Settings` (:func:`settings_from_args`).
+See docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -123,11 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The event loop constructor of the ``event_loop`` setting: uvloop's, or asyncio's own.
-
-    Raises:
-        ConfigError: uvloop was chosen but cannot be imported.
-    """
+    """The ``event_loop`` setting's loop constructor (uvloop's or asyncio's); ConfigError if uvloop is missing."""
     if name == "asyncio":
         return asyncio.new_event_loop
     try:
@@ -139,12 +127,8 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Build :class:`Settings`: defaults < ``--ts-config`` < command line.
-
-    Raises:
-        ConfigError: the config file is unreadable or has a malformed value, or
-            the TLS settings do not fit together (:func:`inference_service.security.tls.validate`).
-    """
+    """Build :class:`Settings`: defaults < ``--ts-config`` < command line; ConfigError for an
+    unreadable or malformed config, or TLS settings that do not fit together."""
     settings = Settings()
     if args.ts_config is not None:
         apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))

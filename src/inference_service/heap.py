@@ -1,12 +1,8 @@
 """Keep large request buffers out of the process heap, so their memory goes back to the OS.
 
-glibc's ``malloc`` serves an allocation above its mmap threshold (128 KiB at start) from a
-mapping of its own, unmapped on ``free``. But the threshold is dynamic: each time such a chunk
-is freed it rises to that chunk's size (up to 32 MiB), after which requests of megabytes come
-from the heap, whose freed space the process keeps. A server that receives, and refuses or
-answers, messages of up to tens of megabytes then grows by their high-water mark and by the
-fragmentation between them (measured here: tens of MiB after a few hundred large requests of
-mixed sizes). Fixing the threshold keeps every buffer above it in its own mapping.
+glibc's mmap threshold (128 KiB) rises to each freed mmapped chunk's size (up to 32 MiB), after
+which megabyte buffers come from the heap, which keeps freed space: tens of MiB grew after a
+few hundred large requests of mixed sizes. Fixing the threshold keeps them in own mappings.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
-from conftest import read_key, wait_for
+from conftest import ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
 
 
@@ -60,8 +60,6 @@ def test_predictions_on_streaming_handler_concatenates(server):
 
 
 def test_local_rank_not_zero_sends_no_intermediate(store, tmp_path):
-    from conftest import ServerProcess
-
     srv = ServerProcess(tmp_path, store, ["--models", "echo=echo.mar", "--workers-per-model", "1"],
                         env={"LOCAL_RANK": "1"})
     try:

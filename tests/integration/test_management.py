@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from conftest import wait_for
+from conftest import ServerProcess, wait_for
 from inference_service._proto import management_pb2
 
 
@@ -229,8 +229,6 @@ def test_describe_has_torchserve_keys(server):
 
 
 def test_model_api_disabled_by_default(store, tmp_path):
-    from conftest import ServerProcess
-
     srv = ServerProcess(tmp_path, store, ["--models", "echo=echo.mar", "--workers-per-model", "1"])
     try:
         code, details = _code(srv.register, "fn.mar")

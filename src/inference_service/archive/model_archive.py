@@ -1,28 +1,11 @@
-"""Model archives and the model store.
+"""Model archives (``.mar`` zip, tgz, or an unpacked directory) and the model store.
 
-A model archive is what ``torch-model-archiver`` writes: a zip ``.mar`` (its
-default), a gzipped tar (``--archive-format tgz``), or an unpacked directory
-(``no-archive``), each holding ``MAR-INF/MANIFEST.json`` and the handler,
-weights, extra files and the per-model YAML config named by
-``model.configFile``. Local archives are opened only from inside the model
-store: the name given (RegisterModel's ``url``, ``--models``) must stay in it as
-written (no ``..``, no absolute path elsewhere), and a symbolic link found there is
-then followed wherever it points, as TorchServe does (an operator's choice:
-TorchServe's test harness and Kubernetes volume mounts fill stores with links);
-``http(s)://`` URLs are fetched only when they match ``allowed_urls``
-(:class:`~inference_service.archive.fetch.UrlPolicy`, checked before anything
-is fetched, and again for every redirect), with a size cap and a deadline, into
-the per-instance directory. Extraction is the one hardened path for both
-(:mod:`inference_service.archive.extract`): member names must stay inside the
-extraction directory (no ``..``, no absolute paths, no links) and the total
-uncompressed size is capped. Extraction directories are named after the
-archive's sanitised name plus a random suffix; the manifest and YAML are data
-(``json``, and ``yaml.safe_load`` within a size and node budget:
-:mod:`inference_service.archive.yaml_budget`), never code.
-
-This module opens archives; the checks of the ``url`` text live in
-:mod:`inference_service.archive.model_url`. ``UrlPolicy``, ``fetch_archive``,
-``is_remote_url`` and ``sanitize_archive_name`` are re-exported from here.
+Local archives are opened only from inside the model store as named (no ``..``); a symbolic
+link found there is followed, as TorchServe does. Remote ones are fetched under
+:class:`~inference_service.archive.fetch.UrlPolicy`; both are extracted by the one hardened path
+(:mod:`inference_service.archive.extract`), and manifest and YAML are read as data, never code
+(:mod:`inference_service.archive.yaml_budget`). The ``url`` text checks live in
+:mod:`inference_service.archive.model_url`. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -67,15 +50,8 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 
 @dataclass
 class ModelArchive:
-    """An opened model archive.
-
-    Attributes:
-        url: the URL it was registered with.
-        model_dir: directory holding its files (extracted copy, or the directory itself).
-        manifest: ``MAR-INF/MANIFEST.json`` as a dict.
-        config: the per-model YAML config (``{}`` without one).
-        extracted: whether ``model_dir`` is a private copy to delete on unregister.
-    """
+    """An opened model archive: ``config`` the per-model YAML (``{}`` without one); ``extracted``
+    whether ``model_dir`` is a private copy to delete on unregister."""
 
     url: str
     model_dir: Path
@@ -106,27 +82,15 @@ class ModelArchive:
 
 
 def resolve_in_store(url: str, model_store: Path | None) -> Path:
-    """Resolve a RegisterModel (or ``--models``) ``url`` to a path in the model store.
-
-    Accepts a file name or relative path in the store, an absolute path inside
-    it (as the store is given or as it resolves), or a ``file://`` URL of either
-    (percent-encoding decoded). The name is confined as written: a ``..``
-    segment is refused with TorchServe's "Relative path is not allowed in url"
-    (its ``ModelArchive.downloadModel``), an absolute path elsewhere is refused.
-    Symbolic links inside the store are then followed wherever they point: only
-    whoever can write the store can place one, and TorchServe follows them too.
-
-    Returns:
-        The path in the store (links not resolved, so its name is the store's).
+    """Resolve a RegisterModel (or ``--models``) ``url`` to a path in the model store, links not
+    resolved: a name or path in the store, an absolute path inside it, or a ``file://`` URL.
 
     Raises:
-        InvalidArgument: empty URL, control characters (CR, LF, NUL...; also
-            percent-encoded in a ``file://`` URL), a remote URL, a workflow
-            archive, a ``..`` segment, or an absolute path outside the model store.
+        InvalidArgument: empty, control characters, a remote URL, a workflow archive, a ``..``
+            segment (TorchServe's "Relative path is not allowed in url"), a path outside the store,
+            or a name the file system cannot hold (255 bytes an element, 4096 the path).
         FailedPrecondition: the server has no model store.
-        NotFound: nothing exists at that path (or a link in the store points nowhere).
-        InvalidArgument: a name the file system cannot hold (over 255 bytes an element, 4096
-            the path).
+        NotFound: nothing at that path (or a link in the store points nowhere).
     """
     if not url:
         raise InvalidArgument("url is required: the model archive's file name in the model store",
@@ -168,21 +132,13 @@ def resolve_in_store(url: str, model_store: Path | None) -> Path:
 
 def open_archive(url: str, model_store: Path | None, extract_root: Path,
                  max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES, policy: UrlPolicy | None = None) -> ModelArchive:
-    """Open the model archive named by ``url``.
-
-    A local ``url`` must resolve inside the model store (see
-    :func:`resolve_in_store`); an ``http(s)`` one must be allowed by ``policy``
-    (default: none is) and is downloaded under ``extract_root/downloads``
-    first (see :func:`fetch_archive`), then deleted once extracted. A zip or
-    tar archive is extracted into a new directory under ``extract_root``; a
-    directory is used in place.
+    """Open the model archive named by ``url``: a zip or tar is extracted into a new directory under
+    ``extract_root``, a directory used in place; a remote one allowed by ``policy`` (default: none)
+    is downloaded under ``extract_root/downloads`` first and deleted once extracted.
 
     Raises:
-        InvalidArgument: bad URL (control characters included: "... contains
-            control characters"), not an archive, unsafe members, too large,
-            or a manifest/config that cannot be parsed; a ``model-config.yaml``
-            over 1 MiB or over 100,000 YAML nodes with its aliases expanded
-            (see :func:`inference_service.archive.yaml_budget.load_yaml_budgeted`).
+        InvalidArgument: bad URL, not an archive, unsafe members, too large, or a manifest/config
+            that cannot be parsed (a ``model-config.yaml`` over 1 MiB or 100,000 expanded nodes).
         PermissionDenied: a remote URL ``allowed_urls`` does not allow.
         NotFound: no such archive in the store (or 404).
         Unavailable / DeadlineExceeded: a download failed or took too long.
@@ -204,16 +160,11 @@ def open_archive(url: str, model_store: Path | None, extract_root: Path,
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """``MAR-INF/MANIFEST.json`` of the archive at ``path``, read without extracting anything else.
-
-    Reads a zip ``.mar``, a tar (``<name>/MAR-INF/...`` too, as torch-model-archiver's tgz
-    format writes it) or a directory. Used by ``inference-service --start`` to name the
-    startup models it waits for, and to refuse an archive that cannot load before the
-    server starts.
+    """``MAR-INF/MANIFEST.json`` of a zip, tar (``<name>/MAR-INF/...`` too) or directory archive,
+    nothing else extracted; ``--start`` checks startup archives with it.
 
     Raises:
-        InvalidArgument: not an archive, no manifest, or a manifest that is not a JSON
-            object (the message names the archive).
+        InvalidArgument: not an archive, no manifest, or not a JSON object (names the archive).
     """
     shown = path.name
     try:
@@ -296,15 +247,8 @@ def _load_dir(url: str, model_dir: Path, extracted: bool) -> ModelArchive:
 
 
 def install_requirements(archive: ModelArchive, python: str) -> str | None:
-    """Install the archive's ``requirements.txt`` into ``<model_dir>/.deps`` (pip --target).
-
-    Used only when per-model dependency installation is switched on
-    (TorchServe's ``install_py_dep_per_model``); off, the file is ignored with
-    a log line, as TorchServe does.
-
-    Returns:
-        The directory to put on the worker's ``sys.path``, or ``None`` if the
-        archive has no requirements file.
+    """Install the archive's ``requirements.txt`` into ``<model_dir>/.deps`` (pip --target), for
+    ``install_py_dep_per_model``; returns that ``sys.path`` entry, or ``None`` without the file.
 
     Raises:
         FailedPrecondition: pip failed (the message carries pip's output tail).

@@ -28,21 +28,12 @@ def is_remote_url(url: str) -> bool:
 
 
 def refuse_control_characters(url: str, text: str | None = None, how: str = "") -> None:
-    """Refuse a ``url`` holding a control character: CR, LF, TAB, NUL, any other of
-    U+0000-U+001F, DEL or U+0080-U+009F (Unicode category ``Cc``).
-
-    Checked before a url is resolved or fetched: ``urllib.parse`` silently drops
-    TAB, CR and LF (so ``allowed_urls`` would be matched against another URL
-    than the one fetched) and ``http.client`` then refuses the URL; a store path
-    with one names no archive anyone meant.
-
-    Args:
-        url: the url as given (shown, escaped, in the message).
-        text: what to check instead of ``url`` (e.g. its percent-decoded path).
-        how: words added after "contains control characters" (e.g. " once percent-decoded").
+    """Refuse a ``url`` holding a control character (Unicode category ``Cc``), checked in ``text`` when
+    given (e.g. the percent-decoded path): ``urllib.parse`` silently drops TAB, CR and LF, so
+    ``allowed_urls`` would match another URL than the one fetched.
 
     Raises:
-        InvalidArgument: "model url '<url, escaped>' contains control characters ...".
+        InvalidArgument: "model url '<url, escaped>' contains control characters" + ``how``.
     """
     checked = url if text is None else text
     if any(unicodedata.category(ch) == "Cc" for ch in checked):

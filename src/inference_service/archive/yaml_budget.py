@@ -1,19 +1,9 @@
 """YAML read from a model archive, within a budget: ``yaml.safe_load`` that cannot blow up.
 
-``yaml.safe_load`` runs no code, but YAML aliases let a few hundred bytes stand
-for millions of values ("billion laughs": each level of ``[*a, *a, ...]``
-multiplies the count by ten), and an alias may even point into its own anchor
-(a recursive list). The server keeps a model's config and walks it (to send it
-to workers, to describe the model), so it pays for every expanded value.
-
-:func:`load_yaml_budgeted` parses with PyYAML's pure-Python ``SafeLoader`` (the
-one ``yaml.safe_load`` uses; libyaml's composer crashes the process on deeply
-nested input) and counts, while the document is being composed, the nodes it
-would have with every alias expanded: it stops at the first node past the
-budget, before the rest is read and before any Python object is built.
-Anchors and aliases within the budget keep working (TorchServe's own
-``metrics.yaml`` uses them, though no ``model-config.yaml`` of its examples
-does); the largest YAML file in TorchServe's repository is 22 KB.
+YAML aliases let a few hundred bytes stand for millions of values ("billion laughs"), or
+recurse. :func:`load_yaml_budgeted` uses PyYAML's pure-Python ``SafeLoader`` (libyaml's composer
+crashes on deep nesting) and counts the nodes with aliases expanded while composing, stopping at
+the first past the budget. Aliases within it still work (TorchServe's ``metrics.yaml`` uses them).
 """
 
 from __future__ import annotations
@@ -32,13 +22,8 @@ MAX_YAML_NODES = 100_000
 
 
 class _BudgetLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` counting the nodes composed, each alias as the size of what it names.
-
-    The count is the document's node count with every alias expanded: a node is
-    one plus its children, and an alias adds the size of its (complete) anchored
-    node. Refuses, as soon as the count passes ``max_nodes``, and for an alias
-    used inside the node it names.
-    """
+    """``yaml.SafeLoader`` counting the nodes composed, an alias as the size of its anchored node;
+    refuses past ``max_nodes`` and for an alias used inside the node it names."""
 
     def __init__(self, text: str, source: str, max_nodes: int) -> None:
         super().__init__(text)
@@ -75,23 +60,11 @@ class _BudgetLoader(yaml.SafeLoader):
 
 
 def load_yaml_budgeted(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
-    """Parse one YAML document as ``yaml.safe_load`` does, within a node budget.
-
-    Args:
-        text: the document.
-        source: what to call it in error messages (e.g. ``model config file 'model-config.yaml'``).
-        max_nodes: most nodes (scalars, sequences, mappings) with every alias
-            expanded (default :data:`MAX_YAML_NODES`, 100,000).
-
-    Returns:
-        What ``yaml.safe_load(text)`` returns (``None`` for an empty document).
+    """``yaml.safe_load(text)`` within ``max_nodes`` nodes with every alias expanded.
 
     Raises:
-        InvalidArgument: the document expands to more than ``max_nodes`` nodes,
-            or an alias is used inside the node it names; it is nested too deeply
-            to parse; it is not valid YAML or uses a tag ``safe_load`` refuses
-            (such as ``!!python/object``: "not valid YAML"). The message starts
-            with ``source``.
+        InvalidArgument: starting with ``source``: too many nodes, an alias inside its own node,
+            nesting too deep, or not valid YAML (including tags ``safe_load`` refuses).
     """
     loader = _BudgetLoader(text, source, max_nodes)
     try:
@@ -106,18 +79,11 @@ def load_yaml_budgeted(text: str, source: str, max_nodes: int = MAX_YAML_NODES) 
 
 def read_yaml_budgeted(path: Path, source: str, max_nodes: int = MAX_YAML_NODES,
                        max_bytes: int = MAX_YAML_BYTES) -> Any:
-    """Read the UTF-8 YAML file at ``path`` with :func:`load_yaml_budgeted`, at most ``max_bytes`` of it.
-
-    Args:
-        path: the file.
-        source: what to call it in error messages.
-        max_nodes: see :func:`load_yaml_budgeted`.
-        max_bytes: largest accepted file (default :data:`MAX_YAML_BYTES`, 1 MiB);
-            no more than one byte past it is read.
+    """:func:`load_yaml_budgeted` of the UTF-8 file at ``path``, reading at most one byte past
+    ``max_bytes`` (1 MiB).
 
     Raises:
-        InvalidArgument: the file is larger than ``max_bytes``, is not UTF-8, or
-            is refused by :func:`load_yaml_budgeted`.
+        InvalidArgument: larger than ``max_bytes``, not UTF-8, or refused by the loader.
         OSError: the file cannot be read.
     """
     with open(path, "rb") as fin:

@@ -26,12 +26,8 @@ _CGROUP = Path("/sys/fs/cgroup")
 
 
 def cgroup_cpu_limit(root: Path = _CGROUP) -> float | None:
-    """The CPU quota of this process's cgroup in CPUs (``2.5`` = 250 ms per 100 ms), or ``None``.
-
-    Reads cgroup v2 ``<root>/cpu.max`` (``"max 100000"`` = no quota), else cgroup v1
-    ``<root>/cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota ``-1`` = none). A file that
-    is missing or unreadable counts as no quota.
-    """
+    """This cgroup's CPU quota in CPUs (``2.5`` = 250 ms per 100 ms), or ``None``: v2 ``cpu.max``, else
+    v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; a missing or unreadable file is no quota."""
     try:
         quota, _, period = (root / "cpu.max").read_text().partition(" ")
         if quota.strip() != "max":
@@ -63,17 +59,11 @@ def default_threads(workers: int, root: Path = _CGROUP) -> int:
 
 
 def parse_affinity(value: Any, highest: int | None = None) -> set[int] | None:
-    """``cpu_affinity`` of a handler config: a list of CPU numbers, or a string such as
-    ``"0-3,6"``; ``None`` / ``""`` means unset.
-
-    Args:
-        value: the configured value.
-        highest: the highest CPU number accepted (default :data:`MAX_CPU`); checked before a
-            range is expanded, so ``"0-3000000"`` costs nothing.
+    """``cpu_affinity``: a list of CPU numbers or a string such as ``"0-3,6"`` (``None`` / ``""``: unset).
+    ``highest`` is checked before a range is expanded, so ``"0-3000000"`` costs nothing.
 
     Raises:
-        ValueError: not a list of non-negative integers / ranges, or a CPU above ``highest``
-            (the message quotes at most 60 characters of the value).
+        ValueError: malformed, or a CPU above ``highest`` (quotes at most 60 characters).
     """
     if value is None or value == "":
         return None

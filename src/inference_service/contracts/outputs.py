@@ -28,14 +28,8 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class FinalMessage:
-    """How a generation ended, as its final message tells it.
-
-    Attributes:
-        text: the rest of the answer not sent before (``""`` when every piece was streamed).
-        finish_reason: ``stop`` (end-of-sequence token or stop string), ``length``
-            (``max_new_tokens`` reached) or ``cancelled``.
-        usage: the token counts; ``None`` when a message read back carries none or malformed ones.
-    """
+    """How a generation ended, as its final message tells it: ``text`` not sent before (``""`` when
+    streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed)."""
 
     text: str
     finish_reason: str

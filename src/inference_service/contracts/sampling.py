@@ -1,11 +1,9 @@
 """One LLM request, typed: its sampling parameters with their limits and defaults, and its prompt.
 
-:class:`GenerationParams` (also :data:`SamplingParams`, vLLM's name) declares each parameter
-once: its type, default and check (a field's metadata). :class:`GenerationRequest` is what
-every door builds (the OpenAI door from its request, the gRPC/HTTP doors by
-:func:`parse_request` of the JSON body) and what crosses to the worker as that JSON body
-(:meth:`GenerationRequest.to_body`). Fields and limits: docs/llm.md. Every problem raises
-:class:`InvalidRequest` (status 400), whose message names the field.
+:class:`GenerationParams` (also :data:`SamplingParams`, vLLM's name) declares each parameter once
+in a field's metadata. :class:`GenerationRequest` is what every door builds and what crosses to
+the worker as JSON. Every problem raises :class:`InvalidRequest` (400) naming the field.
+See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -37,11 +35,7 @@ V2_REFUSAL = (
 
 
 class InvalidRequest(ValueError):
-    """A request (or config value) is malformed; the message explains it to the client.
-
-    Attributes:
-        field: the sampling parameter at fault, where it is one (``None`` otherwise).
-    """
+    """A request (or config value) is malformed; ``field`` is the parameter at fault, if any."""
 
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
@@ -137,27 +131,10 @@ def param(default: Any, check: Callable[[str, Any], Any], *, config: bool = Fals
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """The sampling parameters of one generation (vLLM's ``SamplingParams``).
-
-    Attributes:
-        max_new_tokens: most tokens to generate (1..4096).
-        temperature: sampling temperature, 0 (greedy) to 5.
-        top_p: nucleus mass in (0, 1]; 1 disables the cut.
-        seed: seed of the sampling generator (0 <= seed < 2**64); ``None`` draws one.
-        stop: stop strings (at most 16, each 1..256 characters); generation ends when the
-            text contains one, which is not emitted.
-        ignore_eos: the end-of-sequence token does not end generation.
-        include_usage: the final message is a :class:`~.outputs.FinalMessage` object.
-        top_k: sample among the ``top_k`` most likely tokens (0: all).
-        repetition_penalty: > 1 discourages tokens of the prompt and output (1: off).
-        presence_penalty, frequency_penalty: subtracted from the logit of a token already
-            generated, once / per occurrence (0: off; -2..2).
-        stop_token_ids: token ids that end generation (finish reason ``stop``; the token is
-            counted, not emitted), even with ``ignore_eos``.
-
-    An engine that cannot honour a value refuses it (``refusal``, a 400 naming the field):
-    the OpenVINO engine refuses non-zero presence and frequency penalties.
-    """
+    """The sampling parameters of one generation (vLLM's ``SamplingParams``); ranges and defaults are
+    in each field's :func:`param` and in docs/llm.md. An engine that cannot honour a value refuses
+    it (``refusal``, a 400 naming the field): the OpenVINO engine refuses non-zero presence and
+    frequency penalties."""
 
     max_new_tokens: int = param(256, _int_in(1, MAX_NEW_TOKENS_LIMIT), config=True)
     temperature: float = param(0.0, _check_temperature, config=True)
@@ -173,11 +150,11 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
 
     def updated(self, values: Mapping[str, Any]) -> GenerationParams:
-        """These parameters with those of ``values`` that are set (``None`` counts as absent),
-        each checked, in declaration order; other keys are ignored.
+        """These parameters with the set values of ``values`` (``None``: absent) checked in declaration
+        order; other keys are ignored.
 
         Raises:
-            InvalidRequest: a value has the wrong type or is out of range (names the field).
+            InvalidRequest: a wrong type or out of range (names the field).
         """
         changes = {}
         for f in fields(self):
@@ -206,12 +183,8 @@ REQUEST_FIELDS = frozenset({"prompt", "messages", *PARAM_FIELDS})
 
 
 def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
-    """The defaults every request starts from, from a handler config section (reads
-    :data:`CONFIG_FIELDS`; other keys are ignored).
-
-    Raises:
-        InvalidRequest: a value is invalid (the message says "handler config" and names the key).
-    """
+    """The defaults every request starts from, from a handler config's :data:`CONFIG_FIELDS`;
+    InvalidRequest names the key ("handler config")."""
     try:
         return GenerationParams().updated({name: config.get(name) for name in CONFIG_FIELDS})
     except InvalidRequest as exc:
@@ -250,11 +223,11 @@ class GenerationRequest:
 
     @classmethod
     def build(cls, values: Mapping[str, Any], defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
-        """The request of a JSON object's fields (``None`` counts as absent).
+        """The request of a JSON object's fields (``None``: absent).
 
         Raises:
-            InvalidRequest: an unknown field, both or neither of ``prompt``/``messages``, a
-                wrong type or an out-of-range value; the message names the field.
+            InvalidRequest: an unknown field, both or neither of ``prompt``/``messages``, a wrong type
+                or an out-of-range value; the message names the field.
         """
         unknown = set(values) - REQUEST_FIELDS
         if "inputs" in unknown and not {"prompt", "messages"} & set(values):
@@ -295,16 +268,12 @@ def _body_text(body: bytes | bytearray | memoryview | str) -> str:
 
 
 def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
-    """The request of a body: a JSON object (:meth:`GenerationRequest.build`); any other text
-    (plain text, or JSON that is not an object) is the prompt with the defaults.
-
-    Args:
-        body: ``bytes``/``bytearray`` (UTF-8), ``str``, or an already-decoded ``dict``.
-        defaults: the parameters for fields the request leaves out.
+    """The request of a body (bytes as UTF-8, ``str``, or a decoded ``dict``): a JSON object is
+    :meth:`GenerationRequest.build`, any other text the prompt, with ``defaults``.
 
     Raises:
-        InvalidRequest: invalid UTF-8, an empty body, a body starting with ``{`` that is not
-            valid JSON, or a field :meth:`GenerationRequest.build` refuses.
+        InvalidRequest: invalid UTF-8, an empty body, a ``{`` body that is not valid JSON, or a
+            field :meth:`GenerationRequest.build` refuses.
     """
     if isinstance(body, dict):
         return GenerationRequest.build(body, defaults)

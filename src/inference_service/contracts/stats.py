@@ -1,10 +1,8 @@
 """Statistics, declared once: engine statistics as dataclasses (vLLM's ``SchedulerStats`` and
 ``IterationStats``) and one model version's serving state (:class:`VersionStats`).
 
-Each field of an engine statistic carries its kind, its Prometheus family and help
-(:func:`stat`); the worker's METRIC frames (``serving:<field>``), the server's
-``inference_service_llm_*`` families and the worker's log metrics line are all derived from
-these fields (docs/observability.md lists them). A new statistic is one field here.
+METRIC frames, the ``inference_service_llm_*`` families and the log metrics line are all derived
+from the fields (:func:`stat`): a new statistic is one field here. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -22,15 +20,8 @@ StatKind = Literal["counter", "total", "gauge"]
 
 @dataclass(frozen=True, slots=True)
 class StatSpec:
-    """One statistic as every consumer reads it.
-
-    Attributes:
-        name: the field's name; also its METRIC-frame name (``serving:<name>``).
-        kind: see :data:`StatKind`.
-        family: the Prometheus family after ``inference_service_llm_`` (a counter or total
-            is exposed with ``_total`` added).
-        help: the family's help text.
-    """
+    """One statistic as every consumer reads it: METRIC-frame name ``serving:<name>``; Prometheus
+    family ``inference_service_llm_<family>`` (``_total`` added for a counter or total)."""
 
     name: str
     kind: StatKind
@@ -96,17 +87,9 @@ def stat_values(stats: Any) -> list[tuple[StatSpec, float]]:
 
 @dataclass(frozen=True, slots=True)
 class VersionStats:
-    """One model version's serving state at one instant (``InferenceCore.stats()``; the
-    metrics read it at scrape time).
-
-    Attributes:
-        model_name / model_version: which version.
-        queue_depth: requests waiting in its job queue.
-        workers: worker count by DescribeModel's state name, every state included (zeros too).
-        restarts: worker process restarts of the version so far (monotonic across scale-downs).
-        worker_pids: the process ids of its worker processes now running (what a worker's
-            forwarded gauges are keyed by; a gone worker's are then left out).
-    """
+    """One model version's serving state at one instant (``InferenceCore.stats()``, read at scrape
+    time). ``workers`` counts every DescribeModel state (zeros too); ``restarts`` is monotonic across
+    scale-downs; ``worker_pids`` keys a worker's forwarded gauges (a gone worker's are left out)."""
 
     model_name: str
     model_version: str

@@ -1,26 +1,10 @@
 """Framing of the local IPC channel between the frontend and a worker process.
 
-The channel is a connected ``AF_UNIX`` stream socket pair. Every message is a
-frame::
-
-    u32 length (of what follows, big-endian) | u8 kind | body
-
-Frontend -> worker kinds: ``INIT`` (JSON :class:`WorkerSpec`), ``BATCH``
-(:func:`encode_batch`), ``CANCEL`` (request id), ``STOP`` and ``CREDIT``
-(:func:`encode_credit`: the client took that many more intermediate responses of a request).
-
-Intermediate responses are flow-controlled per request: a worker sends at most
-:attr:`WorkerSpec.stream_window` ``CHUNK`` frames of a request beyond those the frontend
-has credited, then waits for a ``CREDIT``. A fast handler streaming to a slower client
-therefore waits instead of burning a core that the frontend and the client need.
-Worker -> frontend kinds: ``READY`` (JSON ``{"pid"}``), ``LOAD_FAILED``
-(message), ``CHUNK`` (an intermediate response), ``FINAL`` (the last
-response), ``ERROR`` (request id, gRPC code, message), ``DONE`` (the batch
-is finished and the worker is free) and ``METRIC`` (metric updates, :func:`encode_metrics`:
-serving statistics, and handler metrics when the spec asks to ``forward_metrics``).
-Responses carry the request id, so one routing callback on the frontend can hand each to its
-request's mailbox.
-No pickle: bodies are length-prefixed binary fields (JSON for the rare control frames).
+An ``AF_UNIX`` stream socket pair; every message is a frame
+``u32 length (big-endian) | u8 kind | body``, no pickle. Intermediate responses are
+flow-controlled per request: a worker sends at most :attr:`WorkerSpec.stream_window` ``CHUNK``
+frames beyond those credited (``CREDIT``), so a fast handler waits for a slow client instead of
+burning a core. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -81,14 +65,8 @@ def frame(kind: int, body: bytes = b"") -> bytes:
 
 @dataclass
 class Request:
-    """One request of a batch as the worker sees it.
-
-    Args:
-        request_id: the id the handler sees in ``context.request_ids``.
-        inputs: the gRPC input map (name -> bytes).
-        headers: request headers passed to ``context.get_request_header``.
-        sequence_id: StreamPredictions2 sequence id, else ``None``.
-    """
+    """One request of a batch as the worker sees it: ``inputs`` the gRPC input map, ``headers`` for
+    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``."""
 
     request_id: str
     inputs: dict[str, bytes]
@@ -115,11 +93,8 @@ def _too_long(text: str) -> bool:
 
 
 def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None) -> str | None:
-    """Why a request cannot be framed for a worker (a message naming the limit), or ``None``.
-
-    Checked before a request is queued, so a request the framing cannot carry is refused
-    with INVALID_ARGUMENT instead of failing on its way to a worker.
-    """
+    """Why a request cannot be framed for a worker (naming the limit), or ``None``: checked before
+    queueing, so it is refused with INVALID_ARGUMENT instead of failing on its way."""
     if len(inputs) > MAX_ENTRIES:
         return f"the input map has {len(inputs)} entries; at most {MAX_ENTRIES} are allowed"
     if len(headers) > MAX_ENTRIES:
@@ -178,9 +153,7 @@ def encode_batch(requests: list[Request]) -> bytes:
 
 
 def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dict[str, bytearray]]]:
-    """Inverse of :func:`encode_batch`: ``(request_id, sequence_id, headers, inputs)`` per request.
-
-    Inputs come back as ``bytearray`` values, as TorchServe hands them to handlers.
+    """Inverse of :func:`encode_batch`; inputs come back as ``bytearray``, as TorchServe hands them.
 
     Raises:
         ProtocolError: the body is malformed.
@@ -302,34 +275,16 @@ class WorkerSpec:
     """Everything a worker needs to load its model (sent as the ``INIT`` frame).
 
     Args:
-        model_name: registered model name.
-        model_version: the version being served.
-        model_dir: extracted archive directory (on ``sys.path`` in the worker).
-        handler: entry point, as in the manifest (``file.py``, ``module:function``,
-            a built-in name, or a dotted module).
-        manifest: the archive manifest.
-        model_yaml_config: parsed per-model YAML config.
-        batch_size: the model's batch_size.
-        worker_id: the worker's id (e.g. ``9000``), for logs.
-        gpu: GPU id or ``None``.
-        server_version: this server's version.
-        extra_paths: extra ``sys.path`` entries (e.g. per-model dependencies).
-        limit_max_image_pixels: TorchServe's Pillow guard flag.
+        handler: entry point as in the manifest (``file.py``, ``module:function``, a built-in
+            name, or a dotted module).
+        extra_paths: extra ``sys.path`` entries (per-model dependencies).
         world_size: processes in the worker group (>1: launched with torchrun).
-        forward_metrics: send handler metrics to the frontend as ``METRIC`` frames
-            (``metrics_mode=prometheus``) instead of logging them.
-        log_level: the worker's logging level name (the server's ``--log-level``).
-        stream_window: intermediate responses a request may have in flight beyond the
-            frontend's credits (0: no flow control).
-        mode: how the worker runs requests (:data:`MODES`): ``batch`` (one batch at a
-            time, then ``DONE``), ``continuous`` (TorchServe's ``continuousBatching``:
-            the handler is called again and again with the running requests; each
-            request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``
-            (TorchServe's ``asyncCommunication``: ``async def handle`` per request).
-        max_running: most requests the worker runs at once in ``continuous`` and
-            ``async`` mode (the frontend never sends more).
-        envelope: TorchServe's request envelope to wrap the handler in (``service_envelope``:
-            ``body``, ``json``, ``kserve``, ``kservev2``), ``None`` for none.
+        forward_metrics: send handler metrics as ``METRIC`` frames (``metrics_mode=prometheus``).
+        stream_window: intermediate responses in flight beyond the credits (0: no flow control).
+        mode: :data:`MODES`: ``batch`` (then ``DONE``), ``continuous`` (``continuousBatching``;
+            each request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``.
+        max_running: most requests run at once in ``continuous`` and ``async`` mode.
+        envelope: the ``service_envelope`` to wrap the handler in, or ``None``.
     """
 
     model_name: str

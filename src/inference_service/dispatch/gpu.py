@@ -6,11 +6,7 @@ import itertools
 
 
 class GpuAllocator:
-    """Hands out GPU ids round-robin across all workers of the server (as TorchServe).
-
-    Args:
-        count: GPUs on the machine (``number_of_gpu``); 0 places every worker on the CPU.
-    """
+    """Hands out GPU ids round-robin across all workers of the server, as TorchServe (``count`` 0: all on CPU)."""
 
     def __init__(self, count: int) -> None:
         self.count = max(0, count)

@@ -28,12 +28,8 @@ class ChannelOwner(Protocol):
 
 
 class FrameChannel(asyncio.Protocol):
-    """One rank's IPC connection: frames in, each handed to the owner's ``on_frame`` (no task,
-    no await); :meth:`pause`/:meth:`resume` back-pressure the worker.
-
-    Args:
-        owner: the worker process it belongs to.
-    """
+    """One rank's IPC connection: each frame handed to the owner's ``on_frame`` (no task, no await);
+    :meth:`pause`/:meth:`resume` back-pressure the worker."""
 
     def __init__(self, owner: ChannelOwner) -> None:
         self.owner = owner
@@ -111,15 +107,9 @@ _METRIC_LINE = "inference_service.metrics: "  # the worker's metrics logger (han
 
 async def relay_output(stream: asyncio.StreamReader | None, level: int, logger: logging.Logger, prefix: str,
                        extra: dict[str, Any]) -> None:
-    """Log each line of a worker's stdout/stderr as ``<prefix> <line>`` on ``logger``.
-
-    Blank lines are skipped. A line the worker's logging wrote (``LEVEL logger: message``)
-    keeps its level (logged as ``<prefix> logger: message``); traceback lines keep the level
-    of the line they follow; any other line (``print`` output) gets ``level``. Handler metric
-    lines go to :data:`MODEL_METRICS_LOGGER` instead of ``logger``. Each record
-    carries ``extra`` (the JSON log format's
-    ``model``, ``model_version``, ``worker_id``, ``worker_pid``).
-    """
+    """Log each non-blank line of a worker's stdout/stderr as ``<prefix> <line>`` on ``logger``: a line
+    the worker's logging wrote keeps its level (traceback lines that of the line before), others get
+    ``level``; handler metric lines go to :data:`MODEL_METRICS_LOGGER`. ``extra`` is on each record."""
     if stream is None:
         return
     metrics_logger = logging.getLogger(MODEL_METRICS_LOGGER)

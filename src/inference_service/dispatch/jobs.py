@@ -1,19 +1,10 @@
 """Requests in flight: :class:`Job` (one request and its :class:`Mailbox`) and :class:`JobQueue`.
 
-A job's mailbox is fed only by the routing callback of the worker that runs it; the RPC
-that owns the job reads it. Abort marks the job so the routing drops further output and
-the queue skips it.
-
-Dispatch is synchronous: a job put into the queue goes to a free worker within the same
-call, and a worker that reports its batch done takes the next ready batch within the
-routing callback that read the report; no task wakes up in between. Only a batch that
-waits for ``max_batch_delay`` arms a timer.
-
-A worker offers itself with the number of requests it can take now (its *room*): 1 batch
-for a worker in TorchServe's default mode, or free places of its running batch for a
-worker that runs several requests at once (``continuousBatching`` /
-``asyncCommunication``; the queue is then built with ``concurrent=True`` and hands such a
-worker every waiting job it has room for, at once and whether it streams or not).
+A mailbox is fed only by the routing callback of the worker that runs its job. Dispatch is
+synchronous: a put job reaches a free worker, and a worker reporting done takes the next batch,
+within the same call; only ``max_batch_delay`` arms a timer (this beat a task per batch). A
+worker offers its *room*: 1 batch, or free places when it runs several requests at once
+(``concurrent=True``). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -52,7 +43,7 @@ MailItem = tuple[Kind, Union[bytes, InferenceError]]
 
 
 class Runner(Protocol):
-    """What a :class:`Job` needs of the worker running it (``worker.process.WorkerProcess``)."""
+    """What a :class:`Job` needs of the worker running it (``dispatch.process.WorkerProcess``)."""
 
     def credit(self, request_id: str, count: int) -> None:
         """The client took ``count`` more intermediate responses of ``request_id``."""
@@ -87,15 +78,10 @@ class Taker(Protocol):
 
 
 class Mailbox:
-    """A job's responses on their way to its RPC: one producer (the worker's routing
-    callback), one consumer (the RPC's coroutine).
+    """A job's responses on their way to its RPC: one producer (the routing callback), one consumer.
 
-    :meth:`put` never blocks: it returns False once ``capacity`` items wait, and the
-    routing then pauses reading from that worker until the consumer has made room
-    (:attr:`on_space` is called), so a lagging client back-pressures its worker.
-
-    Args:
-        capacity: items after which :meth:`put` asks the producer to pause.
+    :meth:`put` never blocks: past ``capacity`` it returns False and the routing stops reading that
+    worker until :attr:`on_space` is called, so a lagging client back-pressures its worker.
     """
 
     __slots__ = ("capacity", "on_space", "_items", "_waiter")
@@ -146,21 +132,9 @@ class Mailbox:
 
 @dataclass(eq=False)
 class Job:
-    """One inference request.
-
-    Attributes:
-        inputs: the gRPC input map (name -> bytes).
-        headers: request headers for the handler (``context.get_request_header``).
-        stream: whether the client streams (forces a batch of one).
-        sequence_id: StreamPredictions2 sequence, else ``None``.
-        deadline: ``time.monotonic()`` value after which the job is dropped, or ``None``.
-        request_id: unique id (hex), the handler's ``context.request_ids`` value.
-        enqueued: ``time.monotonic()`` at submission (starts ``max_batch_delay``).
-        dispatched: ``time.monotonic()`` when a worker took the job (0.0: not yet), for the
-            queue latency metric.
-        mailbox: :data:`MailItem` items, fed by the worker's routing.
-        worker: the :class:`Runner` the job was handed to (``None`` while queued).
-    """
+    """One inference request. Times are ``time.monotonic()``: ``deadline`` (dropped after; ``None``:
+    none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
+    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -208,24 +182,12 @@ class Job:
 
 
 class JobQueue:
-    """A model version's bounded job queue, plus per-worker queues for sequences, and the
-    free workers it dispatches to.
+    """A model version's bounded job queue, per-worker queues for sequences, and its free workers.
 
-    Jobs without a sequence go to the shared queue and are batched for whichever worker
-    is free first (TorchServe's rule); a sequence's jobs go to the queue of the worker
-    the sequence is pinned to. A batch starts with the oldest shared job and is
-    dispatched as soon as it holds ``batch_size`` jobs or its first job has waited
-    ``max_batch_delay_ms``; a streaming job always forms a batch of one.
-
-    With ``concurrent=True`` (workers that run several requests at once) a worker is
-    offered with its room, and every waiting job it has room for is handed to it at once
-    (no ``max_batch_delay``, streaming jobs too); the worker with the most room goes first.
-
-    Args:
-        capacity: most jobs waiting at once (``job_queue_size``).
-        batch_size: most jobs per batch.
-        max_batch_delay_ms: how long a batch waits to fill (ms).
-        concurrent: whether workers take requests while others run (see above).
+    Shared jobs are batched for whichever worker is free first (TorchServe's rule); a sequence's go
+    to its pinned worker. A batch leaves at ``batch_size`` jobs or after ``max_batch_delay_ms``; a
+    streaming job is a batch of one. With ``concurrent=True`` a worker takes every waiting job it
+    has room for at once, the roomiest first. ``capacity`` is ``job_queue_size``.
     """
 
     def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0,
@@ -250,11 +212,8 @@ class JobQueue:
         return max(0, self.capacity - self._size)
 
     def put(self, job: Job, worker_id: int | None = None) -> None:
-        """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready.
-
-        The caller has admitted it (``serving.model_version.ModelVersion.admit``: the framing
-        limits and :attr:`capacity` are checked there, before anything is queued).
-        """
+        """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready; the caller has
+        admitted it (``ModelVersion.admit``)."""
         if worker_id is None:
             self._shared.append(job)
         else:

@@ -1,14 +1,10 @@
 """Worker processes started the same way under any event loop (:func:`spawn`).
 
-``asyncio.create_subprocess_exec`` is the loop's own: under uvloop it is libuv's ``uv_spawn``,
-which calls ``fork()``. ``fork()`` runs gRPC's ``pthread_atfork`` handlers, and while the
-server's gRPC threads are busy (a model registered at run time, under load) gRPC skips them
-("Other threads are currently calling into gRPC, skipping fork() handlers", written to the
-server's stderr) and the child starts from a copy of a process in the middle of gRPC calls.
-:func:`spawn` starts the child with :class:`subprocess.Popen` instead (CPython's ``vfork``,
-which runs no fork handlers), reads its stdout/stderr through the running loop, and learns of
-its exit from a pidfd (Linux 5.3+; elsewhere a thread waits), so no loop-specific child
-watcher is involved either.
+Under uvloop ``asyncio.create_subprocess_exec`` calls ``fork()``, whose ``pthread_atfork``
+handlers gRPC skips while its threads are busy ("Other threads are currently calling into gRPC,
+skipping fork() handlers"), so the child starts mid-call. :func:`spawn` uses
+:class:`subprocess.Popen` (CPython's ``vfork``, no fork handlers), reads output through the
+running loop and learns of the exit from a pidfd (Linux 5.3+; elsewhere a thread waits).
 """
 
 from __future__ import annotations
@@ -20,14 +16,7 @@ from collections.abc import Sequence
 
 
 class ChildProcess:
-    """A started child: its pid, exit code, output streams, and an awaitable exit.
-
-    The subset of ``asyncio.subprocess.Process`` the worker supervision uses.
-
-    Attributes:
-        pid: the process id.
-        stdout / stderr: the child's output (``asyncio.StreamReader``).
-    """
+    """A started child: the subset of ``asyncio.subprocess.Process`` worker supervision uses."""
 
     def __init__(self, popen: subprocess.Popen[bytes], stdout: asyncio.StreamReader,
                  stderr: asyncio.StreamReader) -> None:
@@ -74,13 +63,9 @@ class ChildProcess:
 
 
 def _pipe_reader(fd: int) -> asyncio.StreamReader:
-    """A stream of what arrives on the pipe ``fd`` (this function owns and closes ``fd``).
-
-    Read with ``add_reader`` and ``os.read`` rather than ``loop.connect_read_pipe``: the
-    loop's pipe transport closes the descriptor it was given, and a file object holding the
-    same number would close it a second time later, by then perhaps another descriptor of
-    the loop's own (uvloop aborts the process on that).
-    """
+    """A stream of what arrives on the pipe ``fd``, which this owns and closes: ``add_reader`` and
+    ``os.read``, because the loop's pipe transport would close ``fd`` a second time later, by then
+    perhaps a descriptor of the loop's own (uvloop aborts on that)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
     os.set_blocking(fd, False)
@@ -105,12 +90,8 @@ def _pipe_reader(fd: int) -> asyncio.StreamReader:
 
 async def spawn(argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = (),
                 start_new_session: bool = False) -> ChildProcess:
-    """Start ``argv`` with stdin from ``/dev/null`` and piped stdout/stderr, keeping ``pass_fds``
-    open in the child (and leading a new session when ``start_new_session``).
-
-    Raises:
-        OSError: the program cannot be started.
-    """
+    """Start ``argv`` with stdin ``/dev/null``, piped stdout/stderr, ``pass_fds`` kept open (and a new
+    session when ``start_new_session``); OSError when it cannot be started."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:

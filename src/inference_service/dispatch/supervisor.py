@@ -1,11 +1,6 @@
-"""Worker supervision: :class:`WorkerSlot` keeps one worker process of a model version
-alive, offers it to the version's job queue, and restarts it with bounded exponential
-back-off when it dies.
-
-The slot knows its owner only through :class:`SlotOwner` (the registry entry,
-:class:`~inference_service.serving.model_version.ModelVersion`, implements it), so this module does not
-import the registry.
-"""
+"""Worker supervision: :class:`WorkerSlot` keeps one worker process of a model version alive,
+offers it to the job queue, and restarts it with bounded exponential back-off. It knows its
+owner only through :class:`SlotOwner`, so this module does not import the registry."""
 
 from __future__ import annotations
 
@@ -78,12 +73,7 @@ class WorkerState(enum.Enum):
 
 
 class WorkerSlot:
-    """Keeps one worker process of a model version alive and fed with batches.
-
-    Args:
-        model: the owning version (a :class:`SlotOwner`).
-        worker_id: unique id (TorchServe numbers workers from 9000).
-    """
+    """Keeps one worker process of a model version alive and fed (TorchServe numbers workers from 9000)."""
 
     def __init__(self, model: SlotOwner, worker_id: int) -> None:
         self.model = model
@@ -163,13 +153,8 @@ class WorkerSlot:
         self._set_state(WorkerState.UNLOADING)
 
     async def _serve(self, process: WorkerProcess) -> None:
-        """Offer ``process`` to the job queue until it dies or the slot stops.
-
-        Requests reach the worker without this task: the queue calls :meth:`take` when a
-        batch (or, for a worker that runs several requests at once, as many requests as it
-        has room for) is ready, and the worker's routing calls :meth:`_worker_free` when it
-        has room again, which offers it again (see :mod:`inference_service.dispatch.jobs`).
-        """
+        """Offer ``process`` to the job queue until it dies or the slot stops; requests reach it through
+        :meth:`take`, called by the queue, not through this task."""
         model = self.model
         queue = model.queue
         self._response_timeout_s = model.config.response_timeout_s
@@ -195,11 +180,8 @@ class WorkerSlot:
                 log.error("%s", self.last_error)
 
     def take(self, batch: list[Job]) -> bool:
-        """Hand ``batch`` to the serving worker process (the :class:`~inference_service.dispatch.jobs.Taker`
-        side of the job queue; called synchronously from :meth:`JobQueue.put` or :meth:`JobQueue.offer`).
-
-        Returns:
-            False when the slot stops or its process is gone (the queue keeps the jobs).
+        """Hand ``batch`` to the worker process, synchronously from the job queue; False when the slot
+        stops or the process is gone (the queue keeps the jobs).
 
         Raises:
             ValueError, struct.error: a request does not fit the worker channel's framing.

@@ -1,29 +1,11 @@
 """Bounds on request work that grows with the input, checked before the work starts.
 
-The front doors share one event loop with every API, the health service and the metrics, so
-a request's parsing must neither take long on the loop nor inflate far beyond its raw size.
-Each bound is a setting (``config.properties`` key, :class:`~inference_service.config.Settings`
-field) answered with a client error:
-
-==========================  =========  ===============================================  ======
-bound                       default    applies to                                       status
-==========================  =========  ===============================================  ======
-``max_request_size``        6553500    body bytes (all APIs); a v2 request's JSON body  413
-                                       for the handler (checked while it is written)
-``max_request_parts``       1000       parts of ``multipart/*``, fields of               400
-                                       ``application/x-www-form-urlencoded`` (8080)
-``max_json_depth``          64         nesting of JSON bodies (``/v2``, ``POST          400
-                                       /models`` on 8081)
-``max_json_nodes``          100000     objects and arrays of a JSON body (``/v2``,      400
-                                       ``POST /models``, ``/v1``), before parsing
-==========================  =========  ===============================================  ======
-
-Work on bodies of at least :data:`OFFLOAD_BYTES` runs in a thread of the loop's default
-executor (:func:`off_loop`). A thread alone is not enough: one long C call (``json.loads`` of a
-4 MB tensor takes 0.1 to 0.5 s) holds the interpreter, and the loop waits for it. So every C call
-on a large body is bounded too: JSON is written :data:`JSON_SLICE` elements per ``json.dumps``
-(:class:`JsonWriter`) and long arrays of numbers are read :data:`NUMBERS_SLICE` bytes per
-``json.loads`` (:func:`loads_sliced`), so the loop gets the interpreter back within milliseconds.
+The front doors share one event loop, so parsing must neither take long on it nor inflate far
+beyond the raw size. The bounds (``max_request_size``, ``max_request_parts``, ``max_json_depth``,
+``max_json_nodes``) are settings answered with a client error; see docs/operations.md. Bodies of
+at least :data:`OFFLOAD_BYTES` are handled off the loop (:func:`off_loop`), and every C call on
+them is sliced too (:class:`JsonWriter`, :func:`loads_sliced`): one ``json.loads`` of a 4 MB
+tensor holds the interpreter, and so the loop, for 0.1 to 0.5 s.
 """
 
 from __future__ import annotations
@@ -54,15 +36,12 @@ async def off_loop(fn: Callable[..., T], *args: Any, size: int) -> T:
 
 
 def check_json_nodes(body: bytes, max_nodes: int) -> None:
-    """Refuse ``body`` before it is parsed when it may hold more than ``max_nodes`` objects and
-    arrays: each costs ``json.loads`` about 0.1 to 0.25 us in one C call that holds the
-    interpreter (2 M empty lists: 0.5 s), so a thread cannot keep the loop free of it. Counted
-    as its ``{`` and ``[`` bytes (an upper bound: brackets inside strings count too), at C speed;
-    strings and numbers cost far less and long runs of numbers are parsed in slices.
+    """Refuse ``body`` before parsing when it may hold more than ``max_nodes`` objects and arrays: each
+    costs ``json.loads`` 0.1 to 0.25 us in one C call holding the interpreter (2 M empty lists:
+    0.5 s). Counted as ``{`` and ``[`` bytes at C speed (an upper bound).
 
     Raises:
-        InvalidArgument: too many ("the request body holds more than max_json_nodes=100000
-            objects and arrays").
+        InvalidArgument: "the request body holds more than max_json_nodes=100000 objects and arrays".
     """
     if len(body) > max_nodes and body.count(b"{") + body.count(b"[") > max_nodes:
         raise InvalidArgument(f"the request body holds more than max_json_nodes={max_nodes} objects and arrays",
@@ -70,12 +49,11 @@ def check_json_nodes(body: bytes, max_nodes: int) -> None:
 
 
 def parse_json(body: bytes, max_depth: int, max_nodes: int = 100_000) -> Any:
-    """``body`` as JSON, refused when nested deeper than ``max_depth`` objects and arrays or
-    holding more than ``max_nodes`` of them (:func:`check_json_nodes`, before parsing).
+    """``body`` as JSON, refused when nested deeper than ``max_depth`` or holding more than
+    ``max_nodes`` objects and arrays.
 
     Raises:
-        InvalidArgument: not JSON (invalid UTF-8 included), nested too deep ("the request
-            body nests JSON deeper than max_json_depth=64"), or too many objects and arrays.
+        InvalidArgument: not JSON (invalid UTF-8 included), too deep, or too many nodes.
     """
     check_json_nodes(body, max_nodes)
     try:
@@ -97,16 +75,9 @@ NUMBERS_SLICE = 64 * 1024
 
 
 def loads_sliced(body: bytes) -> Any:
-    """``json.loads(body)``, with the long arrays of numbers (a tensor's data, flat or one row
-    at a time) parsed :data:`NUMBERS_SLICE` bytes per call, so that no single call holds the
-    interpreter (and the event loop, waiting for it) for long: a 4 MB array of numbers is one
-    call of 0.1 to 0.5 s to ``json.loads``. Same result and same errors as ``json.loads``;
-    bodies that are small, contain a backslash or are not UTF-8 go to ``json.loads`` whole.
-
-    Raises:
-        ValueError: not JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``).
-        RecursionError: nested beyond the interpreter's limit.
-    """
+    """``json.loads(body)`` with long arrays of numbers parsed :data:`NUMBERS_SLICE` bytes per call, so
+    no call holds the interpreter long. Same result and errors (ValueError, RecursionError); small
+    bodies, a backslash or non-UTF-8 go to ``json.loads`` whole."""
     if len(body) < OFFLOAD_BYTES or b"\\" in body or b"\x00" in body[:4] or body.startswith(codecs.BOM_UTF8):
         return json.loads(body)
     nonce = f"\u0000{secrets.token_hex(8)}"  # a key no client can guess: marks where an array was
@@ -129,11 +100,7 @@ def loads_sliced(body: bytes) -> Any:
 
 
 def _numbers(body: bytes, start: int, stop: int) -> list[Any]:
-    """The elements of the array whose interior is ``body[start:stop]`` (numbers and commas).
-
-    Raises:
-        ValueError: an element that is not a number (an empty one: ``[1,,2]``, ``[1,]``).
-    """
+    """The numbers of the array interior ``body[start:stop]``; ValueError for an empty or non-number element."""
     out: list[Any] = []
     while True:
         cut = body.find(b",", min(start + NUMBERS_SLICE, stop), stop)
@@ -191,11 +158,8 @@ def json_depth(value: Any) -> int:
 
 
 def check_parts(count: int, max_parts: int, what: str) -> None:
-    """Refuse a body of more than ``max_parts`` parts (``count`` may be an upper bound).
-
-    Raises:
-        InvalidArgument: "a multipart body of more than max_request_parts=1000 parts" (``what``).
-    """
+    """Refuse a body of more than ``max_parts`` parts (``count`` may be an upper bound) with
+    InvalidArgument naming ``max_request_parts``."""
     if count > max_parts:
         raise InvalidArgument(f"{what} of more than max_request_parts={max_parts} {_noun(what)}",
                               reason="TOO_MANY_PARTS")
@@ -206,15 +170,8 @@ def _noun(what: str) -> str:
 
 
 class JsonWriter:
-    """JSON text written piece by piece, refused once it passes ``limit`` bytes.
-
-    Args:
-        limit: the most bytes it may hold (``max_request_size``).
-        what: what is being written, for the error ("the Open Inference request's JSON body").
-
-    Raises (from :meth:`write` / :meth:`values`):
-        ResourceExhausted: reason ``REQUEST_TOO_LARGE`` (HTTP 413) once the text passes ``limit``.
-    """
+    """JSON text written piece by piece; :meth:`write` / :meth:`values` raise ResourceExhausted
+    (``REQUEST_TOO_LARGE``, 413) once it passes ``limit`` bytes (``max_request_size``)."""
 
     def __init__(self, limit: int, what: str) -> None:
         self.limit = limit

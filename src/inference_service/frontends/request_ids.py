@@ -1,11 +1,8 @@
 """One request id per request: in its access line, in the handler's headers, in the answer.
 
-A client's ``x-request-id`` (1 to 128 characters of ``A-Z a-z 0-9 . _ : / + = @ -``) is kept;
-otherwise one is made (32 hex digits). The front doors put it in the handler's request headers
-as ``x-request-id`` (the bundled LLM handler names it in its per-request log line) and echo it:
-an HTTP response header ``X-Request-Id``, a gRPC trailing metadata entry ``x-request-id``.
-The id is a log key only: the worker routes by its own ids, so two requests with one client
-id never mix.
+A client's ``x-request-id`` (1 to 128 of ``A-Z a-z 0-9 . _ : / + = @ -``) is kept, else 32 hex
+digits are made; echoed as ``X-Request-Id`` / gRPC trailing metadata. A log key only: workers
+route by their own ids, so two requests with one client id never mix.
 """
 
 from __future__ import annotations

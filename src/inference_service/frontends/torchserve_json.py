@@ -1,12 +1,6 @@
-"""TorchServe's DescribeModel JSON and management status texts, shaped from the registry's
-plain values (shared by the gRPC and HTTP management APIs).
-
-The management servicer answers ``DescribeModel`` with :func:`describe_json` of
-:func:`describe_version` for each version the core returns
-(:meth:`InferenceCore.versions <inference_service.serving.core.InferenceCore.versions>`). The keys,
-their order and the indentation are TorchServe's (``DescribeModelResponse`` of its
-management API), plus ``restarts`` per worker.
-"""
+"""TorchServe's DescribeModel JSON and management status texts, shared by the gRPC and HTTP
+management APIs: keys, order and indentation as TorchServe's ``DescribeModelResponse``, plus
+``restarts`` per worker."""
 
 from __future__ import annotations
 
@@ -37,14 +31,9 @@ def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
 
 
 def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
-    """DescribeModel's object for one version, with every key TorchServe 0.12's
-    ``DescribeModelResponse`` sends (Gson leaves out null ones: ``engine``, ``status``,
-    ``metrics``, and ``deviceIds`` when none are set), in its order and types: name, version,
-    URL, runtime, the worker and batch settings, ``clientTimeoutInMills``, ``parallelType``
-    (``""`` when none) and ``parallelLevel``, device type, ``continuousBatching``,
-    ``useJobTicket``, ``useVenv``, ``stateful`` (``sequenceBatching``) and the sequence limits,
-    whether it was loaded at startup, plus ``isDefault``, its workers (:func:`describe_worker`)
-    and its job queue."""
+    """DescribeModel's object for one version: every key TorchServe 0.12's ``DescribeModelResponse``
+    sends, in its order and types (Gson leaves out the null ones: ``engine``, ``status``, ``metrics``,
+    ``deviceIds`` when unset), plus ``isDefault``, its workers and its job queue."""
     c = model.config
     yaml = model.archive.config
     parallel_type = str(yaml.get("parallelType") or "")
@@ -94,12 +83,8 @@ def _bool(value: Any) -> bool:
 
 
 def describe_json(versions: list[tuple[ModelVersion, bool]]) -> str:
-    """DescribeModel's ``msg``: the JSON array of :func:`describe_version` objects, indented as
-    TorchServe prints it.
-
-    Args:
-        versions: ``(version, is_default)`` pairs, as ``InferenceCore.versions`` returns them.
-    """
+    """DescribeModel's ``msg``: the JSON array of ``(version, is_default)`` descriptions, indented as
+    TorchServe prints it."""
     return json.dumps([describe_version(model, is_default) for model, is_default in versions], indent=2)
 
 

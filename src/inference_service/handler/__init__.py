@@ -1,9 +1,4 @@
-"""The handler API: what handler code sees inside a worker process.
-
-Compatible with TorchServe's: :class:`Context`, :class:`BaseHandler` and
-:func:`send_intermediate_predict_response`, plus :class:`RequestCancelled`,
-raised into a handler whose client went away.
-"""
+"""The handler API: what handler code sees inside a worker process (TorchServe's, plus :class:`RequestCancelled`)."""
 
 from inference_service.handler.base_handler import BaseHandler
 from inference_service.handler.context import Context, RequestProcessor

@@ -1,12 +1,5 @@
-"""``BaseHandler``: the default handler life cycle, compatible with TorchServe's.
-
-Custom handlers subclass it and override ``preprocess`` / ``inference`` /
-``postprocess`` (or ``initialize`` / ``handle``); they read the attributes
-TorchServe's ``BaseHandler`` sets: ``self.context``, ``self.manifest``,
-``self.model``, ``self.device``, ``self.map_location``, ``self.mapping``,
-``self.initialized``, ``self.model_pt_path``, ``self.model_dir``,
-``self.model_yaml_config``.
-"""
+"""``BaseHandler``: the default handler life cycle, compatible with TorchServe's (same attributes:
+``self.context``, ``self.manifest``, ``self.model``, ``self.device``...). See docs/own-model.md."""
 
 from __future__ import annotations
 
@@ -47,36 +40,11 @@ class BaseHandler:
             def postprocess(self, data):
                 return data
 
-    ``initialize`` loads the model named by the manifest, as TorchServe's does
-    (``torch-model-archiver`` options in brackets):
-
-    - ``modelFile`` [``--model-file``]: an eager model. The file must define
-      exactly one ``torch.nn.Module`` subclass, built with no arguments; the
-      ``serializedFile`` [``--serialized-file``], when given, is its state dict:
-      a ``.safetensors`` file (read with the ``safetensors`` package) or a
-      ``torch.save`` file read with ``torch.load(weights_only=True)`` (opt out
-      with ``handler: {weights_only: false}`` in ``model-config.yaml``, only
-      for archives you trust: it unpickles arbitrary objects).
-    - no ``modelFile``: the ``serializedFile`` is a TorchScript file
-      (``torch.jit.load``). A ``.safetensors`` file there is refused (weights
-      need their class), as are ``.onnx`` and AOT ``.so`` files (not supported).
-    - neither: no model is loaded (``self.model`` stays ``None``).
-
-    The model is moved to ``self.device`` (``cuda:<gpu_id>`` when the worker
-    has a GPU and CUDA is available, else CPU) and put in ``eval()`` mode.
-    ``model-config.yaml``'s ``pt2`` section compiles it with ``torch.compile``
-    (TorchServe's keys: ``pt2: {compile: {enable: true, backend: ..., mode: ...}}``,
-    or the deprecated ``pt2: "<backend>"`` / ``pt2: {backend: ...}``); a failed
-    compilation is logged and the model runs uncompiled, as in TorchServe.
-    ``index_to_name.json`` in the model directory, when present, becomes
-    ``self.mapping`` (:func:`~inference_service.handler.util.load_label_mapping`).
-    With ``handler: {profile: true}``, ``preprocess`` / ``inference`` /
-    ``postprocess`` record ``ts_handler_<stage>`` times (ms), as TorchServe's
-    ``@timed``. ``handle`` records ``HandlerTime`` (ms) through
-    ``context.metrics.add_time``, as TorchServe's does.
-
-    Every loading failure raises :class:`ModelLoadError` naming the archive file
-    and the cause; the worker reports it and registration fails with it.
+    ``initialize`` loads the manifest's ``modelFile`` (one ``nn.Module`` class, its state dict the
+    ``serializedFile``, read ``weights_only`` unless opted out) or a TorchScript ``serializedFile``,
+    onto ``self.device`` in ``eval()`` mode, compiled per ``pt2`` as TorchServe's; see
+    docs/own-model.md. Every loading failure raises :class:`ModelLoadError` naming the file and
+    the cause.
     """
 
     def __init__(self) -> None:
@@ -94,12 +62,8 @@ class BaseHandler:
         self.target = 0
 
     def initialize(self, context: Context) -> None:
-        """Load the model named by the manifest onto the worker's device.
-
-        Raises:
-            ModelLoadError: the serialized or model file is missing or invalid,
-                or ``model-config.yaml``'s handler options are malformed.
-        """
+        """Load the manifest's model onto the worker's device; ModelLoadError for a missing or invalid
+        file or malformed ``handler`` options."""
         import torch
 
         self.context = context
@@ -144,11 +108,7 @@ class BaseHandler:
 
     # --- loading ---------------------------------------------------------------
     def _handler_options(self) -> dict[str, Any]:
-        """The ``handler`` section of ``model-config.yaml`` (``{}`` if none).
-
-        Raises:
-            ModelLoadError: the section is not a mapping.
-        """
+        """The ``handler`` section of ``model-config.yaml`` (``{}`` if none); ModelLoadError if not a mapping."""
         options = self.model_yaml_config.get("handler") if isinstance(self.model_yaml_config, dict) else None
         if options is None:
             return {}
@@ -172,12 +132,8 @@ class BaseHandler:
         return path if rel.startswith("..") else rel
 
     def _load_serialized_model(self, model_pt_path: str) -> Any:
-        """Load a ``serializedFile`` that has no ``modelFile``: a TorchScript archive.
-
-        Raises:
-            ModelLoadError: a weights-only format (``.safetensors``), an
-                unsupported one (``.onnx``, ``.so``), or not loadable.
-        """
+        """Load a TorchScript ``serializedFile`` (no ``modelFile``); ModelLoadError for ``.safetensors``
+        (weights need their class), ``.onnx``, ``.so``, or an unloadable file."""
         name = self._display_name(model_pt_path)
         ext = os.path.splitext(model_pt_path)[1].lower()
         if ext == ".safetensors":
@@ -206,11 +162,7 @@ class BaseHandler:
             raise ModelLoadError(f"cannot load TorchScript file {name!r}: {_brief(exc)}{hint}") from exc
 
     def _load_state_dict(self, model_pt_path: str) -> Mapping[str, Any]:
-        """Read a state dict: safetensors, or ``torch.load`` (``weights_only`` unless opted out).
-
-        Raises:
-            ModelLoadError: unreadable, not a mapping, or (weights-only) it pickles objects.
-        """
+        """Safetensors, or ``torch.load`` (``weights_only`` unless opted out); ModelLoadError if unusable."""
         import torch
 
         name = self._display_name(model_pt_path)
@@ -237,13 +189,8 @@ class BaseHandler:
         return state
 
     def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> Any:
-        """Build the one ``nn.Module`` class of ``model_file`` and load its state dict (if any).
-
-        Raises:
-            ModelLoadError: the file is missing, fails to import, holds no or
-                several module classes, the class cannot be built without
-                arguments, or the state dict cannot be read or does not fit.
-        """
+        """Build the one no-argument ``nn.Module`` class of ``model_file`` and load its state dict (if
+        any); ModelLoadError naming what failed."""
         import torch
 
         path = os.path.join(model_dir, model_file)
@@ -292,15 +239,8 @@ class BaseHandler:
         return model
 
     def _compile_model(self, model: Any) -> Any:
-        """Apply ``model-config.yaml``'s ``pt2`` section (``torch.compile``), as TorchServe does.
-
-        Returns:
-            The compiled model, or ``model`` when compilation is off, asked for
-            an unsupported mode (``pt2.export``), or failed (logged at WARNING).
-
-        Raises:
-            ModelLoadError: ``pt2`` is neither a backend name nor a mapping.
-        """
+        """Apply ``pt2`` (``torch.compile``) as TorchServe does: ``model`` unchanged when off, for
+        ``pt2.export``, or on failure (logged). Raises ModelLoadError for a ``pt2`` of the wrong type."""
         import torch
 
         pt2 = self.model_yaml_config.get("pt2") if isinstance(self.model_yaml_config, dict) else None
@@ -348,15 +288,8 @@ class BaseHandler:
         return data.tolist() if hasattr(data, "tolist") else list(data)
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
-        """Run ``preprocess -> inference -> postprocess`` on one batch.
-
-        Args:
-            data: one dict per request of the batch (input map entries as bytearray).
-            context: the worker's context for this batch.
-
-        Returns:
-            One result per request of the batch.
-        """
+        """Run ``preprocess -> inference -> postprocess`` on one batch (one dict per request, inputs as
+        bytearray); one result per request."""
         start = time.perf_counter()
         self.context = context
         output = self.postprocess(self.inference(self.preprocess(data)))

@@ -7,20 +7,9 @@ from typing import Any
 
 
 def encode_response(value: Any) -> bytes:
-    """Encode one handler result as TorchServe encodes it for the wire.
-
-    Args:
-        value: one entry of a handler's returned (or intermediate) list.
-
-    Returns:
-        ``str`` as UTF-8; ``bytes``/``bytearray``/``memoryview`` unchanged;
-        ``None`` as empty bytes; a torch tensor or numpy array as the JSON of
-        its ``tolist()`` (never pickle); anything else (dict, list, numbers,
-        bools) as JSON, as TorchServe's worker does.
-
-    Raises:
-        TypeError: the value is not JSON-serialisable.
-    """
+    """Encode one handler result as TorchServe's worker does: ``str`` as UTF-8, bytes-likes unchanged,
+    ``None`` empty, a tensor or numpy array as the JSON of ``tolist()`` (never pickle), anything
+    else as JSON; TypeError when not JSON-serialisable."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):

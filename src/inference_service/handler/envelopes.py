@@ -1,46 +1,11 @@
 """TorchServe's request envelopes: translate an orchestrator's request format for a handler and back.
 
-An envelope wraps a handler's ``handle(data, context)``: it turns the batch of requests into the
-flat list the handler expects (``parse_input``), calls the handler, and turns its results back
-into one answer per request (``format_output``), as TorchServe 0.12's
-``ts/torch_handler/request_envelope`` classes do (``docs/request_envelopes.md``: "the key used in
-``config.properties`` is the name of the .py file"). They are importable by TorchServe's paths
-(``ts.torch_handler.request_envelope.kservev2.KServev2Envelope`` ...) and by name through
-:func:`envelope_class`:
-
-- ``body`` (:class:`BodyEnvelope`): each request's ``data`` or ``body`` input; results as they are.
-- ``json`` (:class:`JSONEnvelope`): TensorFlow Serving's ``{"instances": [...]}`` (``{"b64": ...}``
-  values decoded) in, ``{"predictions": [...]}`` out.
-- ``kserve`` (:class:`KServeEnvelope`): KServe v1, ``{"instances": [...]}`` in,
-  ``{"predictions": [...]}`` out (``{"explanations": ...}`` when the request header ``explain``
-  is ``True``).
-- ``kservev2`` (:class:`KServev2Envelope`): the Open Inference Protocol (KServe v2) body that
-  ``ModelInfer`` and ``POST /v2/models/{name}/infer`` hand a handler. The handler gets the
-  input tensors as dicts (``name``, ``shape``, ``datatype``, ``data``), non-BYTES ``data``
-  reshaped to ``shape`` (nested lists), BYTES ``data`` its first element (TorchServe's rule);
-  it returns one result per input tensor, each sent back as an output named after that input,
-  with the data type of its values (``FP32`` for a float32 tensor, ``FP64`` for Python floats,
-  ``INT64``, ``BOOL``, ``BYTES`` for text).
-
-Differences from TorchServe's classes, which read the first request of a batch only: every
-request of a batch is parsed (their items concatenated for the handler, the results split back
-in order), so a ``batchSize`` above 1 answers every request; ``kservev2`` reports each output's
-real shape (TorchServe reports the flattened length) and the request's own id per request.
-Request bodies are JSON bytes here (TorchServe's frontend hands ``application/json`` bodies over
-already decoded); both are accepted.
-
-Quick start (a handler module that applies the envelope itself)::
-
-    from ts.torch_handler.request_envelope.kservev2 import KServev2Envelope
-
-    handler = MyHandler()
-    envelope = KServev2Envelope(handler.handle)
-
-    def handle(data, context):
-        if data is None:
-            handler.initialize(context)
-            return None
-        return envelope.handle(data, context)
+An envelope wraps a handler's ``handle(data, context)``: ``parse_input`` flattens the batch,
+``format_output`` splits the results back per request, as TorchServe 0.12's
+``ts/torch_handler/request_envelope`` classes do; importable by TorchServe's paths and by name
+through :func:`envelope_class`. Unlike TorchServe's (first request only), every request of a
+batch is parsed, and ``kservev2`` reports each output's real shape and each request's own id.
+See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations
@@ -68,11 +33,7 @@ def _body(row: Any) -> Any:
 
 
 def _split(results: list[Any], lengths: list[int]) -> list[list[Any]]:
-    """``results`` cut into consecutive pieces of ``lengths``.
-
-    Raises:
-        ValueError: the handler returned another number of results than it was given items.
-    """
+    """``results`` cut into pieces of ``lengths``; ValueError when the handler returned another count."""
     if len(results) != sum(lengths):
         raise ValueError(f"the handler returned {len(results)} results for {sum(lengths)} items")
     out, cursor = [], 0
@@ -83,11 +44,7 @@ def _split(results: list[Any], lengths: list[int]) -> list[list[Any]]:
 
 
 class BaseEnvelope(ABC):
-    """Wraps ``handle_fn(data, context)``; subclasses define :meth:`parse_input` and :meth:`format_output`.
-
-    Args:
-        handle_fn: the handler's entry point (a module-level ``handle`` or a handler's bound ``handle``).
-    """
+    """Wraps ``handle_fn(data, context)``; subclasses define :meth:`parse_input` and :meth:`format_output`."""
 
     def __init__(self, handle_fn: Callable[[Any, Any], Any]) -> None:
         self._handle_fn = handle_fn
@@ -251,11 +208,7 @@ ENVELOPES: dict[str, type[BaseEnvelope]] = {
 
 
 def envelope_class(name: str) -> type[BaseEnvelope]:
-    """The envelope class called ``name`` (``service_envelope``'s value).
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones).
-    """
+    """The envelope class called ``name`` (``service_envelope``); ValueError listing the known names."""
     found = ENVELOPES.get(name)
     if found is None:
         raise ValueError(f"unknown service_envelope {name!r} (one of {', '.join(sorted(ENVELOPES))})")
@@ -263,10 +216,5 @@ def envelope_class(name: str) -> type[BaseEnvelope]:
 
 
 def wrap(handle: Callable[[Any, Any], Any], name: str) -> Callable[[Any, Any], Any]:
-    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does
-    (``envelope_class(entry_point).handle``).
-
-    Raises:
-        ValueError: an unknown envelope name.
-    """
+    """``handle`` wrapped in the envelope called ``name``, as TorchServe's model loader does; ValueError if unknown."""
     return envelope_class(name)(handle).handle

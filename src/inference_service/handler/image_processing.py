@@ -1,13 +1,8 @@
 """Image decoding and the standard ImageNet preprocessing, with or without torchvision.
 
-The built-in vision handlers (:mod:`inference_service.handler.vision_handlers`)
-decode request bytes with Pillow (:func:`decode_image`) and turn the image into
-a tensor with a callable ``image_processing`` attribute, as TorchServe's do.
-:class:`ImageNetPreprocess` is TorchServe's ``Resize(256) -> CenterCrop(224) ->
-ToTensor() -> Normalize(ImageNet mean/std)``: it uses torchvision's transforms
-when torchvision is importable and otherwise the equivalent Pillow + torch code
-below (same sizes, bilinear resampling, crop offsets and padding, scaling and
-normalisation as torchvision applies to a Pillow image).
+:class:`ImageNetPreprocess` is TorchServe's ``Resize(256) -> CenterCrop(224) -> ToTensor() ->
+Normalize``: torchvision's transforms when importable, else equivalent Pillow + torch code (same
+resampling, crop offsets, padding and scaling as torchvision applies to a Pillow image).
 """
 
 from __future__ import annotations
@@ -27,20 +22,12 @@ class ImageDecodeError(ValueError):
 
 
 def decode_image(payload: bytes | bytearray | memoryview | str) -> Any:
-    """Decode one request's image bytes into a fully loaded Pillow image.
-
-    Args:
-        payload: the encoded image (PNG, JPEG, ... anything Pillow reads); a
-            ``str`` is taken as base64 of the bytes, as TorchServe's
-            ``VisionHandler`` does.
-
-    Returns:
-        The ``PIL.Image.Image``, pixels loaded (so truncated files fail here).
+    """Decode one request's image (a ``str`` is base64, as TorchServe's ``VisionHandler``) into a
+    Pillow image with its pixels loaded, so a truncated file fails here.
 
     Raises:
-        ImageDecodeError: empty input, bad base64, not an image, a truncated or
-            corrupt file, or more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``
-            allows (Pillow's decompression-bomb guard).
+        ImageDecodeError: empty, bad base64, not an image, truncated or corrupt, or above
+            ``PIL.Image.MAX_IMAGE_PIXELS`` (Pillow's decompression-bomb guard).
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -65,11 +52,8 @@ def decode_image(payload: bytes | bytearray | memoryview | str) -> Any:
 
 
 def resize_shorter_side(image: Any, size: int) -> Any:
-    """Scale ``image`` so its shorter side is ``size`` px, keeping the aspect ratio.
-
-    As torchvision's ``Resize(size)`` on a Pillow image: the longer side becomes
-    ``int(size * long / short)`` and the resampling is bilinear.
-    """
+    """As torchvision's ``Resize(size)`` on a Pillow image: shorter side ``size`` px, longer
+    ``int(size * long / short)``, bilinear."""
     from PIL import Image
 
     width, height = image.size
@@ -82,12 +66,8 @@ def resize_shorter_side(image: Any, size: int) -> Any:
 
 
 def center_crop(image: Any, size: int | Sequence[int]) -> Any:
-    """Crop the centre ``size`` (int: square; or ``(height, width)``) out of ``image``.
-
-    As torchvision's ``CenterCrop``: offsets ``round((side - crop) / 2)``; an
-    image smaller than the crop is first padded with zeros, ``(crop - side) // 2``
-    before and the rest after.
-    """
+    """As torchvision's ``CenterCrop``: offsets ``round((side - crop) / 2)``; a smaller image is first
+    zero-padded, ``(crop - side) // 2`` before and the rest after."""
     from PIL import Image
 
     crop_h, crop_w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
@@ -105,12 +85,8 @@ def center_crop(image: Any, size: int | Sequence[int]) -> Any:
 
 
 def to_tensor(image: Any) -> Any:
-    """A Pillow image as a ``C x H x W`` tensor, as torchvision's ``ToTensor``.
-
-    8-bit modes (``L``, ``RGB``, ``RGBA``, ``P`` ...) become float32 in [0, 1];
-    mode ``1`` becomes 0.0 / 1.0; ``I`` (int32), ``I;16`` (int16) and ``F``
-    (float32) keep their values and type.
-    """
+    """As torchvision's ``ToTensor``: ``C x H x W``; 8-bit modes float32 in [0, 1], mode ``1`` 0.0/1.0;
+    ``I``, ``I;16`` and ``F`` keep their values and type."""
     import torch
 
     if image.mode == "1":
@@ -155,20 +131,8 @@ class ToTensor:
 
 
 class ImageNetPreprocess:
-    """TorchServe's image classifier / segmenter preprocessing as one callable.
-
-    ``image -> RGB -> Resize(resize) -> CenterCrop(crop) -> ToTensor -> Normalize(mean, std)``.
-    The conversion to RGB is added here (TorchServe feeds RGBA or palette images
-    through unchanged, which fails on their 4 or 1 channels). The pipeline is
-    built on first use: torchvision's transforms when torchvision is
-    importable, else the Pillow + torch functions of this module.
-
-    Args:
-        resize: shorter side after resizing, px (default 256).
-        crop: side of the centre crop, px (default 224).
-        mean: per-channel mean (default ImageNet's).
-        std: per-channel standard deviation (default ImageNet's).
-    """
+    """TorchServe's image classifier / segmenter preprocessing as one callable, with a conversion to
+    RGB added (TorchServe fails on RGBA or palette images); sizes in px. Built on first use."""
 
     def __init__(
         self,

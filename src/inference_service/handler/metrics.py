@@ -1,19 +1,8 @@
 """TorchServe's ``context.metrics`` API for handlers.
 
-Handlers call ``add_time``, ``add_counter``, ``add_size``, ``add_percent`` and
-``add_metric``; each metric is kept for ``get_metric`` and either
-
-- logged at INFO on the worker's ``metrics`` logger (one line per update,
-  TorchServe's log form; ``metrics_mode=log``, the default), or
-- queued for the frontend (``metrics_mode=prometheus``): the worker sends the
-  queued updates as a ``METRIC`` frame with its next response frames, and the
-  server exports them on its ``/metrics`` endpoint
-  (:mod:`inference_service.observability.metrics`).
-
-Engine statistics (:meth:`Metrics.add_stats`, an addition: the bundled LLM handler's
-``SchedulerStats`` and ``IterationStats``) are always queued for the frontend, in every
-``metrics_mode``; the server exports them under its own names. In ``metrics_mode=log`` they
-are also written as one log metrics line at most every :data:`STATS_LOG_INTERVAL_S`.
+Each update is logged on the worker's ``metrics`` logger (``metrics_mode=log``) or queued for
+the frontend's ``/metrics`` (``prometheus``) as a ``METRIC`` frame. Engine statistics
+(:meth:`Metrics.add_stats`, an addition) are always queued. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -42,12 +31,7 @@ class MetricTypes(enum.Enum):
 
 
 class Dimension:
-    """One name/value dimension of a metric (TorchServe's ``ts.metrics.dimension.Dimension``).
-
-    Args:
-        name: dimension name (a Prometheus label name once exported).
-        value: its value.
-    """
+    """One name/value dimension of a metric (TorchServe's ``ts.metrics.dimension.Dimension``)."""
 
     def __init__(self, name: str, value: str) -> None:
         self.name = name
@@ -88,12 +72,8 @@ STATS_LOG_INTERVAL_S = 10.0
 
 
 class Metrics:
-    """The ``context.metrics`` object of a worker (TorchServe's ``MetricsCache``).
-
-    Args:
-        model_name: dimension ``ModelName`` of every metric.
-        request_ids: the current batch's ``{index: request_id}`` (updated per batch).
-    """
+    """The ``context.metrics`` object of a worker (TorchServe's ``MetricsCache``); every metric has the
+    dimension ``ModelName``."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -137,16 +117,9 @@ class Metrics:
         self._log_stats()
 
     def add_serving_stat(self, name: str, value: float) -> None:
-        """Queue one serving statistic for the server's ``/metrics`` (every ``metrics_mode``).
-
-        Args:
-            name: a field of the engine statistics (:data:`SERVING_STATS`).
-            value: a counter's (or total's) increment (>= 0), or a gauge's current value for
-                this worker (the server sums the workers of a model version).
-
-        Raises:
-            ValueError: an unknown name.
-        """
+        """Queue one serving statistic (:data:`SERVING_STATS`) for the server's ``/metrics``: a counter's
+        increment (>= 0) or a gauge's value for this worker (the server sums a version's workers).
+        ValueError for an unknown name."""
         spec = SERVING_STATS.get(name)
         if spec is None:
             raise ValueError(f"unknown serving statistic {name!r}; known: {sorted(SERVING_STATS)}")
@@ -244,9 +217,5 @@ class Metrics:
         return self._record(name, value, unit, idx, metric_type, dimensions)
 
     def get_metric(self, metric_name: str, metric_type: str = "counter") -> Metric:
-        """Return a metric recorded before.
-
-        Raises:
-            KeyError: no metric of that name and type was recorded.
-        """
+        """A metric recorded before; KeyError when none of that name and type was."""
         return self._metrics[(metric_name, str(getattr(metric_type, "value", metric_type)).lower())]

@@ -10,12 +10,8 @@ from inference_service.handler.encoding import encode_response
 
 
 class RequestCancelled(BaseException):
-    """Raised into a handler when every request it is streaming to was cancelled.
-
-    Derives from ``BaseException`` (like ``KeyboardInterrupt``) so a handler's
-    ``except Exception:`` does not swallow it; the worker catches it, answers
-    the batch as cancelled and stays ready for the next request.
-    """
+    """Raised into a handler when every request it streams to was cancelled; a ``BaseException`` so a
+    handler's ``except Exception:`` does not swallow it."""
 
 
 def send_intermediate_predict_response(
@@ -27,26 +23,11 @@ def send_intermediate_predict_response(
 ) -> None:
     """Send ``ret[i]`` as an intermediate response to the client of request ``req_id_map[i]``.
 
-    TorchServe's signature and behaviour: the handler keeps running, and what it
-    finally returns is the stream's last message. ``message`` and ``code`` are
-    accepted for compatibility (TorchServe sends them as the HTTP status of the
-    chunk; gRPC has no per-message status). Does nothing where the environment
-    variable ``LOCAL_RANK`` is set and is not ``"0"`` (only rank 0 answers;
-    ``context.answers_clients``, read when the worker starts).
-
-    Args:
-        ret: one value per batch entry, encoded like a handler result.
-        req_id_map: batch index -> request id (``context.request_ids``).
-        message: status phrase (ignored on gRPC).
-        code: HTTP status (ignored on gRPC).
-        context: the handler's context.
-
-    Returns:
-        ``None``.
+    TorchServe's signature and behaviour; ``message`` and ``code`` are accepted but gRPC has no
+    per-message status. Does nothing on a rank other than 0 (``LOCAL_RANK``, read at worker start).
 
     Raises:
-        RequestCancelled: every request in ``req_id_map`` was cancelled by its
-            client (or its deadline passed), so the handler stops here.
+        RequestCancelled: every request in ``req_id_map`` was cancelled (or passed its deadline).
         TypeError: a value cannot be encoded.
     """
     if not context.answers_clients:

@@ -22,22 +22,11 @@ VOCAB_FILES = ("source_vocab.json", "source_vocab.pt")
 class TextHandler(BaseHandler):
     """Base of the text handlers: loads the model and the source vocabulary, cleans text.
 
-    The vocabulary (``self.source_vocab``, looked up as ``vocab[token]``) is the
-    manifest's legacy ``sourceVocab`` entry when set, else ``source_vocab.json``,
-    else ``source_vocab.pt`` in the model directory (archive it with
-    ``--extra-files``). JSON: ``{"token": index, ...}`` or ``["token", ...]``;
-    ``.pt``: the same data written with ``torch.save`` (e.g.
-    ``torch.save(vocab.get_stoi(), "source_vocab.pt")``), read with
-    ``torch.load(weights_only=True)``. Unknown tokens map to ``"<unk>"``'s index
-    when the vocabulary has one, else 0. TorchServe's own archives pickle a
-    torchtext ``Vocab`` object: those load only with ``handler: {weights_only:
-    false}`` in ``model-config.yaml`` (unpickling runs code from the archive;
-    only for archives you trust) and with torchtext installed.
-
-    Cleanup helpers keep TorchServe's names: ``_remove_html_tags``,
-    ``_expand_contractions``, ``_remove_accented_characters``,
-    ``_remove_punctuation`` (and its old misspelling), ``_tokenize``
-    (``basic_english``), ``get_word_token``.
+    The vocabulary is the manifest's ``sourceVocab``, else ``source_vocab.json``, else
+    ``source_vocab.pt`` (plain data, ``torch.load(weights_only=True)``); unknown tokens map to
+    ``"<unk>"``'s index, else 0. TorchServe's archives pickle a torchtext ``Vocab``: those load only
+    with ``handler: {weights_only: false}`` and torchtext installed. The cleanup helpers keep
+    TorchServe's names (misspelling included).
     """
 
     def __init__(self) -> None:
@@ -47,11 +36,11 @@ class TextHandler(BaseHandler):
         self.input_text: Any = None
 
     def initialize(self, context: Context) -> None:
-        """Load the model (:meth:`BaseHandler.initialize`), then the source vocabulary.
+        """Load the model, then the source vocabulary.
 
         Raises:
-            ModelLoadError: no vocabulary file, or it cannot be read (the
-                message names the file and, for pickled ones, how to opt in).
+            ModelLoadError: no vocabulary file, or it cannot be read (the message names the file and,
+                for pickled ones, how to opt in).
         """
         super().initialize(context)
         self.initialized = False
@@ -65,11 +54,7 @@ class TextHandler(BaseHandler):
         self.initialized = True
 
     def get_source_vocab_path(self, ctx: Context) -> str:
-        """Path of the vocabulary file (see the class docstring for the search order).
-
-        Raises:
-            ModelLoadError: none of the files exists.
-        """
+        """Path of the vocabulary file; ModelLoadError when none exists."""
         model_dir = ctx.system_properties.get("model_dir") or ""
         legacy = (self.manifest.get("model") or {}).get("sourceVocab")
         if legacy:
@@ -117,19 +102,11 @@ class TextHandler(BaseHandler):
 
 
 class TextClassifier(TextHandler):
-    """``text_classifier``: text -> the probability of every class.
+    """``text_classifier``: UTF-8 text -> ``{"label": probability}`` for every class, as TorchServe's.
 
-    Each request's ``data`` (or ``body``) is UTF-8 text. It is cleaned
-    (:meth:`TextHandler.clean_text`), split into tokens and their 2-grams
-    (``ngrams = 2``), and looked up in the vocabulary. The model is called as
-    ``model(token_ids, offsets)``: all requests' ids in one 1-D ``long`` tensor
-    and the start of each request in ``offsets``, the ``nn.EmbeddingBag``
-    convention of TorchServe's text classification example (TorchServe itself
-    classifies only the first request of a batch; here each request gets its
-    own answer). The ``N x classes`` output goes through softmax; each request
-    gets ``{"label": probability}`` for every class (labels from
-    ``index_to_name.json``), as TorchServe's. Text that is not UTF-8, or no
-    text, fails that request with INVALID_ARGUMENT.
+    Tokens and their 2-grams are looked up and passed as ``model(token_ids, offsets)`` (one 1-D
+    ``long`` tensor for the batch, the ``nn.EmbeddingBag`` convention of TorchServe's example);
+    unlike TorchServe, which classifies only a batch's first request, each request gets its answer.
     """
 
     ngrams = 2
@@ -148,12 +125,11 @@ class TextClassifier(TextHandler):
 
     @timed
     def preprocess(self, data: list[dict[str, Any]]) -> tuple[Any, Any]:
-        """``(token_ids, offsets)`` of the batch (see the class docstring).
+        """``(token_ids, offsets)`` of the batch.
 
         Raises:
-            PredictionException: (400) a request of a batch of one, or every
-                request of the batch, has no text or not UTF-8; in a larger
-                batch a bad request alone fails (its status is set to 400).
+            PredictionException: (400) no text or not UTF-8 in a batch of one, or in every request of
+                the batch; in a larger batch a bad request alone fails (its status set to 400).
         """
         import torch
 

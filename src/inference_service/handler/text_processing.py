@@ -1,13 +1,4 @@
-"""Text cleanup, tokenisation, n-grams and vocabularies for the built-in text handlers.
-
-What TorchServe's ``TextHandler`` does with torchtext, done without it: HTML
-removal, contraction expansion, accent stripping, punctuation removal, the
-``basic_english`` tokenizer, ``ngrams_iterator``, and a vocabulary that maps
-tokens to indices. Vocabularies are read from JSON or from a ``torch.save``
-file holding plain data (a "state dict" of the vocabulary); a pickled
-vocabulary object (e.g. a torchtext ``Vocab``) loads only when the caller
-passes ``weights_only=False``.
-"""
+"""Text cleanup, tokenisation, n-grams and vocabularies: TorchServe's ``TextHandler`` steps without torchtext."""
 
 from __future__ import annotations
 
@@ -105,13 +96,8 @@ def ngrams(tokens: Sequence[str], n: int) -> Iterator[str]:
 
 
 class Vocabulary:
-    """Token -> index lookup with a default for unknown tokens (a subset of torchtext's ``Vocab`` API).
-
-    Args:
-        stoi: token -> index.
-        default_index: index of unknown tokens; default: the index of
-            ``"<unk>"`` when the vocabulary has it, else 0.
-    """
+    """Token -> index lookup (a subset of torchtext's ``Vocab`` API); unknown tokens get
+    ``default_index``, else ``"<unk>"``'s index, else 0."""
 
     def __init__(self, stoi: Mapping[str, int], default_index: int | None = None) -> None:
         self._stoi = dict(stoi)
@@ -165,25 +151,13 @@ def _vocabulary_from(data: Any, name: str) -> Vocabulary:
 
 
 def load_vocabulary(path: str, *, weights_only: bool = True, name: str | None = None) -> Any:
-    """Read a vocabulary file.
-
-    Args:
-        path: a ``.json`` file (``{"token": index}``, ``["token", ...]`` or
-            ``{"stoi": {...}, "default_index": n}``), or a ``torch.save`` file
-            holding the same plain data (read with ``torch.load(weights_only=True)``).
-        weights_only: ``False`` also unpickles vocabulary objects (e.g. a
-            torchtext ``Vocab``, which needs torchtext installed). Unpickling
-            runs arbitrary code: only for archives you trust.
-        name: how to name the file in errors (default: ``path``).
-
-    Returns:
-        A :class:`Vocabulary`; with ``weights_only=False``, an unpickled object
-        that is neither plain data nor has ``get_stoi()`` is returned as is
-        (used as ``vocab[token]``).
+    """Read a vocabulary: JSON (``{"token": index}``, ``["token", ...]`` or ``{"stoi", "default_index"}``)
+    or a ``torch.save`` file of the same plain data. ``weights_only=False`` also unpickles objects
+    (a torchtext ``Vocab``; runs arbitrary code) and returns one with neither shape as is.
 
     Raises:
-        VocabularyError: missing, unreadable, or of an unknown shape; a pickled
-            object while ``weights_only`` is true (the message says how to opt in).
+        VocabularyError: missing, unreadable, of an unknown shape, or pickled while
+            ``weights_only`` (the message says how to opt in).
     """
     label = name or path
     if not os.path.isfile(path):

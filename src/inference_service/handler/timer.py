@@ -11,15 +11,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def timed(func: F) -> F:
-    """Decorate a handler method to record its duration as the metric ``ts_handler_<name>`` (ms).
-
-    As TorchServe's: it measures only when the model's ``model-config.yaml``
-    says ``handler: {profile: true}`` (read from ``self.context.model_yaml_config``);
-    otherwise the method runs untimed. The metric goes through
-    ``self.context.metrics.add_time`` (logged by the worker). On CUDA the
-    measured interval ends after ``torch.cuda.synchronize()``, so it covers the
-    queued GPU work.
-    """
+    """Record a handler method's duration as ``ts_handler_<name>`` (ms), as TorchServe's: only with
+    ``handler: {profile: true}``; on CUDA after ``torch.cuda.synchronize()`` (queued GPU work)."""
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -10,15 +10,8 @@ from typing import Any
 
 
 class PredictionException(Exception):
-    """Raised by a handler to fail the batch with an HTTP status, as in TorchServe.
-
-    The worker maps ``error_code`` through TorchServe's table to a gRPC code
-    (e.g. 400 -> INVALID_ARGUMENT, 409 -> ABORTED, 507 -> INTERNAL) with ``message``.
-
-    Args:
-        message: the error text sent to the client.
-        error_code: HTTP status (default 500).
-    """
+    """Raised by a handler to fail the batch with HTTP status ``error_code`` (500), as in TorchServe;
+    mapped through TorchServe's table (400 -> INVALID_ARGUMENT, 409 -> ABORTED, 507 -> INTERNAL)."""
 
     def __init__(self, message: str, error_code: int = 500) -> None:
         super().__init__(message)
@@ -40,19 +33,11 @@ def list_classes_from_module(module: ModuleType, parent_class: type | None = Non
 
 
 def load_label_mapping(mapping_file_path: str) -> dict[str, str] | None:
-    """Read ``index_to_name.json`` into ``{"<class index>": "label"}``, as TorchServe's does.
-
-    Accepted forms: ``{"0": "label", ...}``; ``{"0": ["n01440764", "tench"], ...}``
-    (ImageNet style: the last element is the label); ``{"object_type_names":
-    ["__background__", "person", ...]}`` (object detection: the list position is
-    the class index).
-
-    Returns:
-        The mapping, or ``None`` when the file does not exist.
+    """``index_to_name.json`` as ``{"<class index>": "label"}``, or ``None`` without the file; also
+    ImageNet's ``["n01440764", "tench"]`` values and ``{"object_type_names": [...]}``, as TorchServe.
 
     Raises:
-        ValueError: the file is not valid JSON, not an object, or a label is not
-            a string (or a list ending in one); the message names the file.
+        ValueError: not JSON, not an object, or a label not a string (names the file).
     """
     if not os.path.isfile(mapping_file_path):
         return None
@@ -79,15 +64,7 @@ def load_label_mapping(mapping_file_path: str) -> dict[str, str] | None:
 
 
 def get_yaml_config(yaml_file_path: str) -> dict[str, Any]:
-    """Read a YAML file with ``yaml.safe_load`` (TorchServe's ``ts.utils.util.get_yaml_config``).
-
-    Returns:
-        The parsed document (``{}`` for an empty file).
-
-    Raises:
-        OSError: the file cannot be read.
-        yaml.YAMLError: the file is not valid YAML.
-    """
+    """``yaml.safe_load`` of a file (``{}`` if empty); TorchServe's ``ts.utils.util.get_yaml_config``."""
     import yaml
 
     with open(yaml_file_path, encoding="utf-8") as f:
@@ -97,17 +74,8 @@ def get_yaml_config(yaml_file_path: str) -> dict[str, Any]:
 def map_class_to_label(
     probs: list[list[Any]], mapping: dict[str, Any] | None = None, lbl_classes: list[list[Any]] | None = None
 ) -> list[dict[str, Any]]:
-    """Pair each row of ``probs`` with its class labels: ``[{label: prob, ...}, ...]``.
-
-    As TorchServe's: the key is ``mapping[str(class)]`` (a list label gives its
-    last element), or ``str(class)`` without a mapping. Unlike TorchServe's, a
-    class missing from the mapping keeps ``str(class)`` instead of raising.
-    The values are taken as they are (the object detector passes boxes).
-
-    Args:
-        probs: per request, the values to label (e.g. the top-k probabilities).
-        mapping: ``index_to_name`` mapping (class index as a string -> label).
-        lbl_classes: per request, the class indices of ``probs`` (default 0..k-1).
+    """Pair each row of ``probs`` with labels, ``[{label: value}, ...]``, as TorchServe's, except that
+    a class missing from ``mapping`` keeps ``str(class)`` instead of raising.
 
     Raises:
         TypeError: ``probs`` is not a list (convert tensors with ``tolist()`` first).

@@ -1,15 +1,8 @@
 """TorchServe's built-in vision handlers: ``image_classifier``, ``image_segmenter``, ``object_detector``.
 
-Same names, class hierarchy and input/output contracts as TorchServe 0.12's
-``ts.torch_handler.*`` (which import these classes), so a ``.mar`` built with
-``--handler image_classifier`` and custom handlers subclassing
-``ts.torch_handler.image_classifier.ImageClassifier`` run unchanged.
-
-Input of every request: the encoded image (PNG, JPEG, ... anything Pillow
-decodes) in the input map's ``data`` or ``body`` entry; a ``str`` is taken as
-base64, a list as the image tensor itself (no preprocessing). Bytes that do not
-decode fail that request with INVALID_ARGUMENT and a message; the worker stays
-ready. Outputs are documented per class.
+Same names, class hierarchy and contracts as TorchServe 0.12's ``ts.torch_handler.*`` (which
+import these classes). Input: the encoded image in ``data`` or ``body`` (a ``str`` is base64, a
+list the tensor itself); bytes that do not decode fail that request with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -25,20 +18,13 @@ from inference_service.handler.util import PredictionException, map_class_to_lab
 
 
 class VisionHandler(BaseHandler):
-    """Base of the image handlers: decode each request's image and batch the tensors.
+    """Base of the image handlers: ``preprocess`` stacks ``self.image_processing(image)`` of every
+    request into one ``N x C x H x W`` tensor on ``self.device``, as TorchServe's ``VisionHandler``
+    (``limit_max_image_pixels`` false lifts Pillow's decompression-bomb limit, as there).
 
-    ``preprocess`` turns every request into ``self.image_processing(image)``
-    (a callable ``PIL.Image -> tensor``; subclasses set it, e.g. a torchvision
-    ``transforms.Compose``) and returns them stacked into one ``N x C x H x W``
-    tensor on ``self.device``, as TorchServe's ``VisionHandler``. When the
-    context's ``limit_max_image_pixels`` is false, Pillow's decompression-bomb
-    limit is lifted (``PIL.Image.MAX_IMAGE_PIXELS = None``), as in TorchServe.
-
-    A request whose image does not decode fails with HTTP 400 -> gRPC
-    INVALID_ARGUMENT: alone in its batch, through :class:`PredictionException`;
-    in a batch with good images, through ``context.set_response_status(400, ...)``
-    for that request only (the model runs on a zero placeholder in its slot, and
-    the other requests get their results).
+    An image that does not decode fails its request with 400 / INVALID_ARGUMENT: alone, by
+    :class:`PredictionException`; beside good images, by ``context.set_response_status`` for it
+    only (the model runs on a zero placeholder in its slot).
     """
 
     image_processing: Callable[[Any], Any] = ToTensor()
@@ -65,10 +51,7 @@ class VisionHandler(BaseHandler):
         raise ImageDecodeError(f"cannot read an image from a {type(payload).__name__}")
 
     def load_images(self, data: list[dict[str, Any]]) -> list[Any]:
-        """Decode and process every request's image; bad ones are handled as the class describes.
-
-        Returns:
-            One tensor per request (a zero placeholder where the image was bad).
+        """One tensor per request (a zero placeholder for a bad image).
 
         Raises:
             PredictionException: (400) every image of the batch is bad.
@@ -108,18 +91,9 @@ class VisionHandler(BaseHandler):
 
 
 class ImageClassifier(VisionHandler):
-    """``image_classifier``: image -> the top-k classes with their probabilities.
-
-    Preprocessing: RGB, ``Resize(256)``, ``CenterCrop(224)``, ``ToTensor``,
-    ``Normalize`` with the ImageNet mean/std (:class:`ImageNetPreprocess`;
-    torchvision when importable, else the same steps without it). The model's
-    output ``N x classes`` goes through softmax; each request gets a JSON object
-    ``{"label": probability, ...}`` of its ``topk`` most likely classes, most
-    likely first (labels from ``index_to_name.json``, else the class index as a
-    string), as TorchServe's. ``topk`` is 5 (TorchServe's); change it with
-    ``set_max_result_classes(k)``, a ``topk`` class attribute, or (added here)
-    ``handler: {topk: k}`` in ``model-config.yaml``. A model with fewer than
-    ``topk`` classes returns all of them (TorchServe fails instead).
+    """``image_classifier``: image -> ``{"label": probability}`` of the ``topk`` (5) most likely
+    classes, as TorchServe's; a model with fewer classes returns all (TorchServe fails).
+    See docs/own-model.md.
 
     Quick start (TorchServe's densenet161 flow, with any eager model)::
 
@@ -161,15 +135,9 @@ class ImageClassifier(VisionHandler):
 
 
 class ImageSegmenter(VisionHandler):
-    """``image_segmenter``: image -> the most likely class of every pixel, with its probability.
-
-    Preprocessing as :class:`ImageClassifier` (224 x 224 input). The model
-    returns ``N x classes x H x W`` logits, either as a tensor or, like
-    torchvision's segmentation models, in a dict under ``"out"``. Each request
-    gets a JSON ``H x W x 2`` nested list: ``[class index (as a float),
-    probability]`` per pixel, as TorchServe's (it returns only the top class per
-    pixel to keep responses small: about 1.3 MB of JSON for 224 x 224).
-    """
+    """``image_segmenter``: image -> ``H x W x 2`` JSON, ``[class index (float), probability]`` per
+    pixel, as TorchServe's (top class only: about 1.3 MB of JSON at 224 x 224). The model's
+    ``N x classes x H x W`` logits may come in a dict under ``"out"`` (torchvision's)."""
 
     image_processing: Callable[[Any], Any] = ImageNetPreprocess()
 
@@ -186,19 +154,9 @@ class ImageSegmenter(VisionHandler):
 
 
 class ObjectDetector(VisionHandler):
-    """``object_detector``: image -> the detected objects with their boxes and scores.
-
-    Preprocessing: ``ToTensor`` only (no resizing; values in [0, 1]). The model
-    (a torchvision-style detector) takes the batch and returns, per image, a
-    dict with ``boxes`` (``K x 4``, ``x1, y1, x2, y2`` in pixels), ``labels``
-    (``K``) and ``scores`` (``K``). Each request gets a JSON list of the
-    detections scoring at least ``threshold`` (0.5, TorchServe's; added here:
-    ``handler: {threshold: t}`` in ``model-config.yaml``), in the model's order:
-    ``[{"<label>": [x1, y1, x2, y2], "score": s}, ...]``, the label from
-    ``index_to_name.json`` (``{"object_type_names": [...]}`` works too), else
-    the class index as a string, as TorchServe's. Images of different sizes in
-    one batch go to the model as a list of tensors instead of a stacked tensor.
-    """
+    """``object_detector``: image -> ``[{"<label>": [x1, y1, x2, y2], "score": s}, ...]`` (pixels)
+    scoring at least ``threshold`` (0.5), as TorchServe's. ``ToTensor`` only, no resizing; images of
+    different sizes go to the model as a list instead of a stacked tensor."""
 
     image_processing: Callable[[Any], Any] = ToTensor()
     threshold = 0.5

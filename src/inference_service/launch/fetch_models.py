@@ -5,21 +5,10 @@ Quick start (what ``deploy/kubernetes/deployment.yaml`` runs before the server s
     python -m inference_service.launch.fetch_models --ts-config /config/config.properties \\
         http://model-repository.models.svc.cluster.local/releases/mymodel.mar
 
-Each URL is fetched under the rules the server applies to a remote RegisterModel ``url``
-(:class:`~inference_service.archive.fetch.UrlPolicy`, read from the same ``config.properties``):
-
-1. the URL must match an ``allowed_urls`` pattern (checked before anything is fetched, and for
-   every redirect); proxies from the environment are not used;
-2. the download is capped by ``max_download_size`` bytes and ``download_timeout`` seconds and
-   lands under a random name in the model store;
-3. it must be a zip (``.mar``) or tar archive, and is then renamed to its archive name: the
-   ``NAME`` of a ``NAME=URL`` argument, else the last segment of the URL's path. The name must
-   end in ``.mar``, ``.tar.gz`` or ``.tgz`` (what ``load_models=all`` loads).
-
-The model store is ``--model-store``, else the config's ``model_store``. Archives are replaced
-atomically, so a restarted initContainer fetches them again safely. Exit status: 0 when every
-archive is in place, 1 at the first that fails (the message names the URL and why), 2 for a
-usage or configuration error.
+Each URL is fetched under the server's rules for a remote ``url``
+(:class:`~inference_service.archive.fetch.UrlPolicy`) and replaced atomically. Exit status: 0
+every archive in place, 1 at the first that fails, 2 a usage or configuration error.
+See docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -47,14 +36,8 @@ class FetchError(Exception):
 
 
 def archive_name(spec: str) -> tuple[str, str]:
-    """Split a ``[NAME=]URL`` argument into ``(file name, url)``.
-
-    Without ``NAME`` the file name is the last segment of the URL's path, percent-decoded.
-
-    Raises:
-        FetchError: the name is not a plain file name (letters, digits, ``._-``, not starting
-            with a dot) ending in ``.mar``, ``.tar.gz`` or ``.tgz``.
-    """
+    """``(file name, url)`` of a ``[NAME=]URL`` argument (no NAME: the URL path's last segment,
+    percent-decoded); FetchError unless a plain name ending in ``.mar``, ``.tar.gz`` or ``.tgz``."""
     name, sep, url = spec.partition("=")
     if not sep or "://" in name:  # a bare URL (its query may hold '=')
         name, url = unquote(urlparse(spec).path.rsplit("/", 1)[-1]), spec
@@ -65,13 +48,8 @@ def archive_name(spec: str) -> tuple[str, str]:
 
 
 def fetch_into_store(spec: str, model_store: Path, policy: UrlPolicy) -> Path:
-    """Fetch one ``[NAME=]URL`` archive into ``model_store``; returns its path there.
-
-    Raises:
-        FetchError: the name is refused (:func:`archive_name`), the URL is refused or cannot
-            be fetched (the server's reasons, see :func:`~inference_service.archive.fetch.fetch_archive`),
-            or the download is neither a zip nor a tar archive. Nothing is left in the store then.
-    """
+    """Fetch one ``[NAME=]URL`` archive into ``model_store`` and return its path; FetchError (leaving
+    nothing in the store) for a refused name or URL, a failed fetch, or neither zip nor tar."""
     name, url = archive_name(spec)
     try:
         download = fetch_archive(url, model_store, policy)

@@ -1,26 +1,10 @@
 """``--start`` and ``--stop``: run the server in the background and say what happened.
 
-``--start`` (:func:`start_background`) runs the server detached, logging to
-``<working dir>/logs/inference_service.log`` (or ``--log-file``), rotated by size
-(:mod:`inference_service.observability.logfiles`):
-
-1. before starting, it refuses (exit 1, the cause on stderr) a startup archive that is
-   missing or unreadable (:mod:`inference_service.launch.preflight`; the model store was checked
-   by the command line) and a port that is already in use, naming the port and the pid
-   holding it (:mod:`inference_service.launch.ports`);
-2. it waits until the server listens (its status file, :mod:`inference_service.observability.status`);
-   a server that exits meanwhile is reported with the errors of its log;
-3. it waits until every startup model the status file lists (``--models``, ``load_models``
-   or a restored snapshot) is ``ready`` (its minimum workers READY), at most ``--wait-ready``
-   seconds (300; ``0``: only until they are registered). A model the server marks ``failed``
-   (it cannot register, or its workers fail to load) stops the server again, and its error,
-   as the server wrote it, is printed; a model still loading at the deadline leaves the
-   server running and exits 1.
-
-TorchServe's ``torchserve --start`` returns before anything is loaded; scripts that poll for
-readiness afterwards keep working, they just find it ready. ``--stop`` (:func:`stop_instance`)
-signals the instance of the pid file, only while a server holds the file's lock
-(:mod:`inference_service.launch.rundir`), and waits for it to exit.
+``--start`` (:func:`start_background`) refuses a missing archive or a busy port before starting,
+then waits until every startup model is ``ready`` (at most ``--wait-ready`` s); a ``failed``
+model stops the server and prints its error. TorchServe's ``--start`` returns before anything
+is loaded. ``--stop`` (:func:`stop_instance`) signals the pid file's server only while it holds
+the file's lock (:mod:`inference_service.launch.rundir`). See docs/install.md.
 """
 
 from __future__ import annotations
@@ -88,12 +72,8 @@ def _alive(pid: int) -> bool:
 
 
 def stop_instance(settings: Settings, timeout: float) -> int:
-    """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s for it to exit.
-
-    Returns:
-        The exit status: 0 when it stopped, 1 when none runs or it did not stop in time
-        (said on stderr).
-    """
+    """``--stop``: SIGTERM to the instance's server, then wait at most ``timeout`` s; exit status 0
+    when it stopped, 1 when none runs or it did not stop in time (said on stderr)."""
     pid = running_pid(settings)
     if pid is None:
         stale = stale_pid(pid_file(settings))
@@ -137,17 +117,8 @@ def log_messages(log_path: Path, offset: int) -> list[str]:
 
 
 def start_background(argv: list[str], settings: Settings, wait_ready_s: float) -> int:
-    """``--start``: the steps of the module docstring.
-
-    Args:
-        argv: the command line; the server runs with it, ``--start`` replaced by ``--foreground``.
-        settings: the settings it gives.
-        wait_ready_s: at most this long for the startup models to be READY (0: registered).
-
-    Returns:
-        The exit status: 0 when the server runs with its startup models ready (or registered),
-        1 otherwise (the cause on stderr).
-    """
+    """``--start``: run ``argv`` with ``--foreground`` detached and wait at most ``wait_ready_s`` for
+    the startup models to be ready (0: registered). Exit status 0, or 1 with the cause on stderr."""
     try:
         prepare_run_dir(settings.instance_dir)
         pid = running_pid(settings)
@@ -209,13 +180,7 @@ def listening(info: dict[str, Any], health_address: str = "") -> str:
 
 
 class _Run:
-    """The server ``--start`` started, followed through its status file and log.
-
-    Args:
-        child: the server process.
-        settings: its settings (instance directory, drain timeout).
-        log_path: its log; ``offset``: where this run's part of it begins (bytes).
-    """
+    """The server ``--start`` started, followed through its status file and log (from ``offset`` bytes)."""
 
     def __init__(self, child: subprocess.Popen[bytes], settings: Settings, log_path: Path, offset: int) -> None:
         self.child = child
@@ -245,13 +210,8 @@ class _Run:
         return None
 
     def wait_models(self, info: dict[str, Any], wait_ready_s: float) -> str | None:
-        """Wait for the startup models of the status file's ``models`` map (ready, or registered
-        when ``wait_ready_s`` is 0).
-
-        Returns:
-            What to add to the "started" line, or ``None`` when it failed (reported; a model the
-            server marks failed stops the server).
-        """
+        """Wait for the status file's startup models; returns what to add to the "started" line, or
+        ``None`` when it failed (reported; a failed model stops the server)."""
         models: dict[str, dict[str, Any]] = info.get("models") or {}
         if not models:
             return ""

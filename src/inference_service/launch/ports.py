@@ -15,13 +15,8 @@ from inference_service.config import Settings
 
 
 def port_holder(port: int) -> str | None:
-    """Who listens on TCP ``port``: ``"pid 1234 (python -m inference_service ...)"``.
-
-    Found through the listening sockets of ``/proc/net/tcp`` and ``/proc/net/tcp6`` and the
-    ``socket:[inode]`` links of ``/proc/<pid>/fd``; ``None`` when there is no ``/proc``, no
-    listener, or the holder is another user's process (its fds cannot be read). The command
-    line is cut to 120 characters.
-    """
+    """Who listens on TCP ``port`` (``"pid 1234 (command line, cut to 120)"``), from ``/proc/net/tcp*``
+    and ``/proc/<pid>/fd``; ``None`` without ``/proc``, listener, or access (another user's process)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -48,10 +43,8 @@ def port_holder(port: int) -> str | None:
 
 
 def port_taken(address: str, port: int) -> bool:
-    """Whether binding ``address:port`` fails with EADDRINUSE (with SO_REUSEADDR, as gRPC binds).
-
-    An address that does not resolve counts as free: the server reports it when it binds.
-    """
+    """Whether binding ``address:port`` fails with EADDRINUSE (with SO_REUSEADDR, as gRPC binds); an
+    address that does not resolve counts as free (the server reports it)."""
     try:
         infos = socket.getaddrinfo(address.strip("[]") or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)

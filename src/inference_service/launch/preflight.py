@@ -19,17 +19,8 @@ def model_store_problem(settings: Settings) -> str | None:
 
 
 def startup_problems(settings: Settings) -> list[str]:
-    """One message per startup archive that is missing or unreadable.
-
-    Follows the server's rules for ``load_models`` entries (``name=url`` or ``url``; ``all``
-    for every archive in the store): a local archive is looked up in the store
-    (:func:`inference_service.archive.model_archive.resolve_in_store`) and its manifest read
-    (:func:`inference_service.archive.model_archive.read_manifest`); remote URLs are left to the server.
-    A restored snapshot is not checked (the server sets an unreadable one aside).
-
-    Returns:
-        ``["startup model NAME: <the archive error>", ...]``, empty when every archive is readable.
-    """
+    """``["startup model NAME: <the archive error>", ...]`` for each ``load_models`` archive in the store
+    that is missing or unreadable (server's rules; remote URLs and snapshots left to the server)."""
     from inference_service.archive.model_archive import MANIFEST, is_remote_url, read_manifest, resolve_in_store
     from inference_service.errors import InferenceError
 

@@ -1,12 +1,6 @@
 """The run directory and its pid file: trusted only when it is this user's alone, and a pid
-file that names a server only while that server holds a lock on it.
-
-A pid file alone cannot tell a live server from a process that reused its pid after a
-``kill -9`` or an OOM kill; ``--stop`` would then signal a stranger. The server therefore
-holds an exclusive ``flock`` on its pid file for as long as it runs (the kernel drops it when
-the process dies, however it dies): a pid file whose lock is free is stale, whatever process
-now has that pid.
-"""
+file that names a server only while that server holds a ``flock`` on it (the kernel drops it
+however the process dies), so ``--stop`` never signals a process that reused a stale pid."""
 
 from __future__ import annotations
 
@@ -28,9 +22,8 @@ def prepare_run_dir(path: Path) -> None:
     """Create ``path`` with mode 0700, or check an existing one.
 
     Raises:
-        RunDirError: it is not a directory, is owned by another user, or is writable by its
-            group or by others (anyone who can write there could plant links that the server
-            would write through, or a pid file that ``--stop`` would signal).
+        RunDirError: not a directory, another user's, or group/other-writable (a writer there could
+            plant links the server writes through, or a pid file ``--stop`` would signal).
     """
     try:
         path.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
@@ -58,13 +51,8 @@ def _open_pid_file(path: Path, flags: int) -> int:
 
 
 def locked_pid(path: Path) -> int | None:
-    """The pid in the pid file ``path`` if a running server holds its lock; ``None`` when there
-    is no file, or nobody holds the lock (a stale file: that pid, if alive, is not a server of
-    this run directory).
-
-    Raises:
-        RunDirError: the pid file is a symbolic link.
-    """
+    """The pid in ``path`` if a running server holds its lock, else ``None`` (no file, or stale).
+    RunDirError when the pid file is a symbolic link."""
     try:
         fd = _open_pid_file(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -96,9 +84,7 @@ def stale_pid(path: Path) -> str | None:
 
 
 class PidLock:
-    """This server's pid file, locked for as long as the server runs.
-
-    Quick start::
+    """This server's pid file, locked while the server runs::
 
         lock = PidLock.acquire(run_dir / "inference_service.pid")  # None: another server runs
         ...
@@ -111,13 +97,8 @@ class PidLock:
 
     @classmethod
     def acquire(cls, path: Path) -> PidLock | None:
-        """Take the pid file's lock and write this process's pid into it; ``None`` when another
-        server holds it.
-
-        Raises:
-            RunDirError: the pid file is a symbolic link.
-            OSError: it cannot be created.
-        """
+        """Lock the pid file and write this pid; ``None`` when another server holds it. RunDirError for a
+        symbolic link; OSError when it cannot be created."""
         fd = _open_pid_file(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

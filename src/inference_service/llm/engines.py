@@ -1,11 +1,5 @@
 """Building the LLM handler's engine from its config: ``engine: openvino | torch`` (docs/llm.md,
-"Engines").
-
-``openvino`` (OpenVINO GenAI, :class:`~inference_service.llm.openvino_engine.OpenVINOEngine`)
-is the default on CPU; ``torch`` (:class:`~inference_service.llm.engine.GenerationEngine`) on a
-GPU and for models the converter cannot take. Both have the same methods, so the handler,
-the worker and the front doors do not know which one runs.
-"""
+"Engines"). Both engines have the same methods, so nothing above the handler knows which runs."""
 
 from __future__ import annotations
 
@@ -46,12 +40,8 @@ class BuiltEngine:
 
 
 def engine_name(config: Mapping[str, Any], device_type: str) -> str:
-    """The engine a handler config asks for: ``engine`` when set, else ``openvino`` on CPU and
-    ``torch`` on an accelerator.
-
-    Raises:
-        EngineConfigError: ``engine`` is not one of :data:`ENGINES`, or ``openvino`` off CPU.
-    """
+    """``engine`` when set, else ``openvino`` on CPU and ``torch`` on an accelerator; EngineConfigError
+    for an unknown engine or ``openvino`` off CPU."""
     value = config.get("engine")
     if value is None:
         return "openvino" if device_type == "cpu" else "torch"
@@ -93,14 +83,12 @@ def worker_threads(config: Mapping[str, Any]) -> int | None:
 
 
 def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> BuiltEngine:
-    """The OpenVINO engine on the IR of the configured model: ``model_path`` naming an IR
-    directory is used as is; otherwise the model directory (``model_path``, ``gguf_file`` or the
-    bundled SmolLM2) is converted once to ``weight_format`` (:func:`prepare_ir`).
+    """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
+    converted once to ``weight_format``.
 
     Raises:
         EngineConfigError: a bad ``weight_format``, ``cache_size`` or ``enable_prefix_caching``.
-        inference_service.llm.model.ModelPreparationError: the model cannot be located or
-            converted (the message names the model type and the ``engine: torch`` fallback).
+        ModelPreparationError: the model cannot be located or converted.
     """
     from transformers import AutoTokenizer
 

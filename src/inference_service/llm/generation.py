@@ -1,21 +1,7 @@
 """One request's text generation for causal LMs: prompt ids in, text pieces out.
 
-- :func:`model_context_length` / :func:`build_prompt_ids`: a parsed
-  :class:`~inference_service.llm.requests.GenerationRequest` (prompt text or chat
-  messages) -> prompt token ids, checked against the model's context length.
-- :func:`generate_pieces` / :func:`generate_text`: one request's generation, a thin
-  wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`
-  (the batched, continuous-batching generation loop the handlers drive directly; the
-  one generation loop of this package).
-- :func:`final_message`: the last message of a stream (the remaining text, or an
-  object with finish reason and token counts).
-
-Request parsing lives in :mod:`inference_service.llm.requests`, the options and result
-types in :mod:`inference_service.llm.params`, decoding and stop strings in
-:mod:`inference_service.llm.text`.
-
-torch is imported inside the functions that need it; this module imports
-without it.
+A thin wrapper over a one-request :class:`~inference_service.llm.engine.GenerationEngine`, the
+one generation loop of this package; torch is imported inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -44,26 +30,13 @@ def model_context_length(model: Any) -> int | None:
 
 
 def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length: int | None = None) -> list[int]:
-    """Tokenize the request's prompt (or render its messages with the chat template).
-
-    ``prompt`` is tokenized with the tokenizer's special tokens (e.g. BOS if it
-    adds one); ``messages`` are rendered with ``apply_chat_template(...,
-    add_generation_prompt=True)`` and the result tokenized without adding
-    special tokens again.
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        request: the parsed request.
-        context_length: the model's maximum sequence length; if given,
-            ``len(prompt ids) + max_new_tokens`` must fit in it.
-
-    Returns:
-        The prompt token ids (non-empty).
+    """The prompt token ids (non-empty): ``prompt`` tokenized with the tokenizer's special tokens, or
+    ``messages`` rendered by ``apply_chat_template(..., add_generation_prompt=True)`` and tokenized
+    without adding them again.
 
     Raises:
-        InvalidRequest: the tokenizer has no chat template for ``messages``,
-            the prompt tokenizes to nothing, or prompt + ``max_new_tokens``
-            exceeds ``context_length``.
+        InvalidRequest: no chat template for ``messages``, an empty prompt, or prompt +
+            ``max_new_tokens`` above ``context_length``.
     """
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
@@ -95,37 +68,13 @@ def generate_pieces(
     should_stop: Callable[[], bool] | None = None,
     eos_ids: Iterable[int] | None = None,
 ) -> Generator[str, None, GenerationResult]:
-    """Generate text for one request token by token, yielding each new text piece.
+    """Generate text for one request, yielding each non-empty text piece as soon as it is stable.
 
-    A one-request :class:`~inference_service.llm.engine.GenerationEngine` (the one
-    generation loop of this package): a prefill forward pass over the prompt, then one
-    pass per new token with the KV cache, each under ``torch.inference_mode()`` (never
-    held across a ``yield``). Each sampled token goes through an
-    :class:`~inference_service.llm.text.IncrementalDecoder` and a
-    :class:`~inference_service.llm.text.StopStringFilter`; every non-empty
-    released piece is yielded at once. Generation ends at an end-of-sequence token
-    (unless ``params.ignore_eos``; the token itself is not decoded), when a stop string
-    appears (it and anything after it is not emitted), after ``params.max_new_tokens``
-    tokens, or when ``should_stop()`` returns true (checked before each step). Closing
-    the generator frees the KV cache at once.
-
-    Invariant: ``"".join(pieces) + result.remaining_text`` equals
-    ``tokenizer.decode(ids, skip_special_tokens=True)`` of the sampled ids
-    (without a final end-of-sequence token), cut before the first stop string.
-
-    Args:
-        model: a transformers causal LM (see :class:`~inference_service.llm.engine.GenerationEngine`).
-        tokenizer: its tokenizer.
-        prompt_ids: the prompt token ids (non-empty).
-        params: generation options; sampling uses a ``torch.Generator`` seeded
-            with ``params.seed``.
-        should_stop: polled before each step; true ends generation with
-            finish reason ``"cancelled"``.
-        eos_ids: end-of-sequence ids; ``None`` means
-            :func:`~inference_service.llm.request_state.eos_token_ids`.
-
-    Yields:
-        Non-empty text pieces, in order.
+    Ends at an end-of-sequence token (not decoded; unless ``params.ignore_eos``), a stop string (not
+    emitted), ``params.max_new_tokens``, or ``should_stop()`` true before a step (finish reason
+    ``"cancelled"``). Closing the generator frees the KV cache at once. Invariant:
+    ``"".join(pieces) + result.remaining_text`` is ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` of the sampled ids, cut before the first stop string.
 
     Returns:
         A :class:`~inference_service.llm.params.GenerationResult` (``StopIteration.value``).

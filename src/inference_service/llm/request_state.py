@@ -1,15 +1,4 @@
-"""The state of one request inside the engine, from sampled token ids to released text.
-
-:class:`RequestState` holds a request's prompt ids, its
-:class:`~inference_service.llm.params.GenerationParams`, its seeded ``torch.Generator``
-(:func:`~inference_service.llm.sampling.make_generator`), its
-:class:`~inference_service.llm.text.IncrementalDecoder` and
-:class:`~inference_service.llm.text.StopStringFilter`, and the
-:class:`~inference_service.llm.params.GenerationResult` it fills in.
-:class:`~inference_service.llm.engine.GenerationEngine` feeds it one sampled token per step
-(:meth:`RequestState.accept`, which ends the request at one of :func:`eos_token_ids`) and
-ends it with :meth:`RequestState.finish`.
-"""
+"""The state of one request inside the engine, from sampled token ids to released text."""
 
 from __future__ import annotations
 

@@ -40,19 +40,8 @@ __all__ = [
 
 
 def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
-    """Parse one entry of a handler's ``data`` batch (the gRPC input map of one request).
-
-    Args:
-        row: a dict holding the body under ``"data"`` or ``"body"`` (bytes,
-            bytearray, str or an already-decoded dict), or the body itself.
-        defaults: see :func:`parse_request`.
-
-    Returns:
-        The parsed request.
-
-    Raises:
-        InvalidRequest: no ``data``/``body`` entry, or the body is invalid.
-    """
+    """Parse one request of a handler's ``data`` batch: the body under ``"data"`` or ``"body"``, or the
+    row itself. InvalidRequest when there is none or it is invalid."""
     if isinstance(row, Mapping):
         body = row.get("data")
         if body is None:
@@ -73,18 +62,9 @@ def max_token_chars(tokenizer: Any) -> int:
 
 
 def check_prompt_size(request: GenerationRequest, max_chars: int | None) -> None:
-    """Refuse, before tokenization, a prompt that cannot fit the model's context.
-
-    Args:
-        request: the parsed request; its prompt, or the sum of its messages' contents, is
-            measured in characters (a length, no pass over the text).
-        max_chars: the model's context length times :func:`max_token_chars`; ``None``
-            checks nothing.
-
-    Raises:
-        InvalidRequest: the text has more characters than ``max_chars``: even at the longest
-            token it would encode to more tokens than the context holds.
-    """
+    """Refuse, before tokenization, a prompt whose characters (prompt, or messages' contents summed)
+    exceed ``max_chars`` (context length times :func:`max_token_chars`; ``None``: no check): even at
+    the longest token it would not fit the context. Raises InvalidRequest."""
     if max_chars is None:
         return
     if request.prompt is not None:

@@ -1,11 +1,5 @@
 """Text out of generated tokens: streaming decoding and stop strings.
 
-- :class:`IncrementalDecoder`: token ids in, newly stable text out, such that the
-  concatenation of everything it returns (plus :meth:`IncrementalDecoder.flush`)
-  equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
-- :class:`StopStringFilter`: cuts the text at the first stop string, holding back
-  only a tail that could still become one.
-
 Neither imports torch or transformers; the decoder only calls ``tokenizer.decode``.
 """
 
@@ -20,21 +14,11 @@ _REPLACEMENT = "\ufffd"
 class IncrementalDecoder:
     """Turn a growing list of token ids into text pieces that never need retracting.
 
-    Each :meth:`push` decodes the ids generated so far (a suffix window starting
-    at a point where the text was stable, so the cost per token stays bounded)
-    and returns the newly stable text: new text is held back while it ends in
-    U+FFFD (an incomplete multi-byte character split over byte tokens) or while
-    the decoded window no longer extends what was already released.
-    :meth:`flush` releases whatever is left.
-
-    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids,
-    skip_special_tokens=True)`` for tokenizers whose decoding is
-    prefix-stable (byte-level BPE such as GPT-2/Llama-3/SmolLM2, and
-    SentencePiece with ``clean_up_tokenization_spaces=False``).
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        skip_special_tokens: passed to ``tokenizer.decode`` (default true).
+    :meth:`push` decodes a suffix window (so the cost per token stays bounded) and holds text back
+    while it ends in U+FFFD (a split multi-byte character) or does not extend what was released.
+    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids, skip_special_tokens=True)``
+    for prefix-stable decoders (byte-level BPE such as SmolLM2's, and SentencePiece with
+    ``clean_up_tokenization_spaces=False``).
     """
 
     #: window start is moved forward once the stable text is this many tokens behind
@@ -69,12 +53,8 @@ class IncrementalDecoder:
         return piece
 
     def _advance_window(self) -> None:
-        """Move the window start forward to a token boundary where decoding is stable.
-
-        The new start ``s`` is accepted only if decoding ``ids[s:]`` gives
-        exactly the released text after ``decode(ids[start:s])``, so releasing
-        relative to the new window stays equivalent to decoding everything.
-        """
+        """Move the window start to a token boundary ``s`` where decoding ``ids[s:]`` gives exactly the
+        released text after ``decode(ids[start:s])``, so decoding stays equivalent."""
         if self._released_ids - self._start < 2 * self._WINDOW:
             return
         new_start = self._released_ids - self._WINDOW
@@ -85,10 +65,7 @@ class IncrementalDecoder:
             self._released = tail
 
     def flush(self) -> str:
-        """Return all text not yet released.
-
-        It may end in U+FFFD when generation stopped in the middle of a character.
-        """
+        """All text not yet released (may end in U+FFFD if generation stopped mid-character)."""
         text = self._decode_window()
         # for a decoder that is not prefix-stable the released text cannot be
         # taken back; release what lies past its length (best effort)
@@ -99,15 +76,10 @@ class IncrementalDecoder:
 
 
 class StopStringFilter:
-    """Cut a text stream at the first occurrence of any stop string.
+    """Cut a text stream at the first occurrence of any stop string (none: pass-through).
 
-    :meth:`push` returns the text that can safely be released: everything up to
-    a stop string once one is complete, otherwise everything except the
-    longest tail that is a proper prefix of some stop string (that tail is held
-    back until it is resolved). :meth:`flush` releases a held tail at the end.
-
-    Args:
-        stops: the stop strings (non-empty strings); empty means pass-through.
+    :meth:`push` releases everything up to a complete stop string, otherwise all but the longest
+    tail that is a proper prefix of one; :meth:`flush` releases a held tail at the end.
     """
 
     def __init__(self, stops: Iterable[str]) -> None:

@@ -1,28 +1,7 @@
 """The access log (one line per RPC or HTTP request) and the server's log formats (plain or JSON).
 
-Access lines go to the logger ``inference_service.access`` at INFO, for every front door in
-the same format::
-
-    Predictions model=echo version=- status=OK reason=- latency_ms=0.9 messages=1 peer=ipv4:127.0.0.1:5031 request_id=a1
-    POST /predictions/echo model=echo version=- status=200 reason=- latency_ms=1.2 messages=1 peer=- request_id=b2
-
-(``-`` where the request names no model or version, or the status has no
-reason; ``request_id`` is the client's ``x-request-id`` or one the server made, see
-:mod:`inference_service.frontends.request_ids`). A gRPC line starts with the RPC's name and its
-``status`` is the gRPC code's name; an
-HTTP line (8080, 8081, ``/v1``, ``/v2``, the metrics port) starts with the HTTP method and the
-path as sent (without the query), ``status`` is the HTTP status, ``reason`` its name
-(``NOT_FOUND``, ``SERVICE_UNAVAILABLE``...) when it is 400 or above, and ``messages`` the
-chunks a streamed answer wrote (1 for a whole answer, 0 for an error).
-
-With ``--log-format json`` every log record is one JSON object per
-line: ``time``, ``level``, ``logger``, ``message``, plus the record's own fields:
-an access line adds ``method``, ``model``, ``version``, ``status``, ``code``
-(the gRPC code's number, or the HTTP status), ``reason``, ``latency_ms``, ``messages``, ``peer``,
-``request_id``; a worker's relayed
-stdout/stderr line adds ``model``, ``model_version``, ``worker_id``,
-``worker_pid``. ``--no-access-log`` (``enable_access_log=false``) turns the
-access log off: then nothing is formatted per RPC.
+Access lines go to the logger ``inference_service.access`` at INFO, in one format for every
+front door (``-`` for a missing model, version or reason). See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -90,15 +69,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, log_format: str = "plain") -> None:
-    """Set the root logger's level and the format of its handlers (a stderr handler if it has none).
-
-    Args:
-        level: a level name (DEBUG, INFO, WARNING, ERROR, CRITICAL).
-        log_format: ``"plain"`` (``time LEVEL logger: message``) or ``"json"`` (:class:`JsonFormatter`).
-
-    Raises:
-        ValueError: an unknown level or format.
-    """
+    """Set the root logger's level and its handlers' format, ``"plain"`` or ``"json"`` (a stderr
+    handler if it has none). ValueError for an unknown level or format."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     # Neither format shows the caller's file/line, thread or process, so records skip
@@ -118,15 +90,9 @@ def configure_logging(level: str, log_format: str = "plain") -> None:
 
 
 class AccessLog:
-    """Writes one line per RPC on the ``inference_service.access`` logger (see the module docstring).
-
-    The logger's level is set to INFO, so ``--log-level WARNING`` quiets the rest of
-    the log but not the access log (``--no-access-log`` does that).
-
-    Args:
-        json_fields: pass the line's fields as record attributes (for the JSON format);
-            plain logs skip building them.
-    """
+    """Writes one line per RPC on the ``inference_service.access`` logger, whose level is INFO, so
+    ``--log-level WARNING`` does not quiet it (``--no-access-log`` does). ``json_fields``: pass the
+    fields as record attributes (the JSON format); plain logs skip building them."""
 
     def __init__(self, json_fields: bool = False) -> None:
         self.json_fields = json_fields
@@ -149,10 +115,8 @@ class AccessLog:
 
     def record_http(self, method: str, path: str, model: str, version: str, status: int, start: float,
                     messages: int, peer: str, request_id: str = "") -> None:
-        """Log one HTTP request: ``method`` (``GET``...), ``path`` (as sent, no query), the model and
-        version the route names ("" when none), the HTTP ``status``, ``start`` (``time.perf_counter()``
-        when it arrived), the chunks written (``messages``) and the client's ``peer`` (gRPC's form,
-        ``ipv4:127.0.0.1:50312``) and its ``request_id`` ("" none)."""
+        """Log one HTTP request: ``path`` as sent without the query, ``start`` a ``time.perf_counter()``,
+        ``peer`` in gRPC's form (``ipv4:127.0.0.1:50312``), "" for what is missing."""
         if not self.logger.isEnabledFor(logging.INFO):
             return
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)

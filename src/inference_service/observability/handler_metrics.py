@@ -25,12 +25,7 @@ def sanitize(name: str, pattern: re.Pattern[str]) -> str:
 
 
 class HandlerMetricsExporter:
-    """Handler metric updates applied to ``prometheus_client`` metrics of ``registry``.
-
-    Args:
-        registry: where the metrics are registered (the server's).
-        hostname: the ``Hostname`` label value.
-    """
+    """Handler metric updates applied to ``prometheus_client`` metrics of ``registry``."""
 
     def __init__(self, registry: CollectorRegistry, hostname: str) -> None:
         self.registry = registry
@@ -41,24 +36,12 @@ class HandlerMetricsExporter:
         self._warned: set[str] = set()
 
     def apply(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
-        """Apply handler metric updates a worker of ``model_name`` / ``model_version`` forwarded
-        (the worker side's ``metrics_sink``, ``metrics_mode=prometheus``).
-
-        Args:
-            model_name / model_version: whose worker sent them (for warnings).
-            updates: ``(name, type, unit, dimensions, value)`` tuples, decoded by
-                ``contracts.wire.decode_metrics``.
-
-        A counter adds the value, a gauge takes it, a histogram observes it; each metric is a
-        ``prometheus_client`` object created at its first update, labelled with the update's
-        dimension names (made Prometheus-safe) plus ``Hostname``. Updates that cannot be
-        exported are dropped with one warning per metric name and cause: a name of this
-        server's own metrics or one that clashes with another metric's series, dimension
-        names that are invalid or repeat after sanitising, a type or dimension names that
-        differ from the metric's first update, a negative counter increment (Prometheus
-        counters never decrease). Unknown types are exported as gauges. Runs on the event
-        loop thread; never raises.
-        """
+        """Apply the ``(name, type, unit, dimensions, value)`` updates a worker forwarded
+        (``metrics_mode=prometheus``): counters add, gauges set, histograms observe; labels are the
+        sanitised dimension names plus ``Hostname``; unknown types become gauges. Runs on the event
+        loop; never raises: an update that cannot be exported (one of our names, a clash, bad or
+        changed dimensions or type, a negative counter increment) is dropped with one warning per name
+        and cause."""
         for name, metric_type, unit, dims, value in updates:
             try:
                 self._apply(name, metric_type, unit, dims, value)

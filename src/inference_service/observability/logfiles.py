@@ -1,21 +1,9 @@
 """Where the server's log goes: a file rotated by size, or a logging configuration of your own.
 
-``--start`` writes ``<working dir>/logs/inference_service.log`` (``--log-file FILE`` for a
-foreground server). When the file reaches ``--log-max-bytes`` (default 100 MiB, TorchServe's
-``ts_log.log`` size) it becomes ``inference_service.log.1``, the older ones ``.2`` ... ``.5``, and
-a new file starts. The process's own stdout and stderr follow the current file, so a crash's
-traceback lands next to the last log lines.
-
-``--log-config FILE`` (TorchServe's flag) takes the standard library's logging configuration
-(:func:`logging.config.dictConfig`), as YAML or JSON. It is applied after the defaults, so it
-may replace the handlers, route loggers to other files, or change levels.
-``disable_existing_loggers`` defaults to false here (the server's loggers exist by then)::
-
-    version: 1
-    handlers:
-      access: {class: logging.FileHandler, filename: access.log}
-    loggers:
-      inference_service.access: {handlers: [access], propagate: false}
+The file rotates at ``--log-max-bytes`` (TorchServe's ``ts_log.log`` size) and keeps 5 old
+ones; stdout and stderr follow it, so a crash's traceback lands beside the last log lines.
+``--log-config FILE`` is a :func:`logging.config.dictConfig` (YAML or JSON) applied after the
+defaults, ``disable_existing_loggers`` defaulting to false. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -72,11 +60,7 @@ def log_to_file(path: Path, max_bytes: int) -> None:
 
 
 def read_log_config(path: Path) -> dict[str, Any]:
-    """The dictConfig in ``path`` (JSON for ``.json``, YAML otherwise).
-
-    Raises:
-        ValueError: the file cannot be read or parsed, or is not a mapping with ``version: 1``.
-    """
+    """The dictConfig in ``path`` (JSON for ``.json``, else YAML); ValueError unless a ``version: 1`` mapping."""
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -89,11 +73,7 @@ def read_log_config(path: Path) -> dict[str, Any]:
 
 
 def apply_log_config(config: dict[str, Any], path: Path) -> None:
-    """Apply a dictConfig read by :func:`read_log_config`.
-
-    Raises:
-        ValueError: the standard library refuses it (the message names the file).
-    """
+    """Apply a dictConfig from :func:`read_log_config`; ValueError naming the file if refused."""
     try:
         logging.config.dictConfig(config)
     except (ValueError, TypeError, AttributeError, ImportError) as exc:

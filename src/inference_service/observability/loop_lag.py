@@ -1,27 +1,10 @@
 """Event-loop lag: how late the frontend's event loop runs what is due, and who held it.
 
-Every API, the health service and the token checks share one event loop, so a callback that
-keeps it busy delays them all. :class:`LoopLagMonitor` measures that delay two ways:
-
-- a heartbeat scheduled on the loop every ``interval_s`` (50 ms) records how late it ran in
-  the histogram ``inference_service_event_loop_lag_seconds`` (on ``/metrics``);
-- a watchdog thread notices a heartbeat overdue by more than ``warn_s`` (100 ms) while the
-  loop is still held and logs a warning naming the request that holds it: the HTTP route
-  (``POST /predictions/{model_name}``, recorded by :meth:`LoopLagMonitor.middleware`) or the
-  gRPC method (gRPC names each RPC's task after it); when the loop comes back the heartbeat
-  logs how long it was held in all.
-
-A loop that is late without any callback of its own running (the interpreter held by another
-thread, e.g. a request's body parsed in a thread) is reported as "no request running", with
-the HTTP routes in flight then ("in flight: POST /models").
-
-Quick start::
-
-    monitor = LoopLagMonitor(registry)        # a prometheus_client CollectorRegistry, or None
-    app.middlewares.insert(0, monitor.middleware)
-    monitor.start()                           # in the running loop
-    ...
-    monitor.stop()
+A heartbeat every ``interval_s`` (50 ms) records its lateness in
+``inference_service_event_loop_lag_seconds``; a watchdog thread logs the HTTP route or gRPC
+method holding the loop past ``warn_s`` (100 ms), or "no request running" when another thread
+holds the interpreter. Install :meth:`LoopLagMonitor.middleware` first, then :meth:`LoopLagMonitor.start` in
+the running loop. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -44,13 +27,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class LoopLagMonitor:
-    """Measures the lag of the running event loop and names who holds it (see the module docstring).
-
-    Args:
-        registry: where the histogram is registered (``None``: not exported, still logged).
-        interval_s: heartbeat period (s).
-        warn_s: a loop held longer than this (s) is logged as a warning.
-    """
+    """Measures the running loop's lag and names who holds it; ``registry`` ``None``: logged only.
+    Periods in seconds."""
 
     def __init__(self, registry: CollectorRegistry | None, interval_s: float = 0.05, warn_s: float = 0.1) -> None:
         self.interval_s = interval_s

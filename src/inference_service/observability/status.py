@@ -1,34 +1,8 @@
 """The instance's status file, ``<instance dir>/status.json``: written by the server, read by
 ``--start`` (:mod:`inference_service.launch.launcher`), scripts and tests.
 
-The server writes it once it listens and rewrites it on every change of what it shows;
-it is replaced atomically (:func:`write_json_atomic`), so a reader never sees half of it,
-and deleted when the server has stopped. Its fields::
-
-    {"pid": 1234, "state": "serving",            # then "stopping"
-     "inference_address": "127.0.0.1", "inference_port": 7070, ...,   # see Server._write_status
-     "models": {                                 # the startup models, by startup_key()
-        "echo": {"state": "ready", "model_name": "echo", "version": "1.0"},
-        "broken": {"state": "failed", "model_name": "broken", "version": "1.0",
-                   "error": "model broken failed to load: RuntimeError: ..."},
-        "missing.mar": {"state": "failed", "error": "model archive 'missing.mar' not found ..."}}}
-
-A startup model's ``state`` is one of :data:`STARTUP_STATES`:
-
-- ``registering``: its registration (archive, config, requirements) has not finished;
-- ``registered``: registered (``model_name`` and ``version`` are set), its minimum workers
-  are not all READY yet;
-- ``ready``: its minimum workers are READY (TorchServe's Ping rule);
-- ``failed``: with ``error``: it could not register (no ``version``), or every live worker's
-  latest start failed to load the model (a later start that loads makes it ``registered``
-  or ``ready`` again);
-- ``unregistered``: it was registered, and has been unregistered since.
-
-Example (a script waiting for the startup models)::
-
-    info = read_status(Path(".inference_service/status.json"))
-    if info and all(m["state"] == READY for m in info["models"].values()):
-        ...
+Rewritten atomically (:func:`write_json_atomic`) on every change, deleted when the server has
+stopped. Each startup model (keyed by ``startup_key()``) has a ``state`` of :data:`STARTUP_STATES`.
 """
 
 from __future__ import annotations
@@ -42,23 +16,18 @@ from typing import Any, Protocol
 #: The status file's name in the instance directory.
 STATUS_FILE_NAME = "status.json"
 
-REGISTERING = "registering"
-REGISTERED = "registered"
-READY = "ready"
-FAILED = "failed"
-UNREGISTERED = "unregistered"
-#: Every state a startup model can be in (see the module docstring).
+REGISTERING = "registering"  # archive, config, requirements not done yet
+REGISTERED = "registered"  # model_name and version set; minimum workers not all READY
+READY = "ready"  # minimum workers READY (TorchServe's Ping rule)
+FAILED = "failed"  # with "error": registration failed, or every live worker's latest load failed
+UNREGISTERED = "unregistered"  # registered, then unregistered
+#: Every state a startup model can be in.
 STARTUP_STATES = (REGISTERING, REGISTERED, READY, FAILED, UNREGISTERED)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a new temporary file (mode 0600, created with
-    ``O_EXCL``: a link planted in the directory is never written through) and rename.
-
-    Raises:
-        OSError: the directory is not writable.
-        TypeError: ``data`` holds something JSON cannot encode.
-    """
+    """Write ``data`` as JSON to ``path`` through a new temporary file (0600, ``O_EXCL``: a planted link
+    is never written through), then rename. OSError / TypeError pass through."""
     text = json.dumps(data, indent=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -81,18 +50,8 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def startup_key(ident: str, version: str = "") -> str:
-    """The key of a startup model in the ``models`` map.
-
-    Args:
-        ident: the ``load_models`` entry's name if it has one, else its URL (``"echo"``,
-            ``"echo.mar"``, ``"https://host/m.mar"``); a snapshot model's name.
-        version: a snapshot model's version (``""`` for ``load_models`` entries, whose
-            version is known only once registered).
-
-    Returns:
-        ``ident``, or ``"ident/version"`` with a version (a snapshot can hold several
-        versions of one model).
-    """
+    """The ``models`` map key: ``ident`` (a ``load_models`` name or URL, a snapshot model's name), or
+    ``"ident/version"`` for a snapshot model (a snapshot may hold several versions)."""
     return f"{ident}/{version}" if version else ident
 
 
@@ -113,19 +72,8 @@ class VersionView(Protocol):
 
 
 class StartupModels:
-    """The states of the startup models, as the status file's ``models`` map shows them.
-
-    The server marks each startup model :meth:`registering` before its registration starts,
-    then :meth:`registered` (with the version) or :meth:`failed`; :meth:`as_json` derives a
-    registered model's current state from its workers each time it is called.
-
-    Quick start::
-
-        models = StartupModels()
-        models.registering("echo")
-        models.registered("echo", version)     # the ModelVersion the core returned
-        models.as_json()  # {"echo": {"state": "registered", "model_name": "echo", "version": "1.0"}}
-    """
+    """The startup models' states as the status file's ``models`` map; :meth:`as_json` derives a
+    registered model's state from its workers on each call."""
 
     def __init__(self) -> None:
         self._failed: dict[str, str] = {}

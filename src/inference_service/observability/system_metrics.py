@@ -1,41 +1,11 @@
 """TorchServe's system metrics (host CPU, memory, disk and GPUs), read at scrape time.
 
-TorchServe's frontend runs ``ts/metrics/metric_collector.py`` once a minute and, in
-``prometheus`` mode, exposes what it reports as gauges named as in its ``metrics.yaml``,
-labelled ``Level="Host"`` and ``Hostname`` (GPU metrics also ``DeviceId``). This module
-gives ``/metrics`` the same gauges, with the same names, units and labels, but read when
-Prometheus scrapes (no background thread, no child Python process):
-
-========================  =========  =====================================================
-Gauge                     Unit       Value
-========================  =========  =====================================================
-``CPUUtilization``        Percent    busy share of all CPUs since the previous scrape
-                                     (``/proc/stat``; the first scrape: since start-up)
-``MemoryUsed``            Megabytes  MemTotal - MemAvailable (``/proc/meminfo``), MiB
-``MemoryAvailable``       Megabytes  MemAvailable, MiB
-``MemoryUtilization``     Percent    MemoryUsed / MemTotal x 100
-``DiskUsage``             Gigabytes  used space of the file system of ``/``, GiB
-``DiskAvailable``         Gigabytes  space available to unprivileged users there, GiB
-``DiskUtilization``       Percent    used / (used + available) x 100 (``df``'s Use%)
-``GPUMemoryUtilization``  Percent    per GPU: memory used / memory total x 100
-``GPUMemoryUsed``         Megabytes  per GPU: memory used, MiB
-``GPUUtilization``        Percent    per GPU: ``utilization.gpu``
-========================  =========  =====================================================
-
-As TorchServe's, they are on ``/metrics`` only with ``metrics_mode=prometheus`` (its frontend
-makes them Prometheus gauges in that mode only; ``log`` and ``legacy`` log them), and the GPU
-gauges only when ``number_of_gpu`` is above 0 (its ``gpu_utilization`` returns at once
-otherwise): :class:`~inference_service.observability.metrics.ServerMetrics` decides.
-
-"Megabytes" and "Gigabytes" are TorchServe's unit names for what it computes as bytes /
-1024² and bytes / 1024³ (psutil's numbers), and so are they here. The GPU gauges are read
-from ``nvidia-smi`` (the tool :func:`inference_service.dispatch.gpu.detect_gpus` counts GPUs
-with) and exist only when it lists a GPU: without one, no GPU family appears at all (a GPU
-that reports a figure as ``[N/A]`` has no sample for it). CPU and
-memory need Linux's ``/proc``; elsewhere those gauges have no sample (the disk ones still do).
-
-A scrape never fails because of this module: what cannot be read is left out and logged
-once.
+Same gauge names, units and labels as TorchServe's ``ts/metrics/metric_collector.py``
+(``Level="Host"``, ``Hostname``, GPUs ``DeviceId``), but read when Prometheus scrapes: no
+background thread, no child process. "Megabytes"/"Gigabytes" are TorchServe's names for
+bytes / 1024² and / 1024³. GPU gauges come from ``nvidia-smi``; CPU and memory need ``/proc``.
+A scrape never fails here: what cannot be read is left out and logged once.
+See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -81,12 +51,8 @@ _UNITS = {"Percent": "Percent", "Megabytes": "Megabytes (MiB, bytes / 1024^2)",
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """One reading of the aggregate ``cpu`` line of ``/proc/stat``.
-
-    Attributes:
-        busy: clock ticks spent neither idle nor waiting for I/O.
-        total: all clock ticks (guest time is part of user time, so it is not counted twice).
-    """
+    """One reading of ``/proc/stat``'s ``cpu`` line, in clock ticks: ``busy`` neither idle nor iowait;
+    ``total`` all (guest time is part of user time, so not counted twice)."""
 
     busy: int
     total: int
@@ -94,11 +60,7 @@ class CpuTimes:
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    """Host memory from ``/proc/meminfo``, in bytes.
-
-    Attributes:
-        total: MemTotal. available: MemAvailable (MemFree + Buffers + Cached on kernels before 3.14).
-    """
+    """Host memory from ``/proc/meminfo``, in bytes (``available``: MemAvailable)."""
 
     total: int
     available: int
@@ -106,13 +68,7 @@ class MemoryInfo:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One GPU as ``nvidia-smi`` reports it; a field is ``None`` when the GPU does not report it.
-
-    Attributes:
-        index: the device id (``DeviceId`` label).
-        utilization: GPU utilization, percent.
-        memory_used / memory_total: MiB.
-    """
+    """One GPU as ``nvidia-smi`` reports it (percent; memory in MiB; ``None``: not reported)."""
 
     index: str
     utilization: float | None
@@ -168,17 +124,10 @@ def _number(text: str) -> float | None:
 
 
 def query_nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> list[GpuSample]:
-    """Every GPU ``nvidia-smi`` lists, with its utilization and memory.
-
-    Args:
-        timeout: seconds ``nvidia-smi`` may take (default 5).
-
-    Returns:
-        One :class:`GpuSample` per GPU; empty when ``nvidia-smi`` is not on ``PATH`` (no GPU:
-        nothing is run).
+    """Every GPU ``nvidia-smi`` lists; empty when it is not on ``PATH`` (nothing is run then).
 
     Raises:
-        OSError: ``nvidia-smi`` could not be run, timed out or failed.
+        OSError: ``nvidia-smi`` could not be run, timed out (``timeout`` s) or failed.
     """
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -209,14 +158,8 @@ def _percent(part: float, whole: float) -> float:
 
 
 class CpuUtilization:
-    """CPU utilization between two readings of ``/proc/stat`` (psutil's ``cpu_percent(interval=None)``).
-
-    The first reading is taken at construction, so the first :meth:`percent` covers the time
-    since then; each later one covers the time since the previous call. Thread-safe.
-
-    Args:
-        read: where the CPU times come from (default: :func:`read_cpu_times` of ``/proc/stat``).
-    """
+    """CPU utilization between two readings of ``/proc/stat`` (psutil's ``cpu_percent(interval=None)``);
+    the first interval starts at construction. Thread-safe."""
 
     def __init__(self, read: Callable[[], CpuTimes | None] = read_cpu_times) -> None:
         self._read = read
@@ -225,11 +168,8 @@ class CpuUtilization:
         self._value: float | None = None
 
     def percent(self) -> float | None:
-        """Percent (0 to 100) of CPU time spent busy since the previous call.
-
-        ``None`` when ``/proc/stat`` cannot be read, or before a first interval could be
-        measured; a call within one clock tick of the previous one repeats its answer.
-        """
+        """Busy percent (0 to 100) since the previous call; ``None`` when ``/proc/stat`` cannot be read or
+        before a first interval; within one clock tick, the previous answer."""
         now = self._read()
         if now is None:
             return None
@@ -243,20 +183,10 @@ class CpuUtilization:
 
 
 class SystemMetricsCollector:
-    """``prometheus_client`` collector of TorchServe's system metrics (gauges, read at scrape time).
-
-    Quick start::
-
-        registry.register(SystemMetricsCollector("myhost"))
-
-    Args:
-        hostname: the ``Hostname`` label.
-        disk_path: a path on the file system the disk gauges measure (default ``/``, as TorchServe).
-        meminfo: read memory (default: :func:`read_memory` of ``/proc/meminfo``).
-        cpu: the CPU utilization reader (default: a :class:`CpuUtilization` of ``/proc/stat``).
-        gpus: list the GPUs (default: :func:`query_nvidia_smi`); may raise ``OSError``; ``None``:
-            no GPU gauges at all, nothing queried (TorchServe's ``number_of_gpu=0``).
-    """
+    """``prometheus_client`` collector of TorchServe's system metrics, e.g.
+    ``registry.register(SystemMetricsCollector("myhost"))``. ``disk_path``: a path on the measured
+    file system (``/``, as TorchServe); ``gpus``: lists the GPUs, may raise ``OSError``; ``None``: no
+    GPU gauges, nothing queried (TorchServe's ``number_of_gpu=0``)."""
 
     def __init__(self, hostname: str, disk_path: str | Path = "/",
                  meminfo: Callable[[], MemoryInfo | None] = read_memory,

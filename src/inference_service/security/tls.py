@@ -1,12 +1,6 @@
-"""TLS and mutual TLS on the gRPC ports.
-
-TorchServe's ``config.properties`` keys turn TLS on for both gRPC ports:
-``enable_grpc_ssl=true`` with ``certificate_file`` (PEM chain) and
-``private_key_file`` (PEM key). This server adds ``client_ca_file``
-(``--tls-client-ca``): a PEM bundle of the CAs whose client certificates are
-accepted; with it, a client without a valid certificate fails the handshake
-(mutual TLS, which TorchServe does not offer).
-"""
+"""TLS and mutual TLS on the gRPC ports: TorchServe's ``enable_grpc_ssl`` keys, plus
+``client_ca_file`` (``--tls-client-ca``) for client certificates, which TorchServe does not
+offer. See docs/security.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The warning when the workers of all models ask for more threads than the machine has CPUs.
 
-Each model's default is ``floor(usable CPUs / its own workers)``
-(:func:`~inference_service.contracts.cpu.default_threads`): two models of one worker each on
-2 CPUs get 2 threads each, 4 in all. Threads that outnumber the CPUs wait for each other at
-every operator, so the server says so once per new total::
-
-    workers x threads = 4 (smollm2 1x2, tiny 1x2) exceeds the 2 usable CPUs: they slow each other down; ...
-
-``--start`` repeats the warning on its terminal.
+Each model's default is ``floor(usable CPUs / its own workers)``, so two one-worker models on
+2 CPUs get 4 threads in all, which wait for each other at every operator; the server warns
+once per new total and ``--start`` repeats it.
 """
 
 from __future__ import annotations

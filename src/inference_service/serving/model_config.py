@@ -14,15 +14,8 @@ from inference_service.errors import InvalidArgument, shorten
 
 @dataclass
 class ModelConfig:
-    """Effective settings of one model version (units in the names).
-
-    Defaults are TorchServe's: batch_size 1, max_batch_delay 100 ms,
-    response_timeout 120 s, startup_timeout 120 s, no workers,
-    maxRetryTimeoutInSec 300 s, job queue 100, continuousBatching and
-    asyncCommunication off. Continuous batching: a stream out of flow-control credit is
-    preempted after ``streamPausePreemptMSec`` (1 s) and ended after ``streamPauseAbortMSec``
-    (60 s); 0 turns either off (read by the worker, see ``worker/continuous.py``).
-    """
+    """Effective settings of one model version (units in the names); defaults are TorchServe's. See
+    docs/configuration.md."""
 
     batch_size: int = 1
     max_batch_delay_ms: int = 100
@@ -127,11 +120,10 @@ class ModelConfig:
     @classmethod
     def resolve(cls, yaml_config: dict[str, Any], overrides: dict[str, Any],
                 defaults: dict[str, Any] | None = None) -> ModelConfig:
-        """Build the config: ``defaults`` < model-config.yaml < ``overrides`` (non-zero request fields).
+        """``defaults`` < model-config.yaml < ``overrides`` (non-zero request fields).
 
         Raises:
-            InvalidArgument: a value has the wrong type or is out of range
-                (the message names the setting and its range).
+            InvalidArgument: a wrong type or out of range (names the setting and its range).
         """
         values: dict[str, Any] = dict(defaults or {})
         for key, name in cls.YAML_KEYS.items():
@@ -173,16 +165,12 @@ HANDLER_INTEGER_MAX = 1_000_000
 
 
 def check_handler_section(section: Any) -> None:
-    """Check the ``handler:`` keys the server and the bundled handlers read (``torch_threads``,
-    ``omp_wait_policy``, ``cpu_affinity``, ``max_num_batched_tokens``, ``max_prefill_requests``)
-    before any worker starts, so a bad value is a clear refusal rather than a failed load.
-
-    ``torch_threads`` above the usable CPUs is accepted here; the worker caps it with a warning
-    (``worker/cpu.py``).
+    """Check the ``handler:`` keys the server and bundled handlers read before any worker starts, so a
+    bad value is a clear refusal rather than a failed load (``torch_threads`` above the usable CPUs
+    is capped later by the worker, with a warning).
 
     Raises:
-        InvalidArgument: a value of the wrong type or out of range (the message names the key,
-            the allowed range and at most 60 characters of the value).
+        InvalidArgument: names the key, the allowed range and at most 60 characters of the value.
     """
     if section is None:
         return
@@ -228,15 +216,9 @@ PARALLEL_TYPES = ("tp", "pp", "pptp", "custom")
 
 
 def parallel_settings(yaml_config: dict[str, Any]) -> tuple[int, int, list[int]]:
-    """Read TorchServe's distributed-worker keys from a model config.
-
-    ``parallelType: tp | pp | pptp`` with ``torchrun: {nproc-per-node: N}`` (or
-    ``parallelLevel: N``) makes each worker a torchrun group of N processes;
-    ``custom`` is one process given all devices. ``torchrun.OMP_NUMBER_THREADS``
-    sets the threads per rank (default 1, as TorchServe); ``deviceIds`` the GPUs.
-
-    Returns:
-        ``(world_size, threads per rank, device ids)``.
+    """``(world_size, threads per rank, device ids)`` from TorchServe's distributed-worker keys
+    (``parallelType``, ``torchrun``/``parallelLevel``, ``deviceIds``; ``custom``: one process, all
+    devices; ``OMP_NUMBER_THREADS`` per rank defaults to 1, as TorchServe).
 
     Raises:
         InvalidArgument: an unknown parallelType or a bad process count.

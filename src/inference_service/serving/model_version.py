@@ -1,6 +1,5 @@
 """The registry entry of one registered model version: its effective config, job queue,
-worker slots (:mod:`inference_service.dispatch.supervisor`) and sequences.
-"""
+worker slots (:mod:`inference_service.dispatch.supervisor`) and sequences."""
 
 from __future__ import annotations
 
@@ -33,19 +32,8 @@ _worker_ids = itertools.count(9000)
 
 
 class ModelVersion:
-    """One version of a registered model.
-
-    Args:
-        name: model name.
-        archive: the opened archive.
-        config: effective settings.
-        handler: entry point (RegisterModel's, else the manifest's).
-        server_version: reported to handlers.
-        on_change: called when worker states change (health updates).
-        loaded_at_startup: whether it came from ``--models``/``load_models``.
-        extra_paths: extra ``sys.path`` entries for the workers.
-        base_env: environment for worker processes.
-    """
+    """One version of a registered model; ``handler`` is RegisterModel's entry point, else the
+    manifest's; ``on_change`` is called when worker states change (health updates)."""
 
     def __init__(self, name: str, archive: ModelArchive, config: ModelConfig, handler: str,
                  server_version: str, on_change: Callable[[], None], loaded_at_startup: bool = False,
@@ -148,19 +136,11 @@ class ModelVersion:
 
     async def scale(self, min_workers: int, max_workers: int, synchronous: bool,
                     timeout: float = 10.0, number_gpu: int | None = None) -> None:
-        """Run ``min_workers`` workers (ScaleWorker / RegisterModel's initial_workers).
-
-        Args:
-            min_workers: workers to keep running.
-            max_workers: recorded maximum (at least ``min_workers``).
-            synchronous: wait until new workers loaded (or failed) / old ones stopped.
-            timeout: seconds a stopped worker may finish its batch.
-            number_gpu: how many of the workers go on GPUs (``None``: keep the
-                current rule). Without GPUs every worker runs on the CPU.
+        """Run ``min_workers`` workers (ScaleWorker / RegisterModel's initial_workers); ``timeout``: seconds
+        a stopped worker may finish its batch; ``number_gpu``: how many go on GPUs (``None``: keep).
 
         Raises:
-            WorkerLoadError: synchronous, and a new worker failed to load
-                (the message is the handler's error).
+            WorkerLoadError: synchronous, and a new worker failed to load (the handler's error).
         """
         if self.closed:
             raise FailedPrecondition(f"model {self.name} version {self.version} is being unregistered")
@@ -230,24 +210,15 @@ class ModelVersion:
                                          f"{error}", reason="MODEL_LOAD_FAILED", retry_after_s=5.0))
 
     def admit(self, job: Job, max_request_size: int) -> int | None:
-        """The one admission check of a request for this version, before anything is queued;
-        nothing changes when it raises. (The server-wide check, shutting down, is the core's.)
-
-        Args:
-            job: the request.
-            max_request_size: most bytes of the input map's values together.
-
-        Returns:
-            The worker the job's sequence is pinned to, or None (any worker).
+        """The one admission check for this version, before anything is queued; nothing changes when it
+        raises. Returns the worker the job's sequence is pinned to, or None.
 
         Raises:
-            ResourceExhausted: the inputs exceed ``max_request_size`` (REQUEST_TOO_LARGE), or the
-                job queue holds ``job_queue_size`` requests (JOB_QUEUE_FULL, retry after 0.5 s).
-            Unavailable: being unregistered; no worker is scheduled (NO_WORKER: 0 workers, or all
-                gave up); every worker's latest start failed to load (MODEL_LOAD_FAILED, with the
-                load error; accepted again as soon as a worker loads).
-            InvalidArgument: the request does not fit the worker channel's framing (the message
-                names the limit: ``contracts.wire.request_problem``).
+            ResourceExhausted: inputs above ``max_request_size`` bytes (REQUEST_TOO_LARGE), or
+                ``job_queue_size`` requests queued (JOB_QUEUE_FULL, retry after 0.5 s).
+            Unavailable: being unregistered; no worker (NO_WORKER); every worker's latest start
+                failed to load (MODEL_LOAD_FAILED, until one loads).
+            InvalidArgument: the request does not fit the worker channel's framing.
         """
         size = sum(len(v) for v in job.inputs.values())
         if size > max_request_size:
@@ -272,19 +243,14 @@ class ModelVersion:
         return self.sequences.get(job.sequence_id) if job.sequence_id is not None else None
 
     def submit(self, job: Job, max_request_size: int) -> None:
-        """:meth:`admit` ``job``, then queue it (it reaches a free worker within this call).
-
-        Raises:
-            InferenceError: as :meth:`admit`.
-        """
+        """:meth:`admit` ``job`` (raising as it does), then queue it; it reaches a free worker within this call."""
         self.queue.put(job, self.admit(job, max_request_size))
 
     def open_sequence(self, sequence_id: str) -> None:
         """Pin a new sequence to the least-loaded worker (StreamPredictions2).
 
         Raises:
-            FailedPrecondition: the model has no sequence batching configured.
-            ResourceExhausted: ``maxNumSequence`` sequences are open.
+            FailedPrecondition: no sequence batching. ResourceExhausted: ``maxNumSequence`` open.
             Unavailable: no worker.
         """
         if not self.config.sequence_batching:
@@ -314,11 +280,8 @@ class ModelVersion:
         self.sequence_last_used.pop(sequence_id, None)
 
     async def close(self) -> None:
-        """Stop every worker and fail queued jobs; remove the extracted archive.
-
-        Scale-downs :meth:`scale` left running are awaited too (they end with their
-        workers, which this stops within seconds).
-        """
+        """Stop every worker, fail queued jobs, remove the extracted archive; scale-downs still running
+        are awaited too."""
         self.closed = True
         self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
         await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))

@@ -34,12 +34,8 @@ def version_key(version: str) -> tuple[int, ...] | None:
 
 
 def newest_version(versions: Iterable[str]) -> str:
-    """The version to fall back to as the default: the numerically highest of those that
-    are dot-separated integers (:func:`version_key`), else the last registered.
-
-    Args:
-        versions: the model's versions in registration order (at least one).
-    """
+    """The fallback default version: the numerically highest dot-separated-integer one
+    (:func:`version_key`), else the last registered."""
     ordered = list(versions)
     numeric = [(key, i) for i, v in enumerate(ordered) if (key := version_key(v)) is not None]
     return ordered[max(numeric)[1]] if numeric else ordered[-1]
@@ -72,15 +68,9 @@ class ModelEntry:
 
 
 def list_models_page(models: Mapping[str, ModelEntry], limit: int, next_page_token: int) -> dict[str, Any]:
-    """One page of TorchServe's ListModels JSON: ``{"nextPageToken"?, "models": [{"modelName",
-    "modelUrl"}]}``, names sorted, the default version's URL. Never raises.
-
-    Args:
-        models: the registry.
-        limit: page size 1..100; anything else means 100 (TorchServe: the same, except that
-            it answers an empty page for 0, which proto3 cannot tell from "unset").
-        next_page_token: index of the first name of the page (negative: 0, as TorchServe).
-    """
+    """One page of TorchServe's ListModels JSON, names sorted, the default version's URL; never raises.
+    ``limit`` outside 1..100 means 100 (TorchServe answers an empty page for 0, which proto3 cannot
+    tell from unset); a negative ``next_page_token`` is 0, as TorchServe."""
     if limit <= 0 or limit > 100:  # TorchServe's ApiUtils.getModelList: outside 1..100 means 100
         limit = 100
     next_page_token = max(0, next_page_token)  # as TorchServe: a negative token is the first page
@@ -103,15 +93,8 @@ def valid_model_name(name: str) -> bool:
 
 @dataclass
 class PreparedVersion:
-    """A model version ready to be registered: its opened archive and effective settings.
-
-    Attributes:
-        archive: the opened (extracted) archive; the caller removes it if registration fails.
-        name: the model name (the request's, else the manifest's).
-        handler: the handler entry point (the request's, else the manifest's).
-        config: the effective :class:`ModelConfig`.
-        extra_paths: ``sys.path`` entries for the workers (per-model requirements).
-    """
+    """A model version ready to be registered; the caller removes ``archive`` if registration fails.
+    ``name`` and ``handler`` are the request's, else the manifest's."""
 
     archive: ModelArchive
     name: str
@@ -125,14 +108,13 @@ _REFUSED_NEGATIVE = ("batch_size", "max_batch_delay", "response_timeout", "start
 
 
 def _checked_request(req: RegisterRequest) -> RegisterRequest:
-    """``req`` checked: 0 means unset (proto3); a negative ``initial_workers`` is unset too, as
-    TorchServe's gRPC RegisterModel reads it (``GRPCUtils.getRegisterParam``, and its own test
-    data registers with ``initial_workers=-1``).
+    """``req`` checked: 0 is unset (proto3), and a negative ``initial_workers`` too, as TorchServe's
+    ``GRPCUtils.getRegisterParam`` reads it (its test data sends ``-1``).
 
     Raises:
-        InvalidArgument: a runtime other than python; a negative ``batch_size``,
-            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe takes
-            its default silently).
+        InvalidArgument: a runtime other than python, or a negative ``batch_size``,
+            ``max_batch_delay``, ``response_timeout`` or ``startup_timeout`` (TorchServe silently
+            takes its default).
     """
     if req.runtime and req.runtime != "python":
         raise InvalidArgument(f"runtime {req.runtime!r} is not supported (only python)", reason="RUNTIME")
@@ -149,21 +131,13 @@ _CONFIG_FIELD = {"batch_size": "batch_size", "max_batch_delay": "max_batch_delay
 
 
 async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir: Path) -> PreparedVersion:
-    """Open the request's archive and resolve the version's settings (the first half of
-    TorchServe's RegisterModel): request fields over model-config.yaml over the server's
-    defaults; installs the archive's ``requirements.txt`` when ``install_py_dep_per_model``.
-
-    The archive is opened in a thread (extraction and downloads block). On any error the
-    extracted archive is removed again.
-
-    Args:
-        settings: the server's settings (model store, archive limits, per-model defaults).
-        req: the RegisterModel fields.
-        extract_dir: this instance's directory for extracted archives.
+    """Open the request's archive (in a thread) and resolve the version's settings, the first half of
+    TorchServe's RegisterModel: request fields over model-config.yaml over the server's defaults;
+    installs ``requirements.txt`` under ``install_py_dep_per_model``. On error the extracted
+    archive is removed.
 
     Raises:
-        InvalidArgument: bad runtime, URL, archive, manifest, name or config (numeric fields
-            at or below 0 mean "unset", as in TorchServe).
+        InvalidArgument: bad runtime, URL, archive, manifest, name or config.
         PermissionDenied: a remote URL ``allowed_urls`` does not allow.
         NotFound: no such archive in the store.
     """

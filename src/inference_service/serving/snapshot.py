@@ -1,19 +1,8 @@
 """Config snapshots: registered models survive a restart, even after ``kill -9``.
 
-As TorchServe's snapshot feature: after every change of the registered models
-(register, unregister, scale, set default) the server writes
-``<working dir>/logs/config/<timestamp>-snapshot.cfg`` atomically (temporary
-file + rename). It is a Java-properties file whose ``model_snapshot`` key holds
-TorchServe's JSON layout::
-
-    {"name": "...-snapshot.cfg", "modelCount": 1,
-     "models": {"echo": {"1.0": {"defaultVersion": true, "marName": "echo.mar",
-                                 "minWorkers": 1, "maxWorkers": 1, "batchSize": 1,
-                                 "maxBatchDelay": 100, "responseTimeout": 120,
-                                 "startupTimeout": 120}}}}
-
-At start the latest snapshot is restored unless ``--ncs``, ``--ts-config`` or
-``--models`` is given. The newest ``KEEP`` files are kept.
+As TorchServe's snapshot feature: after every change of the registered models the server writes
+``<working dir>/logs/config/<timestamp>-snapshot.cfg`` atomically, in TorchServe's layout (a
+``model_snapshot`` JSON property); the newest ``KEEP`` are kept. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -71,11 +60,7 @@ class SnapshotStore:
         return files[-1] if files else None
 
     def save(self, core: InferenceCore, model_store: Path | None) -> Path:
-        """Write the current registry atomically; prune old files. Returns the new file.
-
-        Raises:
-            OSError: the directory is not writable.
-        """
+        """Write the current registry atomically and prune old files; returns the new file (OSError passes)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         now_us = time.time_ns() // 1000  # one clock read: seconds and microseconds always agree
         name = time.strftime("%Y%m%d%H%M%S", time.localtime(now_us // 1_000_000)) + f"{now_us % 1_000_000:06d}"
@@ -115,11 +100,7 @@ class SnapshotStore:
         return path
 
     def load(self, path: Path) -> list[SnapshotModel]:
-        """Parse a snapshot file.
-
-        Raises:
-            SnapshotError: unreadable, not properties, or a malformed ``model_snapshot``.
-        """
+        """Parse a snapshot file; SnapshotError when unreadable or malformed."""
         try:
             with open(path, encoding="utf-8") as f:
                 props = javaproperties.load(f)

@@ -17,11 +17,8 @@ if TYPE_CHECKING:
 
 
 class RequestStats(Protocol):
-    """What the core records one request of a model into (``metrics.ModelStats`` is one).
-
-    Attributes:
-        requests: requests received (the core adds one per request it looks up successfully).
-    """
+    """What the core records one request of a model into (``metrics.ModelStats`` is one); ``requests``
+    counts requests looked up successfully."""
 
     requests: int
 

@@ -1,16 +1,9 @@
 """The one place where a handler's outcome becomes frames to the server, for the worker's three
-modes (batch: :mod:`.runtime`, :mod:`.continuous`, :mod:`.async_runner`).
+modes (:mod:`.runtime`, :mod:`.continuous`, :mod:`.async_runner`).
 
-A request ends with exactly one of:
-
-- ``FINAL`` with the handler's result for it (``str`` as UTF-8, ``bytes`` as is, anything
-  else as JSON: ``handler.encoding.encode_response``);
-- ``ERROR`` with a gRPC code number, a message and, where the handler gave one, its HTTP
-  status (the HTTP API answers that status as is, as TorchServe's REST API does):
-  a status >= 400 the handler set for the request (its phrase, TorchServe 0.12's code table:
-  ``errors.grpc_code_for_http``), a raised ``PredictionException`` (its code), any other
-  exception (INTERNAL with the exception's message; the traceback goes to the log only), or
-  a cancel (CANCELLED).
+A request ends with exactly one ``FINAL`` (``str`` as UTF-8, ``bytes`` as is, else JSON) or
+``ERROR`` (gRPC code, message, and the handler's HTTP status if any, TorchServe 0.12's table);
+a traceback goes to the log only.
 """
 
 from __future__ import annotations
@@ -34,11 +27,7 @@ INTERNAL = 13  #: grpc.StatusCode.INTERNAL
 
 
 def final(request_id: str, value: Any) -> bytes:
-    """The ``FINAL`` frame of ``request_id`` carrying ``value``.
-
-    Raises:
-        TypeError: ``value`` cannot be encoded (not str, bytes, JSON or a tensor).
-    """
+    """The ``FINAL`` frame of ``request_id``; TypeError when ``value`` cannot be encoded."""
     return wire.encode_response(wire.FINAL, request_id, encode_response(value))
 
 
@@ -64,12 +53,7 @@ def status_error(context: Context, idx: int, request_id: str) -> bytes | None:
 
 
 def result(context: Context, idx: int, request_id: str, value: Any) -> bytes:
-    """The last frame of batch entry ``idx``: its status error if the handler set one, else
-    ``FINAL`` with ``value``.
-
-    Raises:
-        TypeError: ``value`` cannot be encoded.
-    """
+    """The last frame of batch entry ``idx``: the status error the handler set, else ``FINAL``."""
     frame = status_error(context, idx, request_id)
     return frame if frame is not None else final(request_id, value)
 

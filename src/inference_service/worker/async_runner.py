@@ -1,19 +1,10 @@
 """Async handlers in the worker: TorchServe's ``asyncCommunication: true``.
 
-The worker runs an asyncio event loop (the one the handler's ``initialize`` may already
-have used, as TorchServe's ``ts/async_service.py``) and starts one task per request as
-requests arrive, while others run: ``await handler.handle([inputs], context)`` with a
-batch of one and a context of its own (a copy of the worker's, as TorchServe gives each
-call a copy). What the handler returns is the request's last message;
-``send_intermediate_predict_response`` sends intermediate ones at once. An ``async def
-handle`` written as an async generator works too: each yielded list (one entry) is an
-intermediate message, and the last message is empty.
-
-A reader thread takes the frames from the socket and hands them to the loop; a
-``CANCEL`` cancels the request's task (``asyncio.CancelledError`` at the handler's
-``await``, so an engine such as vLLM's aborts the request) and the request is answered
-CANCELLED. Intermediate responses are not flow-controlled here: a handler calls
-``send_intermediate_predict_response`` from the event loop, which must not block.
+One asyncio task per request on the worker's loop (as TorchServe's ``ts/async_service.py``),
+each with a batch of one and its own copy of the context. A ``CANCEL`` cancels the task
+(``CancelledError`` at the handler's ``await``, so an engine such as vLLM's aborts). Not
+flow-controlled: ``send_intermediate_predict_response`` runs on the loop and must not block.
+See docs/own-model.md.
 """
 
 from __future__ import annotations
@@ -33,11 +24,7 @@ from inference_service.worker.runtime import Worker
 
 
 class AsyncRunner:
-    """Runs a worker's ``async def handle`` once per request, concurrently (see the module docstring).
-
-    Args:
-        worker: the loaded worker.
-    """
+    """Runs a worker's ``async def handle`` once per request, concurrently."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -114,12 +101,8 @@ class AsyncRunner:
         self.channel.send(frame)
 
     async def _answer(self, context: Context, rid: str, inputs: dict[str, Any]) -> bytes:
-        """The request's last frame: FINAL with the handler's result, or its status error.
-
-        Raises:
-            TypeError: the handler returned something other than one result.
-            Whatever the handler raises.
-        """
+        """The request's last frame: FINAL with the result, or its status error; TypeError for other than
+        one result, and whatever the handler raises."""
         assert self.worker.service is not None
         result = self.worker.service.handle([inputs], context)
         if inspect.isasyncgen(result):

@@ -17,17 +17,10 @@ _RECV_BYTES = 1 << 18
 
 
 class WorkerChannel:
-    """The worker's end of the IPC socket: framed writes under a lock, frame reads, cancel set.
-
-    Only the main thread reads: :meth:`read_frame` blocks between batches, :meth:`poll`
-    takes what arrived while a handler runs (``CANCEL`` frames go to :attr:`cancelled`,
-    ``CREDIT`` frames to the running requests' credits, others wait in order for
-    :meth:`read_frame`).
-
-    Flow control (:attr:`window` > 0): a running request may send ``window``
-    intermediate responses beyond its credits; the next :meth:`send_intermediate`
-    blocks until a ``CREDIT`` (or a ``CANCEL``) for it arrives.
-    """
+    """The worker's end of the IPC socket. Only the main thread reads: :meth:`read_frame` between
+    batches, :meth:`poll` while a handler runs. With :attr:`window` > 0 a request may send ``window``
+    intermediate responses beyond its credits; the next :meth:`send_intermediate` blocks until a
+    ``CREDIT`` or ``CANCEL``."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -110,9 +103,7 @@ class WorkerChannel:
                 self._receive()
 
     def poll(self) -> None:
-        """Take the frames that already arrived, without blocking: record cancels, keep the rest.
-
-        Does nothing while another thread reads."""
+        """Take the frames that already arrived, without blocking (nothing while another thread reads)."""
         if not self._reading.acquire(blocking=False):
             return
         try:
@@ -121,9 +112,8 @@ class WorkerChannel:
             self._reading.release()
 
     def next_pending(self) -> tuple[int, bytes] | None:
-        """A frame taken by an earlier poll that is not a cancel or credit (``BATCH``,
-        ``STOP``...), oldest first; ``None`` when there is none. ``(0, b"")`` stands for
-        the end of the channel."""
+        """The oldest frame a poll kept (not a cancel or credit), ``None`` if none; ``(0, b"")`` is the
+        channel's end."""
         if not self._pending:
             return None
         item = self._pending.popleft()
@@ -190,9 +180,7 @@ class WorkerChannel:
 
     # Channel protocol used by the handler API
     def send_intermediate(self, request_id: str, payload: bytes) -> None:
-        """Send one intermediate response (``CHUNK``), preceded by any queued handler metrics.
-
-        Blocks while the request has no credit left (see the class docstring)."""
+        """Send a ``CHUNK`` after any queued handler metrics; blocks while the request has no credit."""
         credit = self._credit.get(request_id)
         if credit is not None:
             if credit <= 0:

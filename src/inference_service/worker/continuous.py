@@ -1,41 +1,10 @@
 """Continuous batching in the worker: TorchServe's ``continuousBatching: true`` contract.
 
-The handler is called again and again with the requests running on this worker; new
-requests join at the next call (up to ``batch_size`` running at once), and each request
-leaves when it ends, so its place is reused at once. One call, for the handler:
-
-- ``context.request_ids`` is ``{index: request id}`` of the requests in this call;
-- ``data[index]`` is the request's input map the first time the request is in a call,
-  and ``{}`` afterwards (TorchServe re-sends a running request without its inputs;
-  handlers keep per-request state themselves, e.g. in ``context.cache``);
-- the handler returns one result per request and sets ``context.stopping_criteria``,
-  one callable per request, called here with that request's result: ``True`` sends the
-  result as the request's last message, ``False`` sends it as an intermediate message
-  and keeps the request running (a ``None`` result then sends nothing: an addition), and
-  ``None`` sends it as the request's only (non-streamed) response. Without stopping
-  criteria every result is the request's final response;
-- a status >= 400 set for a request (``context.set_response_status``) ends it with
-  that error; an exception from the handler fails every request of the call.
-
-Requests that are not in a call although running:
-
-- a request whose client is slower than the stream (its flow-control window is used
-  up) *pauses*: it stays out of the calls until its client takes more, and the others
-  go on (its handler state must be kept);
-- a request paused for longer than ``streamPausePreemptMSec`` (model config, default
-  1000 ms; 0: never) is *preempted*: it gives its place back, so a waiting request can
-  start, and if the handler has a ``preempt_requests(request_ids)`` method (an addition;
-  the bundled LLM handler drops the KV cache, to be recomputed) it is called. When its
-  client takes more, the request queues again ahead of the new ones and, once it has a
-  place, is in the calls again with ``{}`` as before. ``PREEMPTED`` / ``RESUMED`` frames tell
-  the frontend, which counts a preempted request out of the worker's ``batch_size``;
-- a request paused for longer than ``streamPauseAbortMSec`` (default 60000 ms; 0: never)
-  ends with RESOURCE_EXHAUSTED (HTTP 429) "stream paused ... ended", as if cancelled in
-  the handler (``drop_requests``). Keep it below the model's ``responseTimeout``: a worker
-  whose every request is paused sends nothing;
-- a cancelled request (client gone, deadline) leaves at the next call and is answered
-  CANCELLED; if the handler has a ``drop_requests(request_ids)`` method (an addition,
-  e.g. to free a KV cache at once) it is called with the ids that left that way.
+The handler is called again and again with the running requests (up to ``batch_size``);
+``data[index]`` is a request's input map on its first call, ``{}`` after;
+``context.stopping_criteria`` says per request whether a result is its last. A lagging stream
+pauses, is preempted after ``streamPausePreemptMSec`` and ended after ``streamPauseAbortMSec``;
+``preempt_requests`` / ``drop_requests`` are optional handler additions. See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -79,11 +48,7 @@ class _Running:
 
 
 class ContinuousRunner:
-    """Runs a worker's handler as a continuous batch (see the module docstring).
-
-    Args:
-        worker: the loaded worker (channel, context, service, ``spec.max_running``).
-    """
+    """Runs a worker's handler as a continuous batch (see the module docstring)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker

@@ -1,21 +1,11 @@
 """CPU budget of a worker: the cores it may use, its intra-op threads and their wait policy.
 
-A worker runs each large operator on ``torch.get_num_threads()`` threads that meet at the end
-of the operator. When a neighbour (another worker, another container, a CPU quota below the
-thread count) takes one of those cores, the others wait for the descheduled thread at every
-operator, and with OpenMP's default *active* wait they spin on the cores the late thread
-needs: 8 streams fell from 65 to 2 tokens/s with one core of two kept busy. Three settings
-keep a worker proportional instead (measured figures: ``benchmarks/RESULTS.md``):
-
-- threads no more than the CPUs the worker can count on: :func:`usable_cpus` reads the
-  affinity mask and the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), which is
-  what Kubernetes' ``resources.limits.cpu`` sets, not the host's core count;
-- ``OMP_WAIT_POLICY=PASSIVE``: threads that finished early sleep rather than spin; read by
-  the OpenMP runtime once, when torch is first imported, so it is set in the worker's
-  environment before the handler is loaded (:func:`apply_cpu_settings`);
-- an optional affinity (``cpu_affinity``), to pin each worker to its own cores.
-
-Nothing here imports torch.
+A descheduled intra-op thread makes the others wait at every operator, and with OpenMP's active
+wait they spin on the cores it needs (8 streams fell from 65 to 2 tokens/s with one core of two
+busy; ``benchmarks/RESULTS.md``). So: threads no more than :func:`usable_cpus` (affinity mask and
+cgroup quota), ``OMP_WAIT_POLICY=PASSIVE`` set before torch is first imported
+(:func:`apply_cpu_settings`), optional ``cpu_affinity``. Nothing here imports torch.
+See docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -55,24 +45,13 @@ def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
 
 
 def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Apply a model's CPU settings to this worker process, before torch is imported.
-
-    Args:
-        handler_config: the ``handler`` section of model-config.yaml. Keys (all optional):
-            ``cpu_affinity`` (CPUs this worker runs on, see :func:`parse_affinity`),
-            ``torch_threads`` (intra-op threads; default: the inherited ``OMP_NUM_THREADS``,
-            which the server sets from ``worker_threads`` or :func:`default_threads`; capped
-            at the CPUs of ``cpu_affinity``), ``omp_wait_policy`` (``passive`` or
-            ``active``; default: the inherited ``OMP_WAIT_POLICY``, else ``passive``).
-        environ: the environment to set (``os.environ`` by default).
-
-    Returns:
-        ``{"threads", "wait_policy", "affinity"}`` as applied (``affinity`` a sorted list or
-        ``None``).
+    """Apply a model's ``handler`` CPU keys to this worker process, before torch is imported, and
+    return ``{"threads", "wait_policy", "affinity"}`` as applied. ``torch_threads`` defaults to the
+    inherited ``OMP_NUM_THREADS`` (set by the server) and is capped at the CPUs of ``cpu_affinity``;
+    ``omp_wait_policy`` to the inherited ``OMP_WAIT_POLICY``, else ``passive``.
 
     Raises:
-        ValueError: a key has a malformed value, or ``cpu_affinity`` names CPUs this process
-            may not use.
+        ValueError: a malformed value, or ``cpu_affinity`` naming CPUs this process may not use.
     """
     env = os.environ if environ is None else environ
     affinity = parse_affinity(handler_config.get("cpu_affinity"))

@@ -1,15 +1,9 @@
 """Launch a distributed worker group with torch.distributed's own launcher (torchrun).
 
-``python -m inference_service.worker.launch --nproc-per-node N --connect PATH``
-runs ``torch.distributed.run`` with one node of N processes, each executing
-``python -m inference_service.worker.main --connect PATH`` with ``LOCAL_RANK``,
-``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` set by
-torchrun. The only addition is a rendezvous backend, registered through
-torch's rendezvous handler registry as ``loopback``: torch's static TCP
-rendezvous, but with its store listening on a socket bound to 127.0.0.1 on a
-free port (torch's own store would listen on every interface).
-``--max-restarts 0``: a rank that dies takes the group down; the server restarts
-the group as a unit.
+Runs ``torch.distributed.run`` with one node of N ranks of ``inference_service.worker.main``.
+The one addition is the ``loopback`` rendezvous backend: torch's static TCP rendezvous with its
+store bound to 127.0.0.1 (torch's own listens on every interface). ``--max-restarts 0``: the
+server restarts the group as a unit.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """Resolve a manifest's ``handler`` entry point into a callable, as TorchServe does.
 
-The entry point is chosen in the order of TorchServe 0.12's ``ts/model_loader.py``
-(``TsModelLoader.load``):
-
-1. ``file.py:function`` or ``module:function``: that module-level function is the
-   service, ``function(data, context)``.
-2. ``file.py`` or ``module`` whose module has a module-level function ``handle``:
-   that function is the service (TorchServe's ``function_name = function_name or
-   "handle"``, checked before any class, so a module defining a class *and* a
-   ``handle`` function is served by the function, as TorchServe's documentation's
-   "module level entry point" teaches).
-3. Otherwise the module's class: a module-level ``__handler__ = SomeClass`` names it
-   (an inference-service rule, used by the built-in ``ts.torch_handler.*`` modules,
-   which re-export classes defined elsewhere), else the module must define exactly
-   one class. An instance of it is the service: ``initialize(context)`` at load,
-   then ``handle(data, context)`` per batch.
-
-For a function entry point (1 and 2), the load calls it once with
-``(None, context)``, as TorchServe's ``_get_function_entry_point`` does, so it can
-build its model then. This project's generator form is kept: a generator function
-returned at load is run to its end (TorchServe would create the generator and
-never run it), and a coroutine (``async def handle``) is run to its end on an event
-loop of its own, before the worker's serving loop starts.
-
-The module is looked up as ``<name>.py`` in the model directory, else as an
-importable (dotted) module, else as a built-in ``ts.torch_handler.<name>``
-(TorchServe's ``_load_default_handler``).
-
-With ``service_envelope`` configured, the resolved ``handle`` is wrapped in that request
-envelope (:mod:`inference_service.handler.envelopes`), as TorchServe's loader does.
+The order is TorchServe 0.12's ``ts/model_loader.py`` (``TsModelLoader.load``): ``module:function``;
+a module-level ``handle`` (checked before any class); else the module's class (named by
+``__handler__ = SomeClass``, our addition, or its only class). A function entry point is called
+once with ``(None, context)`` at load; a generator or coroutine it returns is run to its end
+(TorchServe would never run it). See docs/own-model.md.
 """
 
 from __future__ import annotations
@@ -95,11 +71,8 @@ def _module_function(module: ModuleType, name: str) -> Callable[..., Any] | None
 
 
 def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
-    """Call a function entry point once with ``(None, context)`` (TorchServe's load-time call).
-
-    A generator it returns is run to its end (its items are discarded); a coroutine or an
-    async generator is run to its end with :func:`asyncio.run`.
-    """
+    """TorchServe's load-time call ``fn(None, context)``; a generator, coroutine or async generator it
+    returns is run to its end."""
     result = fn(None, context)
     if inspect.isgenerator(result):
         for _ in result:
@@ -117,24 +90,13 @@ def _initialize_function(fn: Callable[..., Any], context: Context) -> None:
 
 
 def load_service(handler: str, model_dir: str, context: Context, envelope: str | None = None) -> Service:
-    """Import and initialise the handler named by ``handler`` (precedence: see the module
-    docstring), wrapped in the request ``envelope`` if one is named (as TorchServe's model
-    loader wraps the entry point: ``envelope_class(entry_point).handle``).
-
-    Args:
-        handler: the manifest's (or RegisterModel's) handler entry point.
-        model_dir: the extracted archive directory (put first on ``sys.path``).
-        context: the worker's context, passed to ``initialize`` (or to a function entry
-            point's load-time call with ``data=None``).
-        envelope: ``service_envelope`` (``body``, ``json``, ``kserve``, ``kservev2``) or ``None``.
-
-    Returns:
-        The ready :class:`Service`.
+    """Import and initialise the handler entry point (``model_dir`` first on ``sys.path``), wrapped in
+    the request ``envelope`` if named, as TorchServe's loader does.
 
     Raises:
-        HandlerLoadError: not found; ``module:function`` naming no function; no
-            ``handle`` function and not exactly one class; or its import, the
-            load-time call or ``initialize`` raised (the message carries the cause).
+        HandlerLoadError: not found; ``module:function`` naming no function; no ``handle``
+            function and not exactly one class; or its import, load-time call or ``initialize``
+            raised (the message carries the cause).
     """
     service = _load(handler, model_dir, context)
     if not envelope:

@@ -1,16 +1,6 @@
-"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N``
-(or ``--connect PATH`` for each rank of a torchrun-launched group).
-
-1. Read the ``INIT`` frame (a :class:`~.protocol.WorkerSpec`) from the inherited socket.
-2. Put the TorchServe import shims (``ts.*``) and the model directory on ``sys.path``.
-3. Apply the model's CPU settings (threads, wait policy, affinity: :mod:`.cpu`) before
-   anything imports torch, then load the handler; answer ``READY`` (or ``LOAD_FAILED`` with the cause, then exit 1).
-4. Serve requests on the main thread, which reads the socket itself (no reader thread:
-   a request costs no thread hand-off), in the spec's mode: batches one at a time
-   (:class:`~.runtime.Worker`, TorchServe's default), a continuous batch
-   (:mod:`.continuous`, ``continuousBatching``) or one task per request on an event
-   loop (:mod:`.async_runner`, ``asyncCommunication``).
-"""
+"""Entry point of a worker process: ``python -m inference_service.worker.main --fd N`` (or
+``--connect PATH`` per torchrun rank). CPU settings are applied before anything imports torch;
+the main thread reads the socket itself (no thread hand-off per request)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The loaded handler of a worker process (:class:`Worker`) and TorchServe's default way
 to run it: one batch at a time, answered with ``FINAL``/``ERROR`` frames and ``DONE``.
 
-Every place where a running handler can observe a cancel (``context.is_cancelled()``,
-``send_intermediate_predict_response``, each item of a generator handler) first takes
-the frames that arrived meanwhile without blocking (at most every
-:data:`~inference_service.worker.channel.POLL_INTERVAL_S`), so a cancel reaches a
-running handler: ``send_intermediate_predict_response`` raises
-:class:`RequestCancelled`, ``context.is_cancelled()`` turns true and a generator
-handler is closed. Every mode builds its answers with :mod:`.answers`.
+Wherever a running handler can observe a cancel, the frames that arrived meanwhile are taken
+first without blocking (at most every :data:`~inference_service.worker.channel.POLL_INTERVAL_S`).
 """
 
 from __future__ import annotations
@@ -71,15 +66,8 @@ class Worker:
                 return
 
     def call_handler(self, data: list[dict[str, Any]], ids: list[str]) -> list[Any]:
-        """Call the handler on one batch: a generator's items go out as intermediate responses.
-
-        Returns:
-            One result per request (``None`` entries when the handler returned ``None``).
-
-        Raises:
-            TypeError: the handler returned something other than one result per request.
-            Whatever the handler raises.
-        """
+        """One result per request of the batch (a generator's items go out as intermediate responses);
+        TypeError for another count, and whatever the handler raises."""
         assert self.service is not None
         result = self.service.handle(data, self.context)
         if inspect.isgenerator(result):

@@ -1,6 +1,2 @@
-"""Import shims: TorchServe's ``ts`` package paths, backed by inference-service.
-
-Workers put this directory first on ``sys.path`` so unmodified TorchServe
-handlers (``from ts.torch_handler.base_handler import BaseHandler`` ...) run
-against this server's implementation.
-"""
+"""Import shims: TorchServe's ``ts`` package paths, first on a worker's ``sys.path``, so unmodified
+TorchServe handlers run against this server's implementation."""

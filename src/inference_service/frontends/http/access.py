@@ -1,11 +1,6 @@
-"""The access log of the HTTP front doors: one line per request, in the gRPC line's format.
-
-:func:`install_access_log` puts an aiohttp middleware in front of an application's own (so it
-sees the status the client gets, errors answered by the inner middlewares included) and counts
-the chunks a streamed answer writes. Every route of the application is logged: TorchServe's
-inference (8080) and management (8081) APIs, ``/v1`` and ``/v2`` (mounted on 8080). The line's
-format and fields: :mod:`inference_service.observability.accesslog`.
-"""
+"""The access log of the HTTP APIs (8080, 8081, ``/v1``, ``/v2``): :func:`install_access_log` puts a
+middleware in front of an application's own, so it sees the status the client gets, and counts
+a stream's chunks. Format: :mod:`inference_service.observability.accesslog`."""
 
 from __future__ import annotations
 

@@ -25,22 +25,14 @@ PARTS_PER_TURN = 16
 
 
 class PartCounter:
-    """Counts the parts of one multipart body.
-
-    Args:
-        max_parts: ``max_request_parts``.
-    """
+    """Counts the parts of one multipart body against ``max_request_parts``."""
 
     def __init__(self, max_parts: int) -> None:
         self.max_parts = max_parts
         self.count = 0
 
     async def next(self) -> None:
-        """Count one more part; every :data:`PARTS_PER_TURN` parts, let the loop run others.
-
-        Raises:
-            InvalidArgument: (400) the part beyond ``max_request_parts``.
-        """
+        """Count one more part (InvalidArgument past the limit); every :data:`PARTS_PER_TURN`, yield the loop."""
         self.count += 1
         check_parts(self.count, self.max_parts, "a multipart body")
         if self.count % PARTS_PER_TURN == 0:
@@ -48,15 +40,12 @@ class PartCounter:
 
 
 async def form_fields(request: web.Request, max_fields: int) -> dict[str, bytes]:
-    """The fields of an ``application/x-www-form-urlencoded`` body, values UTF-8 encoded (the
-    last of a repeated name wins), as aiohttp's ``request.post()`` reads them.
-
-    The fields are counted (``&`` separators, at C speed) before they are parsed, and a body of
-    at least 64 KiB is parsed in a worker thread.
+    """The fields of an ``application/x-www-form-urlencoded`` body as aiohttp's ``request.post()``
+    reads them (values UTF-8, the last repeated name wins); counted before parsing, parsed in a
+    thread from 64 KiB.
 
     Raises:
-        InvalidArgument: (400) more than ``max_fields`` fields (``max_request_parts``), an
-            unknown charset.
+        InvalidArgument: (400) more than ``max_fields`` fields, or an unknown charset.
     """
     body = await request.read()
     check_parts(body.count(b"&") + 1 if body else 0, max_fields, "a form body")

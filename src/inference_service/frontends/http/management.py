@@ -1,47 +1,11 @@
-"""TorchServe's HTTP/1.1 management API (its REST API on port 8081), over the same
+"""TorchServe's HTTP/1.1 management API (port 8081), over the same
 :class:`~inference_service.serving.core.InferenceCore` as the gRPC management servicer.
 
-Served by aiohttp in the server's asyncio loop, on ``management_address`` (default
-``http://127.0.0.1:8081`` as TorchServe; ``--http-management-address`` / ``--http-management-port``,
-port 0 picks a free one; ``--no-http-management`` or ``--no-http`` turns it off). Each route reads
-TorchServe's query parameters, makes the one core call the gRPC servicer makes for the same RPC,
-and answers with TorchServe 0.12's status code and JSON body (its ``ManagementRequestHandler``,
-``ApiUtils`` and ``TokenAuthorizationHandler``):
-
-- ``POST /models?url=&model_name=&handler=&runtime=&batch_size=&max_batch_delay=&initial_workers=
-  &synchronous=&response_timeout=&startup_timeout=`` (or the same keys in an ``application/json``
-  body): :meth:`InferenceCore.register`. 200 ``{"status": "Model \\"m\\" Version: 1.0 registered
-  with 1 initial workers"}`` (``synchronous``, TorchServe's default here: true) or ``... registered
-  with 0 initial workers. Use scale workers API to add workers for the model.``; 202 ``Processing
-  worker updates...`` when not synchronous; 409 for a version already registered. Numbers at or
-  below 0 are unset, as TorchServe reads them.
-- ``GET /models?limit=&next_page_token=``: :meth:`InferenceCore.list_models` (ListModels' JSON;
-  a limit outside 1..100 is 100, as TorchServe's).
-- ``GET /models/{name}[/{version}|/all][?customized=true]``: :meth:`InferenceCore.versions`
-  (DescribeModel's JSON array, :mod:`..torchserve_json`).
-- ``PUT /models/{name}[/{version}]?min_worker=&max_worker=&number_gpu=&synchronous=&timeout=``:
-  :meth:`InferenceCore.scale`; ``min_worker`` defaults to 1 and ``max_worker`` to ``min_worker``
-  as TorchServe's. 200 ``Workers scaled to 3 for model: m[, version: 2.0]`` (synchronous), 202
-  ``Processing worker updates...``.
-- ``DELETE /models/{name}[/{version}]``: :meth:`InferenceCore.unregister`. 200 ``Model "m"
-  unregistered``; 403 for the default version while other versions exist.
-- ``PUT /models/{name}/{version}/set-default``: :meth:`InferenceCore.set_default`. 200
-  ``Default version successfully updated for model "m" to "2.0"``.
-- ``GET /token?type=management|inference`` (any method, as TorchServe): a new key of that type,
-  written to ``key_file.json`` (:meth:`TokenAuthorization.renew`); the old one stops working at
-  once. Needs the ``API`` key; only served with token authorization on.
-
-``POST /models`` and ``DELETE`` need ``--enable-model-api``; without it they answer 405, as
-TorchServe 0.12's REST API does (its gRPC API answers PERMISSION_DENIED "Model API disabled").
-With token authorization on, every request carries ``Authorization: Bearer <management key>``
-(``/token``: the ``API`` key); otherwise 401 with TorchServe's message, as the HTTP inference API
-answers (TorchServe: 400).
-
-Errors are TorchServe's ``{"code", "type", "message"}`` with the status of
-:func:`inference_service.frontends.http.inference.http_status` (400 BadRequestException, 404
-ModelNotFoundException, 500 a worker that failed to load in a synchronous call, 503 while
-shutting down, ...), a parameter that is not an integer (or ``true``/``false``) 400, an unknown
-path 404 and a method a path does not serve 405, with TorchServe's texts.
+Each route reads TorchServe's query parameters, makes the one core call the gRPC servicer makes
+for the same RPC, and answers with TorchServe 0.12's status code and JSON body (its
+``ManagementRequestHandler``, ``ApiUtils`` and ``TokenAuthorizationHandler``). Without
+``--enable-model-api``, ``POST /models`` and ``DELETE`` answer 405 as TorchServe's REST API does.
+See docs/apis.md and docs/security.md.
 """
 
 from __future__ import annotations
@@ -144,9 +108,7 @@ def status_response(text: str, status: int = 200) -> web.Response:
 
 
 def management_ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The management API's TLS context: ``None`` (plaintext) unless ``management_address`` is
-    ``https://`` (then ``certificate_file`` / ``private_key_file``, and ``client_ca_file`` for
-    mutual TLS, as the HTTP inference API).
+    """``None`` (plaintext) unless ``management_address`` is ``https://``; then as the HTTP inference API.
 
     Raises:
         OSError: HTTPS without a certificate or key, or a file that is not a readable PEM file.
@@ -159,23 +121,15 @@ def management_ssl_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 class HttpManagementApi:
-    """TorchServe's HTTP/1.1 management API (``/models``, ``/token``) on an aiohttp server.
-
-    Quick start::
+    """TorchServe's HTTP/1.1 management API (``/models``, ``/token``) on an aiohttp server::
 
         api = HttpManagementApi(core, auth=token_authorization, model_api_enabled=True)
         port = await api.start("127.0.0.1", 0)   # the bound port
         ...
         await api.stop()
 
-    Args:
-        core: the serving core shared with the gRPC servicers.
-        auth: the server's token authorization (``None``: off; no ``/token`` route then).
-        model_api_enabled: whether ``POST /models`` and ``DELETE`` are served (``--enable-model-api``).
-        max_request_size: largest request body in bytes (a JSON register body).
-        ssl_context: serve HTTPS with this context (``None``: plaintext).
-        shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
-        access_log: where each request gets its line (``None``: nowhere; see :mod:`.access`).
+    ``auth`` ``None``: off, and no ``/token`` route; ``shutdown_timeout_s``: how long open
+    responses may finish at :meth:`stop`.
     """
 
     def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
@@ -246,11 +200,8 @@ class HttpManagementApi:
 
     # --------------------------------------------------------------- routes
     async def register(self, request: web.Request) -> web.Response:
-        """``POST /models``: RegisterModel (see the module docstring for parameters and answers).
-
-        A version registered already answers 409 (TorchServe's ConflictStatusException); other
-        FAILED_PRECONDITION errors (no model store, a failed ``requirements.txt`` install) 400.
-        """
+        """``POST /models``: RegisterModel. A version registered already is 409 (TorchServe's
+        ConflictStatusException); other FAILED_PRECONDITION errors 400."""
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
         params, synchronous_default = await _register_params(request)
@@ -275,11 +226,8 @@ class HttpManagementApi:
         return json_response(json.dumps(page, indent=2))
 
     async def describe(self, request: web.Request) -> web.Response:
-        """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array.
-
-        ``customized=true`` is read and answered with the same description: the handler's
-        customized metadata is not asked for (as DescribeModel on gRPC here).
-        """
+        """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array; ``customized=true`` gets
+        the same (the handler's customized metadata is not asked for)."""
         boolean(request.query, "customized", False)
         name, version = _model(request)
         return json_response(describe_json(self.core.versions(name, version)))
@@ -317,11 +265,8 @@ class HttpManagementApi:
         return status_response(f'Default version successfully updated for model "{name}" to "{version}"')
 
     async def token(self, request: web.Request) -> web.Response:
-        """``/token?type=management|inference``: a new key of that type in ``key_file.json``.
-
-        400 for another or no ``type``, or a key the operator fixed (TorchServe answers 400
-        "Token Authentication failed..." for a bad type); 500 when the key file cannot be written.
-        """
+        """``/token?type=management|inference``: a new key in ``key_file.json``; 400 for another type or
+        a key the operator fixed, 500 when the key file cannot be written."""
         scope = request.query.get("type", "")
         if scope not in (MANAGEMENT, INFERENCE):
             raise InvalidArgument(f"parameter type must be {MANAGEMENT} or {INFERENCE}, got {scope!r}")
@@ -372,14 +317,9 @@ def _method_not_allowed(allowed: set[str] | frozenset[str], hint: str = "") -> w
 
 
 async def _register_params(request: web.Request) -> tuple[dict[str, str], bool]:
-    """RegisterModel's parameters and the default of ``synchronous``: from an ``application/json``
-    body (default false, TorchServe's Gson defaults), else from the query (default true, as
-    TorchServe's ``RegisterModelRequest``).
-
-    Raises:
-        InvalidArgument: a JSON body that is not an object, not JSON, nested deeper than
-            ``max_json_depth`` or holding more than ``max_json_nodes`` objects and arrays.
-    """
+    """RegisterModel's parameters and ``synchronous``'s default: from an ``application/json`` body
+    (false, TorchServe's Gson defaults), else the query (true, its ``RegisterModelRequest``).
+    InvalidArgument for a JSON body that is not an object or passes the JSON bounds."""
     if request.content_type != "application/json":
         return dict(request.query), True
     raw = await request.read()

@@ -1,19 +1,8 @@
 """How ``/predictions`` writes a streamed answer so that a plain client can split it.
 
-Three forms, chosen per request:
-
-- raw (the default, TorchServe's): each message's bytes as they come. When the final message
-  is the LLM handler's usage object (``"include_usage": true``), it stands on its own last
-  line: a newline before it (when text came first), one after::
-
-      The capital of France is Paris.
-      {"text": "", "finish_reason": "stop", "usage": {"prompt_tokens": 36, "completion_tokens": 8}}
-
-- NDJSON (``Accept: application/x-ndjson``): one JSON object per line, each text piece as
-  ``{"text": "..."}``, then the usage object when there is one.
-
-A stream whose first message starts as UTF-8 text says ``Content-Type: text/plain; charset=utf-8``
-(NDJSON: ``application/x-ndjson``); other answers keep aiohttp's ``application/octet-stream``.
+Raw (TorchServe's) with the LLM's usage object on its own last line, or NDJSON
+(``Accept: application/x-ndjson``). A stream starting as UTF-8 text is ``text/plain;
+charset=utf-8``. See docs/llm.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
 """The Open Inference Protocol (KServe v2) over HTTP/1.1, on the HTTP inference API's port.
 
-:func:`add_open_inference_routes` adds, to the aiohttp application of
-:class:`~inference_service.frontends.http.inference.HttpInferenceApi` (so with its token authorization: every
-route needs ``Authorization: Bearer <inference key>``, as ``/predictions``):
-
-- ``GET /v2``: server metadata ``{"name", "version", "extensions"}``.
-- ``GET /v2/health/live``: 200 ``{"live": true}``.
-- ``GET /v2/health/ready``: 200 ``{"ready": true}``, or 400 ``{"ready": false}`` while not ready
-  (the protocol: 200 is true, a 4xx false; TorchServe always answers 200 true).
-- ``GET /v2/models/{name}[/versions/{version}]/ready``: 200 ``{"name", "ready": true}`` or 400
-  ``{"name", "ready": false}``; 404 for an unknown model or version.
-- ``GET /v2/models/{name}[/versions/{version}]``: model metadata ``{"name", "versions",
-  "platform", "inputs", "outputs"}`` (TorchServe answers 501 for ``/versions/`` paths).
-- ``POST /v2/models/{name}[/versions/{version}]/infer``: inference. The body is the v2 JSON
-  request; with Triton's binary tensor data extension (header ``Inference-Header-Content-Length``:
-  the JSON's length, the inputs' raw bytes after it, each input's size in its parameter
-  ``binary_data_size``) the raw bytes are decoded as gRPC's ``raw_input_contents`` are. The
-  handler gets what gRPC ``ModelInfer`` hands it (:mod:`inference_service.frontends.oip.protocol`:
-  TorchServe's JSON body; elements flattened; binary BYTES as base64 strings, JSON BYTES as the
-  strings sent). The answer is JSON ``{"model_name", "model_version", "id", "outputs"}``; an
-  output is sent as binary data (parameter ``binary_data_size``, the bytes after the JSON,
-  ``Inference-Header-Content-Length`` giving the JSON's length) when the request asked for it
-  (the output's parameter ``binary_data``, else the request's ``binary_data_output``, which
-  tritonclient sets by default).
-
-Errors of these routes answer the protocol's body ``{"error": "<message>"}`` (what tritonclient
-reads) with the HTTP API's status: 400 a bad request (wrong shape, unknown data type, bad
-JSON...), 401 missing or wrong key, 404 unknown model or version, 413 above
-``max_request_size``, 500 a handler error or an answer that is not a v2 response, 503 no
-worker / job queue full / shutting down, 504 ``responseTimeout``, 507 a response above
-``max_response_size``; a status the handler set is answered as is. A path or method no route
-serves (``GET /v2/models``, ``GET .../infer``) keeps the HTTP API's 404/405 and TorchServe's body.
+:func:`add_open_inference_routes` adds the ``/v2`` routes to
+:class:`~inference_service.frontends.http.inference.HttpInferenceApi`'s application (so with its
+token authorization), including Triton's binary tensor data extension
+(``Inference-Header-Content-Length``). Errors answer the protocol's ``{"error": "<message>"}``
+(what tritonclient reads) with the HTTP API's status. See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations
@@ -114,17 +88,14 @@ async def open_inference_errors(request: web.Request, handler: _Handler) -> web.
 
 def request_from_http(body: bytes, header_length: str | None, name: str, version: str,
                       max_depth: int = 64, max_nodes: int = 100_000) -> InferRequest:
-    """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`.
-
-    Binary inputs of fixed-size types stay raw bytes
-    (:class:`~inference_service.frontends.oip.tensors.RawElements`) until the handler's body is written.
+    """A v2 HTTP inference body (JSON, or JSON plus binary tensor data) as an :class:`InferRequest`;
+    fixed-size binary inputs stay raw until the handler's body is written.
 
     Raises:
-        InvalidArgument: the JSON does not parse, nests deeper than ``max_depth``
-            (``max_json_depth``), holds more than ``max_nodes`` objects and arrays
-            (``max_json_nodes``, counted before parsing) or is not an object, ``inputs`` is not a list,
-            a bad ``Inference-Header-Content-Length``, binary data sizes that do not add up to
-            the bytes after the JSON, or an input that :func:`make_input` refuses.
+        InvalidArgument: JSON that does not parse, nests deeper than ``max_depth``, holds more than
+            ``max_nodes`` objects and arrays (counted before parsing) or is not an object; a bad
+            ``Inference-Header-Content-Length`` or binary sizes that do not add up; an input
+            :func:`make_input` refuses.
     """
     binary = b""
     if header_length is not None:
@@ -251,11 +222,7 @@ def _version(request: web.Request) -> str:
 
 
 class OpenInferenceRoutes:
-    """The route handlers of :func:`add_open_inference_routes` over one core.
-
-    Args:
-        core: the serving core shared with the gRPC servicers.
-    """
+    """The route handlers of :func:`add_open_inference_routes` over one core."""
 
     def __init__(self, core: InferenceCore) -> None:
         self.core = core

@@ -1,32 +1,11 @@
 """Open Inference Protocol (KServe v2) requests and responses, between the wire and a handler.
 
-Both transports (gRPC ``ModelInfer`` in :mod:`inference_service.frontends.grpc.open_inference`,
-HTTP ``POST /v2/models/{name}/infer`` in :mod:`inference_service.frontends.oip.http`) turn
-what they receive into an :class:`InferRequest` and hand the handler what TorchServe 0.12
-hands it (``OpenInferenceProtocolImpl.modelInfer``): one input ``body`` holding the request as
-JSON::
-
-    {"id": "42", "model_name": "m",
-     "inputs": [{"name": "INPUT0", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
-
-Elements are flattened in row-major order. ``BYTES`` elements that arrived as bytes (gRPC, raw
-or typed; HTTP binary tensor data) are base64 strings, as TorchServe's gRPC path sends them;
-``BYTES`` sent as JSON strings (HTTP) stay those strings. Request and input ``parameters`` and
-the requested ``outputs`` are included when the client sent any (TorchServe drops them), without
-the transport's own (``binary_data``, ``binary_data_size``, ``binary_data_output``).
-
-The handler answers a v2 response as JSON (what TorchServe's ``kservev2`` envelope writes)::
-
-    {"id": "42", "model_name": "m", "model_version": "1.0",
-     "outputs": [{"name": "OUTPUT0", "shape": [2, 2], "datatype": "FP32", "data": [2.0, 4.0, 6.0, 8.0]}]}
-
-:func:`parse_answer` checks it into an :class:`InferResponse` (``data`` may be nested; its
-element count must fill ``shape``; a missing ``id``, ``model_name`` or ``model_version`` is the
-request's). A handler answer that is not such a response fails the request with INTERNAL
-(reason ``HANDLER_ERROR``), naming what is wrong.
-
-The health and metadata answers are here too, so both transports give the same ones:
-:func:`server_ready`, :func:`model_ready`, :func:`server_metadata`, :func:`model_metadata`.
+Both transports turn what they receive into an :class:`InferRequest` and hand the handler what
+TorchServe 0.12 hands it (``OpenInferenceProtocolImpl.modelInfer``): one input ``body`` holding
+the request as JSON, elements flattened row-major, ``BYTES`` that arrived as bytes base64-encoded.
+Request and input ``parameters`` and the requested ``outputs`` are included (TorchServe drops
+them). The handler answers a v2 response as JSON, checked by :func:`parse_answer`.
+See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations
@@ -61,17 +40,9 @@ T = TypeVar("T")
 
 @dataclass
 class Tensor:
-    """One tensor of a request or response.
-
-    Args:
-        name: tensor name.
-        datatype: protocol data type name (``FP32``...).
-        shape: dimensions.
-        data: the elements, flattened row-major: bools, ints, floats, or for BYTES ``bytes``
-            (arrived as bytes) / ``str`` (arrived as JSON text); raw fixed-size inputs stay raw
-            bytes until written out (:class:`~inference_service.frontends.oip.tensors.RawElements`).
-        parameters: the tensor's parameters (plain JSON values).
-    """
+    """One tensor of a request or response; ``data`` flattened row-major: bools, ints, floats, or for
+    BYTES ``bytes`` (arrived as bytes) / ``str`` (JSON text); raw fixed-size inputs stay raw until
+    written out (:class:`~inference_service.frontends.oip.tensors.RawElements`)."""
 
     name: str
     datatype: str
@@ -90,15 +61,8 @@ class RequestedOutput:
 
 @dataclass
 class InferRequest:
-    """One v2 inference request, checked.
-
-    Args:
-        model_name / model_version: the model to run ("" version: the default one).
-        id: the client's request id ("" when it sent none).
-        inputs: the input tensors.
-        outputs: the outputs asked for (empty: all).
-        parameters: request parameters.
-    """
+    """One v2 inference request, checked: ``model_version`` "" is the default version, ``id`` "" when
+    the client sent none, ``outputs`` empty means all."""
 
     model_name: str
     model_version: str
@@ -108,12 +72,10 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
 
     def handler_body(self, limit: int | None = None) -> bytes:
-        """The JSON body the handler gets as input ``body`` (see the module docstring), written
-        slice by slice (:class:`~inference_service.frontends.limits.JsonWriter`).
+        """The JSON body the handler gets as input ``body``, written slice by slice.
 
         Raises:
-            ResourceExhausted: (REQUEST_TOO_LARGE, HTTP 413) the body passes ``limit`` bytes
-                (``max_request_size``), raised as soon as it does.
+            ResourceExhausted: (413) as soon as the body passes ``limit`` bytes (``max_request_size``).
         """
         out = JsonWriter(sys.maxsize if limit is None else limit, "the request as the handler's JSON body")
         out.write(b'{"id":')
@@ -173,8 +135,7 @@ def check_json_floor(tensors: list[Tensor], limit: int) -> None:
     """Refuse, before any conversion, tensors whose JSON cannot fit ``limit`` bytes.
 
     Raises:
-        ResourceExhausted: (REQUEST_TOO_LARGE, HTTP 413) the elements take more than ``limit``
-            bytes as JSON even at their shortest.
+        ResourceExhausted: (413) the elements take more than ``limit`` bytes even at their shortest.
     """
     floor = sum(len(t.data) * _JSON_FLOOR[DATATYPES[t.datatype].kind] for t in tensors)
     if floor > limit:
@@ -220,16 +181,9 @@ def _output_request_json(output: RequestedOutput) -> dict[str, Any]:
 
 def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any] | RawElements, *, typed: bool,
                parameters: dict[str, Any] | None = None, index: int = 0) -> Tensor:
-    """An input :class:`Tensor`, checked: INVALID_ARGUMENT unless the data fill the shape.
-
-    Args:
-        name / dtype_name / shape: as the client sent them.
-        data: flattened elements.
-        typed: the elements come typed from the wire (proto fields, raw bytes decoded here) and
-            need no per-element type check; otherwise (JSON) each is checked against the
-            data type and its range.
-        parameters: the input's parameters.
-        index: the input's position (named in messages when it has no name).
+    """An input :class:`Tensor`, checked. ``typed``: the elements come typed from the wire and need no
+    per-element check (JSON elements are checked against the data type and its range); ``index``
+    names the input in messages when it has no name.
 
     Raises:
         InvalidArgument: no name, unknown data type, bad shape, wrong element count, an
@@ -257,17 +211,12 @@ def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any] | RawElem
 
 
 def parse_answer(payload: bytes, request: InferRequest, served_version: str) -> InferResponse:
-    """The handler's answer to ``request`` as an :class:`InferResponse` (see the module docstring).
-
-    Args:
-        payload: what the handler returned (JSON text).
-        request: the request it answers (its id and model name fill in missing fields).
-        served_version: the model version that ran it.
+    """The handler's JSON answer to ``request`` as an :class:`InferResponse`; a missing ``id``,
+    ``model_name`` or ``model_version`` is the request's, ``data`` may be nested.
 
     Raises:
-        HandlerError: the answer is not a v2 inference response: not a JSON object with an
-            ``outputs`` list, an output without name, datatype, shape or data, an unknown data
-            type, elements that do not fill the shape or do not fit the data type.
+        HandlerError: (INTERNAL, ``HANDLER_ERROR``) not a v2 inference response; the message names
+            what is wrong.
     """
     try:
         answer = loads_sliced(payload)  # a tensor's numbers a slice per call: the loop gets the interpreter back
@@ -357,8 +306,8 @@ def server_ready(core: InferenceCore) -> bool:
 
 
 def model_ready(core: InferenceCore, name: str, version: str) -> bool:
-    """The version (default: the default version) has at least one worker and its minimum ready,
-    and the server is not shutting down (the rule of health's ``model/<name>``).
+    """The version (default: the default one) has its minimum workers ready and the server is not
+    shutting down (health's ``model/<name>`` rule).
 
     Raises:
         InvalidArgument: no name. NotFound: unknown model or version (as TorchServe).
@@ -370,8 +319,8 @@ def model_ready(core: InferenceCore, name: str, version: str) -> bool:
 
 
 def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, Any]:
-    """``{"name", "versions": [every registered version], "platform": "", "inputs": [], "outputs": []}``,
-    as TorchServe answers (a handler declares no tensors).
+    """``{"name", "versions", "platform": "", "inputs": [], "outputs": []}`` as TorchServe answers (a
+    handler declares no tensors).
 
     Raises:
         InvalidArgument: no name. NotFound: unknown model or version.
@@ -385,20 +334,13 @@ def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, An
 
 async def infer(core: InferenceCore, request: InferRequest, headers: dict[str, str],
                 time_remaining: float | None = None) -> InferResponse:
-    """Run ``request`` on its model and return the checked answer.
-
-    1. Look the version up (NOT_FOUND when unknown; INVALID_ARGUMENT without a model name).
-    2. Hand the handler the JSON body as input ``body`` through :meth:`InferenceCore.predict`
-       (dynamic batching as for ``Predictions``; the body counts against ``max_request_size``).
-    3. Check its answer (:func:`parse_answer`) and keep the outputs asked for (:func:`select_outputs`).
-
-    Large bodies and answers are converted off the event loop (:func:`convert`); a body that
-    cannot fit ``max_request_size`` is refused before (:func:`check_json_floor`) or as soon as
-    it passes it (413), never built whole.
+    """Run ``request`` on its model through :meth:`InferenceCore.predict` (dynamic batching as for
+    ``Predictions``) and return the checked answer, only the outputs asked for. Large bodies and
+    answers are converted off the loop; a body that cannot fit ``max_request_size`` is refused
+    before or as soon as it passes it (413), never built whole.
 
     Raises:
-        InferenceError: the core's errors (NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
-            handler's ...), HandlerError for an answer that is not a v2 response,
+        InferenceError: the core's errors; HandlerError for an answer that is not a v2 response;
             InvalidArgument for a requested output the model did not produce.
     """
     model = core.get(request.model_name, request.model_version)

@@ -1,22 +1,9 @@
 """Tensor data of the Open Inference Protocol (KServe v2): data types, shapes and raw bytes.
 
-The protocol names twelve data types (``BOOL``, ``UINT8`` ... ``UINT64``, ``INT8`` ...
-``INT64``, ``FP16``, ``FP32``, ``FP64``, ``BF16``, ``BYTES``). A tensor's elements travel
-flattened in row-major order, either as typed values (gRPC ``InferTensorContents``, HTTP JSON
-``data``) or as raw bytes (gRPC ``raw_input_contents`` / ``raw_output_contents``, HTTP's binary
-tensor data extension): little-endian, no padding, one element after the other; a ``BYTES``
-element is a 4-byte little-endian length followed by that many bytes; ``BOOL`` is one byte
-(0 false, anything else true); ``BF16`` the upper 16 bits of an IEEE float32.
-
-Everything here is plain Python (``struct``), independent of gRPC and HTTP. Errors are raised
-as the given :class:`~inference_service.errors.InferenceError` class: INVALID_ARGUMENT for what
-a client sent, the handler's error for what a handler answered.
-
-Quick start::
-
-    count = element_count([2, 2], InvalidArgument)               # 4
-    values = decode_raw("FP32", raw, count, "INPUT0", InvalidArgument)
-    raw = encode_raw("INT64", [1, 2, 3], "OUTPUT0", HandlerError)
+Raw bytes are little-endian, unpadded; a ``BYTES`` element is a u32 little-endian length and
+the bytes; ``BOOL`` one byte (non-zero true); ``BF16`` the upper 16 bits of a float32. Plain
+Python (``struct``); errors are raised as the given
+:class:`~inference_service.errors.InferenceError` class. See docs/open-inference-protocol.md.
 """
 
 from __future__ import annotations
@@ -31,16 +18,9 @@ from inference_service.errors import InferenceError
 
 @dataclass(frozen=True)
 class DataType:
-    """How one protocol data type is stored.
-
-    Args:
-        name: the protocol's name (``FP32``).
-        fmt: the ``struct`` format character of one element (``""`` for BYTES).
-        field: the ``InferTensorContents`` field holding typed elements (``""``: raw only,
-            FP16 and BF16).
-        kind: ``"bool"``, ``"int"``, ``"float"`` or ``"bytes"``.
-        low / high: the integer range of ``int`` kinds (inclusive).
-    """
+    """How one protocol data type is stored: ``fmt`` the ``struct`` character (``""`` for BYTES),
+    ``field`` the ``InferTensorContents`` field (``""``: raw only, FP16 and BF16), ``low``/``high``
+    the inclusive range of integer kinds."""
 
     name: str
     fmt: str
@@ -81,11 +61,7 @@ DATATYPES: dict[str, DataType] = {t.name: t for t in (
 
 
 def datatype(name: str, error: type[InferenceError], what: str) -> DataType:
-    """The :class:`DataType` called ``name``.
-
-    Raises:
-        error: an unknown name (the message names ``what``, e.g. ``input 'x'``, and the known ones).
-    """
+    """The :class:`DataType` called ``name``; ``error`` (naming ``what`` and the known names) if unknown."""
     found = DATATYPES.get(name)
     if found is None:
         raise error(f"{what} has unknown datatype {name!r} (one of {', '.join(DATATYPES)})")
@@ -93,12 +69,8 @@ def datatype(name: str, error: type[InferenceError], what: str) -> DataType:
 
 
 def element_count(shape: Iterable[Any], error: type[InferenceError], what: str = "tensor") -> int:
-    """The number of elements of a tensor of ``shape`` (1 for ``[]``, a scalar).
-
-    Raises:
-        error: a dimension that is not a non-negative integer (the protocol's ``-1`` only
-            appears in model metadata, never in a tensor that carries data).
-    """
+    """The number of elements of ``shape`` (1 for ``[]``); ``error`` for a dimension that is not a
+    non-negative integer (the protocol's ``-1`` appears only in model metadata)."""
     count = 1
     for dim in shape:
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
@@ -127,15 +99,8 @@ def flatten(data: Any) -> list[Any]:
 
 
 def check_values(dtype: DataType, values: list[Any], error: type[InferenceError], what: str) -> list[Any]:
-    """Check (and normalise) JSON-typed elements against ``dtype``; returns them.
-
-    BOOL takes booleans; integer types take integers in their range; float types take numbers
-    (integers become floats); BYTES takes strings (kept as ``str``) or ``bytes``.
-
-    Raises:
-        error: an element of the wrong type or out of range (the message names ``what`` and
-            the element's index).
-    """
+    """Check and normalise JSON-typed elements against ``dtype`` (integers become floats for float
+    types; BYTES keeps ``str`` or ``bytes``); ``error`` names ``what`` and the element's index."""
     kind = dtype.kind
     for index, value in enumerate(values):
         if kind == "float":
@@ -163,14 +128,8 @@ def check_count(count: int, expected: int, error: type[InferenceError], what: st
 
 
 def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> list[Any]:
-    """The ``count`` elements of raw tensor bytes (see the module docstring for the layout).
-
-    Returns floats for FP16/FP32/FP64/BF16, ints for integer types, bools for BOOL and ``bytes``
-    for BYTES.
-
-    Raises:
-        error: ``raw`` does not hold exactly ``count`` elements.
-    """
+    """The ``count`` elements of raw tensor bytes, as floats, ints, bools or ``bytes``; ``error`` when
+    ``raw`` does not hold exactly ``count``."""
     if dtype.name == "BYTES":
         return _decode_bytes(raw, count, what, error)
     size = dtype.itemsize
@@ -186,18 +145,9 @@ def decode_raw(dtype: DataType, raw: bytes, count: int, what: str, error: type[I
 
 
 class RawElements:
-    """The elements of a fixed-size data type kept as raw tensor bytes, decoded slice by slice
-    when they are written out, so that a request holds its raw size, not a list of Python
-    numbers (eight times more for FP32).
-
-    ``len()`` is the element count; ``elements[start:stop]`` decodes that slice to a list (as
-    :func:`decode_raw`); iterating decodes it all.
-
-    Args:
-        dtype: a data type other than BYTES.
-        raw: exactly ``count * dtype.itemsize`` bytes (checked by :func:`raw_elements`).
-        count: the number of elements.
-    """
+    """Fixed-size elements kept as raw bytes and decoded slice by slice when written out, so a request
+    holds its raw size, not Python numbers (eight times more for FP32). ``len()`` is the element
+    count; ``elements[start:stop]`` decodes that slice."""
 
     def __init__(self, dtype: DataType, raw: bytes, count: int) -> None:
         self.dtype = dtype
@@ -227,11 +177,8 @@ class RawElements:
 
 
 class RawBytesElements(RawElements):
-    """BYTES elements kept as raw tensor bytes (4-byte length, then the bytes, each), decoded
-    slice by slice as :class:`RawElements`; a small BYTES element would cost about 40 bytes as
-    a Python ``bytes`` object. Slices are cheapest in order (a cursor remembers where the last
-    one ended). ``raw`` is checked to hold exactly ``count`` elements by :func:`raw_elements`.
-    """
+    """BYTES elements kept raw (a small one costs about 40 bytes as a Python ``bytes``), decoded slice
+    by slice; slices are cheapest in order (a cursor remembers the last end)."""
 
     def __init__(self, raw: bytes, count: int) -> None:
         super().__init__(DATATYPES["BYTES"], raw, count)
@@ -261,12 +208,8 @@ class RawBytesElements(RawElements):
 
 
 def raw_elements(dtype: DataType, raw: bytes, count: int, what: str, error: type[InferenceError]) -> RawElements:
-    """The ``count`` elements of raw tensor bytes as a :class:`RawElements` view (nothing
-    decoded yet; BYTES: :class:`RawBytesElements`, its element lengths checked).
-
-    Raises:
-        error: ``raw`` does not hold exactly ``count`` elements.
-    """
+    """A :class:`RawElements` (BYTES: :class:`RawBytesElements`, lengths checked) view of ``count``
+    elements; ``error`` when ``raw`` does not hold exactly that many."""
     if dtype.name == "BYTES":
         _check_bytes(raw, count, what, error)
         return RawBytesElements(raw, count)
@@ -317,13 +260,8 @@ PACK_SLICE = 65536
 
 
 def encode_raw(dtype: DataType, values: list[Any] | RawElements, what: str, error: type[InferenceError]) -> bytes:
-    """Raw tensor bytes of ``values`` (elements already checked with :func:`check_values`).
-
-    BYTES elements may be ``bytes`` or ``str`` (UTF-8 encoded).
-
-    Raises:
-        error: a value that does not fit the data type (e.g. beyond FP16's range).
-    """
+    """Raw tensor bytes of checked ``values`` (BYTES: ``bytes`` or UTF-8 ``str``); ``error`` for a value
+    the type cannot hold (e.g. beyond FP16's range)."""
     n = len(values)
     try:
         if dtype.name == "BYTES":

@@ -1,7 +1,6 @@
 """How the OpenAI-compatible API shapes its answers: server-sent events, the LLM handler's final
 message read back into text, finish reason and usage, and the chat / text completion objects of
-one request, whole or in chunks (used by :mod:`inference_service.frontends.openai.api`).
-"""
+one request, whole or in chunks (used by :mod:`inference_service.frontends.openai.api`)."""
 
 from __future__ import annotations
 

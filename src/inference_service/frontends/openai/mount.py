@@ -1,10 +1,5 @@
-"""The OpenAI-compatible API's place on the HTTP inference API, loaded on first use.
-
-:mod:`inference_service.frontends.openai.api` (and pydantic with its schemas, about 7 MiB) is imported
-when the first ``/v1`` request arrives, not when the server starts: the routes and the
-error middleware mounted here forward to it. Everything a request sees is
-:mod:`~inference_service.frontends.openai.api`'s.
-"""
+"""The ``/v1`` routes, mounted at start; :mod:`inference_service.frontends.openai.api` (and pydantic
+with its schemas, about 7 MiB) is imported on the first ``/v1`` request, not at start."""
 
 from __future__ import annotations
 
@@ -50,12 +45,7 @@ def unauthorized_response(request: web.Request) -> web.Response:
 
 class LazyOpenAIApi:
     """The ``/v1`` sub-application: :data:`ROUTES` and the error middleware, forwarding to an
-    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request.
-
-    Args:
-        core: the serving core.
-        http_status: the HTTP API's status of an ``InferenceError`` (as ``OpenAIApi``'s).
-    """
+    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request."""
 
     def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
         self.core = core
@@ -87,11 +77,8 @@ class LazyOpenAIApi:
 
 def add_openai_routes(app: web.Application, core: InferenceCore, *,
                       http_status: Callable[[InferenceError], int]) -> LazyOpenAIApi:
-    """Mount the OpenAI-compatible API at ``/v1`` on ``app`` (before it starts); returns it.
-
-    ``app``'s middlewares (token authorization) run first; ``/v1`` failures are then answered
-    in OpenAI's shape by the sub-application's own middleware.
-    """
+    """Mount the OpenAI-compatible API at ``/v1`` on ``app`` before it starts; ``app``'s middlewares
+    (token authorization) run first, then failures are answered in OpenAI's shape."""
     api = LazyOpenAIApi(core, http_status)
     app.add_subapp(PREFIX, api.app)
     return api

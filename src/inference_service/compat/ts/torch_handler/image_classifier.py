@@ -1,8 +1,4 @@
-"""``ts.torch_handler.image_classifier``: the built-in ``image_classifier`` handler.
-
-``--handler image_classifier`` resolves here; ``__handler__`` names the class for
-the worker's loader. See :class:`inference_service.handler.vision_handlers.ImageClassifier`.
-"""
+"""``ts.torch_handler.image_classifier``: ``--handler image_classifier`` (``__handler__`` for the loader)."""
 
 from inference_service.handler.vision_handlers import ImageClassifier
 

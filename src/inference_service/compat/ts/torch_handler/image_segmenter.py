@@ -1,8 +1,4 @@
-"""``ts.torch_handler.image_segmenter``: the built-in ``image_segmenter`` handler.
-
-``--handler image_segmenter`` resolves here; ``__handler__`` names the class for
-the worker's loader. See :class:`inference_service.handler.vision_handlers.ImageSegmenter`.
-"""
+"""``ts.torch_handler.image_segmenter``: ``--handler image_segmenter`` (``__handler__`` for the loader)."""
 
 from inference_service.handler.vision_handlers import ImageSegmenter
 
