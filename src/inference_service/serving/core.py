@@ -1,12 +1,6 @@
-"""The serving core shared by both gRPC servicers: model registry, inference and management.
+"""The serving core shared by every front end: model registry, inference and management.
 
-Servicers translate protos to calls on :class:`InferenceCore` and back; every
-failure is an :class:`~inference_service.errors.InferenceError`.
-
-The core knows neither metrics nor TorchServe's JSON shapes: it records requests into the
-``stats.RequestTelemetry`` it is given (``metrics.Telemetry``), offers a read-only
-:meth:`InferenceCore.stats` view for the metrics, and hands out model versions to describe.
-"""
+Every failure is an :class:`~inference_service.errors.InferenceError`. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -52,19 +46,11 @@ class InferenceCore:
     """Registry of models and the inference / management operations on it.
 
     Args:
-        settings: the server's settings, read once in ``main()``. The core reads
-            ``model_store``, the archive limits (``max_archive_bytes``, ``allowed_urls``,
-            ``max_download_size``, ``download_timeout_s``), the per-model defaults
-            (``job_queue_size``, ``default_response_timeout_s``, ``default_startup_timeout_s``,
-            ``default_workers_per_model``, ``worker_threads``, ``max_backoff_s``),
-            ``install_py_dep_per_model`` and the message limits (``max_request_size``,
-            ``max_response_size``, bytes).
+        settings: the server's settings, read once in ``main()``.
         extract_dir: this instance's directory for extracted archives.
-        number_of_gpu: GPUs to place workers on, round-robin (0: CPU only); the server
-            resolves ``settings.number_of_gpu`` ``None`` to the GPUs it finds.
-        on_health_change: called when readiness may have changed (the health service recomputes).
+        number_of_gpu: GPUs to place workers on, round-robin (0: CPU only).
+        on_health_change: called when readiness may have changed.
         telemetry: where requests are recorded (default: nowhere).
-        worker_options: log level and handler-metrics sink of every worker process.
     """
 
     def __init__(self, settings: Settings, extract_dir: Path, number_of_gpu: int = 0,
@@ -109,12 +95,7 @@ class InferenceCore:
 
     # --------------------------------------------------------------- inference
     def _submit(self, model: ModelVersion, job: Job) -> None:
-        """Refuse while shutting down, else submit through the version's one admission check.
-
-        Raises:
-            Unavailable: the server is shutting down (SHUTTING_DOWN).
-            InferenceError: ``ModelVersion.admit``'s refusals.
-        """
+        """Submit through the version's admission check; Unavailable (SHUTTING_DOWN) once shutting down."""
         if not self.accepting:
             raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
         model.submit(job, self.settings.max_request_size)
@@ -148,20 +129,10 @@ class InferenceCore:
                       time_remaining: float | None = None) -> bytes:
         """Unary inference: the final response, preceded by any intermediate ones, concatenated.
 
-        A thin consumer of :meth:`_lifecycle` (which yields the one joined response).
-
-        Args:
-            name: model name. version: "" for the default.
-            inputs: the input map.
-            headers: request headers for the handler.
-            time_remaining: seconds left of the client's deadline (``None``: none).
-
-        Returns:
-            The response bytes.
+        ``version`` "" is the default; ``time_remaining``: seconds left of the client's deadline.
 
         Raises:
-            InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the
-                handler's error, ...
+            InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the handler's error.
         """
         result = b""
         # runs the lifecycle to its end (it returns after its one item), so its cleanup has run
@@ -176,29 +147,15 @@ class InferenceCore:
         """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
         response, then for the final one (``is_final`` True).
 
-        Nothing happens until the first item is asked for (the lookup errors are raised
-        then). Closing the iterator early (client cancel) aborts the request in the worker.
-
-        Raises:
-            InferenceError: as :meth:`predict`.
+        Nothing happens (lookup errors included) until the first item is asked for. Closing the
+        iterator early aborts the request in the worker. Raises as :meth:`predict`.
         """
         return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id)
 
     async def _lifecycle(self, name: str, version: str, inputs: dict[str, bytes],
                          headers: dict[str, str] | None, time_remaining: float | None, stream: bool,
                          sequence_id: str | None) -> AsyncGenerator[tuple[bytes, bool], None]:
-        """The one request lifecycle of :meth:`predict` and :meth:`stream`.
-
-        1. Look the version up, count the request, build its :class:`Job` and submit it.
-        2. Read the job's mailbox: ``stream`` yields each response as it comes (size-checked
-           one by one); otherwise intermediate responses are collected and the joined
-           response is yielded once with the final one (size-checked whole). Taking an
-           intermediate response credits the worker (flow control).
-        3. A worker's error is raised. Cancellation (the caller's task, or ``aclose()`` of
-           the generator) marks the request cancelled, is never swallowed, and aborts the
-           job in the worker if it has not finished.
-        4. In any case: leave the in-flight count and record the outcome.
-        """
+        """The one request lifecycle of :meth:`predict` and :meth:`stream`; unary joins the parts."""
         model = self.get(name, version)
         telemetry = self.telemetry
         stats = telemetry.model(name, version) if telemetry is not None else None
@@ -258,19 +215,15 @@ class InferenceCore:
     async def register(self, req: RegisterRequest) -> ModelVersion:
         """Register a model archive from the model store (as TorchServe's RegisterModel).
 
-        Resolves the effective config (request fields over model-config.yaml
-        over defaults), starts ``initial_workers`` workers (waiting for them
-        when ``synchronous``), and makes the version the default if it is the
-        model's first. An ``http(s)`` URL is fetched only when ``url_policy``
-        allows it (see :func:`inference_service.archive.model_archive.open_archive`).
+        Config: request fields over model-config.yaml over defaults. The model's first version
+        becomes its default.
 
         Raises:
             InvalidArgument: bad URL, archive, manifest or field values.
             PermissionDenied: a remote URL ``allowed_urls`` does not allow.
             NotFound: no such archive in the store.
             FailedPrecondition: the version is already registered.
-            WorkerLoadError: synchronous and a worker failed to load (the model
-                is not registered).
+            WorkerLoadError: synchronous and a worker failed to load (nothing is registered).
         """
         if not self.accepting:
             raise Unavailable("server is shutting down", reason="SHUTTING_DOWN")
@@ -339,13 +292,10 @@ class InferenceCore:
 
     async def scale(self, name: str, version: str, min_worker: int, max_worker: int,
                     synchronous: bool, timeout: int, number_gpu: int = 0) -> ModelVersion:
-        """ScaleWorker: run ``min_worker`` workers of the version.
-
-        ``number_gpu`` at or below 0 means unset (TorchServe's gRPC ScaleWorker ignores it).
+        """ScaleWorker; ``number_gpu`` <= 0 means unset (TorchServe's gRPC ScaleWorker ignores it).
 
         Raises:
-            InvalidArgument: negative or inconsistent counts, a ``timeout`` below -1 (TorchServe
-                reads a negative count as its default and may fail later with INTERNAL).
+            InvalidArgument: negative or inconsistent counts, a ``timeout`` below -1.
             NotFound: unknown model or version.
             WorkerLoadError: synchronous and a new worker failed to load.
         """
@@ -368,11 +318,7 @@ class InferenceCore:
         return model
 
     def set_default(self, name: str, version: str) -> None:
-        """SetDefault: make ``version`` the model's default.
-
-        Raises:
-            InvalidArgument: missing name or version. NotFound: unknown ones.
-        """
+        """SetDefault. Raises InvalidArgument (missing name or version) or NotFound."""
         if not version:
             raise InvalidArgument("model_version is required", reason="VERSION_REQUIRED")
         model = self.get(name, version)
@@ -381,12 +327,9 @@ class InferenceCore:
         self.on_models_changed()
 
     def versions(self, name: str, version: str = "") -> list[tuple[ModelVersion, bool]]:
-        """DescribeModel's versions, each with whether it is the default: the named one (the
-        default when ``version`` is empty), or all of them in version string order for "all"
-        (the JSON is shaped by :mod:`inference_service.frontends.torchserve_json`).
+        """DescribeModel's ``(version, is_default)`` pairs; "all" gives every version, sorted.
 
-        Raises:
-            InvalidArgument: empty model name. NotFound: unknown model or version.
+        Raises InvalidArgument (empty model name) or NotFound.
         """
         if version == "all":
             self.get(name)
@@ -396,18 +339,11 @@ class InferenceCore:
         return [(model, model.version == self.models[name].default_version)]
 
     def list_models(self, limit: int, next_page_token: int) -> dict[str, Any]:
-        """ListModels: ``{"nextPageToken"?, "models": [{"modelName", "modelUrl"}]}`` sorted by name.
-
-        ``limit`` outside 1..100 means 100, a negative token the first page (as TorchServe).
-        """
+        """ListModels' JSON, sorted by name; ``limit`` outside 1..100 means 100 (as TorchServe)."""
         return list_models_page(self.models, limit, next_page_token)
 
     def stats(self) -> tuple[int, list[VersionStats]]:
-        """A read-only view for the metrics collector: ``(requests in flight, per-version stats)``.
-
-        Safe to call from another thread (the metrics scrape): it copies the registry's
-        dicts before walking them and only reads plain attributes.
-        """
+        """``(requests in flight, per-version stats)`` for the metrics; safe from another thread."""
         return self.inflight, [version_stats(name, version, model)
                                for name, entry in list(self.models.items())
                                for version, model in list(entry.versions.items())]

@@ -1,44 +1,10 @@
 """TorchServe's HTTP/1.1 inference API, over the same :class:`~inference_service.serving.core.InferenceCore`.
 
-Served by aiohttp in the server's asyncio loop, beside the gRPC servers, on
-``inference_address`` (default ``http://127.0.0.1:8080`` as TorchServe;
-``--http-address`` / ``--http-port``, port 0 picks a free one; ``--no-http`` turns it off):
-
-- ``GET /ping``: ``{"status": "Healthy"}`` (200) or ``{"status": "Unhealthy"}`` (500) while a
-  model has fewer than its minimum workers, as TorchServe's ``/ping``.
-- ``POST`` (or ``PUT``) ``/predictions/{model_name}[/{model_version}]``: the raw body becomes
-  the input ``body``; a ``multipart/form-data`` or ``application/x-www-form-urlencoded`` body
-  gives one input per field (the field's bytes under its name), as TorchServe's
-  ``InferenceRequestHandler`` builds them. Request headers reach the handler
-  (``context.get_request_header``), the ``Authorization`` header excepted.
-  As TorchServe 0.12, the handler also gets the header ``url_path``: ``rest`` for
-  ``/predictions/{model_name}/{model_version}/{rest}``, ``""`` for the shorter forms.
-- ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: OpenAI's API, in
-  :mod:`inference_service.frontends.openai.api` (mounted here, answering OpenAI's error shape).
-
-The request goes through the same worker path as gRPC: :meth:`InferenceCore.stream` for a
-model with ``batchSize`` 1 (a batch of one) and for every continuous-batching
-(``continuousBatching``) or async (``asyncCommunication``) model, whatever its ``batchSize``
-(the stream runs beside the others, as TorchServe streams continuous batching over HTTP);
-:meth:`InferenceCore.predict` (dynamic batching; intermediate responses concatenated, like
-gRPC ``Predictions``) for a batch-mode model with a larger batch size. A handler that sends
-intermediate responses gets a ``Transfer-Encoding: chunked`` answer, one chunk per
-intermediate response and then the final one (an empty message sends no chunk); any other
-answer is one body with a ``Content-Length``; :mod:`.streams` says what the chunks hold (raw, the
-LLM's usage on its own line, NDJSON). The headers and the first chunk leave the moment
-the first intermediate response arrives; every later chunk leaves the moment it is produced. An error
-after the first chunk ends the connection without the terminating chunk, so the client sees
-an incomplete body rather than a complete one. A client that disconnects cancels its request
-in the worker, as a gRPC cancel does.
-
-Token authorization (on unless ``disable_token_authorization``): every request, ``/ping``
-included, carries ``Authorization: Bearer <inference key>`` from ``key_file.json``, as
-TorchServe's; otherwise 401 with TorchServe's message (TorchServe answers 400).
-
-Errors answer TorchServe's JSON body ``{"code": 404, "type": "ModelNotFoundException",
-"message": "..."}`` with the status of :func:`http_status` (plus ``Retry-After`` where a retry
-can succeed). Bodies above ``max_request_size`` bytes are refused with 413, as TorchServe's
-HTTP server does.
+Served by aiohttp in the server's asyncio loop, beside the gRPC servers; OpenAI's ``/v1`` and
+KServe's ``/v2`` routes are mounted on the same app. A model with ``batchSize`` 1, continuous
+batching or async workers is streamed (chunked, a chunk per intermediate response); a batch-mode
+model is batched dynamically and answers one body. Routes, errors and the stream framing: see
+docs/apis.md and docs/clients.md.
 
 Quick start::
 
@@ -115,15 +81,8 @@ _FORM = "application/x-www-form-urlencoded"
 
 
 def http_status(exc: InferenceError) -> int:
-    """The HTTP status of an :class:`InferenceError` on the HTTP API.
-
-    A status the handler set (4xx/5xx) is answered as is, as TorchServe's REST API does.
-    Otherwise, as TorchServe's: 400 bad request, 404 unknown model or version, 503 no worker /
-    shutting down / job queue full, 507 a response above ``max_response_size``, 413 a request above
-    ``max_request_size``, 500 a handler error. Added here: 504 when the model's
-    ``response_timeout`` passed (TorchServe answers 500 "Worker died."), 401/403/409/501 for
-    the matching gRPC codes.
-    """
+    """The HTTP status of an :class:`InferenceError`: the handler's own 4xx/5xx as is (as TorchServe's
+    REST API), else TorchServe's status; 504 for ``response_timeout`` (TorchServe: 500 "Worker died.")."""
     if exc.http_status is not None and 400 <= exc.http_status <= 599:
         return exc.http_status  # the handler's own status, as TorchServe's REST API answers it
     return _REASON_STATUS.get(exc.reason) or _HTTP_STATUS.get(exc.code, 500)
@@ -146,12 +105,8 @@ def _inference_error_response(exc: InferenceError) -> web.Response:
 def server_ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """The HTTP API's TLS context: ``None`` (plaintext) unless ``inference_address`` is ``https://``.
 
-    As TorchServe, HTTPS uses ``certificate_file`` / ``private_key_file``; ``client_ca_file``
-    also requires clients to present a certificate it signed (mutual TLS, an addition).
-
     Raises:
-        OSError: HTTPS without a certificate or key, or a file that cannot be read or is not
-            a PEM certificate / key (the message names it).
+        OSError: HTTPS without a certificate or key, or a file that is not a readable PEM one.
     """
     if not settings.http_tls:
         return None
@@ -185,12 +140,8 @@ async def serve_app(app: web.Application, api: str, address: str, port: int, *,
                     guard: ConnectionGuard | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``address:port`` (0: a free port); returns its runner and the bound port.
 
-    Requests are not access-logged one by one; open responses get ``shutdown_timeout_s`` at
-    ``runner.cleanup()``. With ``guard`` its connections are capped and held to its deadlines
-    (aiohttp's keep-alive timeout: ``idle_timeout_s``; see :mod:`.connections`).
-
     Raises:
-        OSError: the address cannot be bound ("cannot bind the <api> to <address>:<port>: ...").
+        OSError: the address cannot be bound (the message names it).
     """
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
@@ -215,13 +166,9 @@ class HttpInferenceApi:
     """TorchServe's HTTP/1.1 inference API (``/ping``, ``/predictions``) on an aiohttp server.
 
     Args:
-        core: the serving core shared with the gRPC servicers.
         keys: the token key store (``None``: token authorization off).
-        max_request_size: largest request body in bytes (``max_request_size``, default 6553500).
-        ssl_context: serve HTTPS with this context (``None``: plaintext).
-        shutdown_timeout_s: at :meth:`stop`, how long open responses may finish before their
-            connections are closed (the server drains in-flight work before calling it).
-        access_log: where each request gets its line (``None``: nowhere; see :mod:`.access`).
+        max_request_size: largest request body in bytes.
+        shutdown_timeout_s: at :meth:`stop`, how long open responses may finish.
     """
 
     def __init__(self, core: InferenceCore, *, keys: KeyStore | None, max_request_size: int,
@@ -246,11 +193,7 @@ class HttpInferenceApi:
         self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 
     async def start(self, address: str, port: int) -> int:
-        """Bind ``address:port`` (0: a free port) and serve; returns the bound port.
-
-        Raises:
-            OSError: the address cannot be bound (the message names it).
-        """
+        """Bind ``address:port`` (0: a free port) and serve; returns the bound port; OSError if it cannot."""
         # handler_cancellation: a client that disconnects cancels its handler, and so its request
         # in the worker
         self._runner, bound = await serve_app(self.app, "HTTP inference API", address, port,
@@ -311,16 +254,9 @@ class HttpInferenceApi:
                                  dumps=lambda d: json.dumps(d, indent=2))
 
     async def predictions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /predictions/{model_name}[/{model_version}[/{url_path}]]``: run the model on the request.
+        """``POST /predictions/{model_name}[/{model_version}[/{url_path}]]``: 404 unknown model, 413 too large.
 
-        Whatever follows the version (``/predictions/llm/1.0/v1/chat/completions``) reaches the
-        handler as the request header ``url_path`` (``v1/chat/completions``; ``""`` for the shorter
-        forms, replacing a client's own ``url_path`` header), as TorchServe 0.12 passes it (its vLLM
-        handler routes on it).
-
-        Steps: 1. resolve the model (404 when unknown); 2. read the body into the input map
-        (413 above ``max_request_size``); 3. run it on the core, streamed for batch size 1 and
-        continuous / async workers, batched otherwise (see the module docstring for the response forms).
+        Whatever follows the version reaches the handler as the header ``url_path``, as TorchServe 0.12.
         """
         name = request.match_info["model_name"]
         version = request.match_info.get("model_version", "")
@@ -334,13 +270,7 @@ class HttpInferenceApi:
         return await self._stream(request, self.core.stream(name, version, inputs, headers))
 
     async def _inputs(self, request: web.Request) -> dict[str, bytes]:
-        """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``.
-
-        Raises:
-            InvalidArgument: (400) more than ``max_request_parts`` parts or form fields, a
-                malformed multipart body.
-            web.HTTPRequestEntityTooLarge: (413) a body above ``max_request_size``.
-        """
+        """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``."""
         declared = request.content_length
         if declared is not None and declared > self.max_request_size:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=declared)
@@ -351,17 +281,7 @@ class HttpInferenceApi:
         return {"body": await request.read()}
 
     async def _multipart(self, request: web.Request) -> dict[str, bytes]:
-        """The parts of a ``multipart/*`` body by name (``body`` for an unnamed part).
-
-        At most ``max_request_parts`` parts are read; the loop is handed back every
-        :data:`~inference_service.frontends.http.limits.PARTS_PER_TURN` parts.
-
-        Raises:
-            InvalidArgument: (400) a nested multipart, more than ``max_request_parts`` parts, or a
-                body that does not parse as multipart (no or wrong boundary, truncated, bad part
-                headers): "malformed multipart body: ...".
-            web.HTTPRequestEntityTooLarge: (413) the parts exceed ``max_request_size`` bytes.
-        """
+        """The parts of a ``multipart/*`` body by name (``body`` for an unnamed part); 400 if malformed."""
         inputs: dict[str, bytes] = {}
         total = 0
         parts = PartCounter(self.core.settings.max_request_parts)
@@ -385,12 +305,7 @@ class HttpInferenceApi:
 
     async def _stream(self, request: web.Request,
                       messages: AsyncIterator[tuple[bytes, bool]]) -> web.StreamResponse:
-        """One body for a single message; chunked transfer, a chunk per message, for several.
-
-        The first chunk leaves as soon as the handler sends its first intermediate response.
-        The bytes written follow :class:`~inference_service.frontends.http.streams.StreamFraming`
-        (raw, or NDJSON for ``Accept: application/x-ndjson``).
-        """
+        """One body for a single message; chunked transfer, a chunk per message, for several."""
         framing = StreamFraming(wants_ndjson(request.headers.get("Accept", "")))
         async with contextlib.aclosing(messages):  # type: ignore[type-var]
             first = await anext(messages, None)
