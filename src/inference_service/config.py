@@ -36,74 +36,33 @@ PORT_FLAGS = {"inference": "--grpc-inference-port", "management": "--grpc-manage
 
 @dataclass
 class Settings:
-    """Every server setting (units in names: ms, s, bytes).
+    """Every server setting (units in names: ms, s, bytes); keys and defaults: docs/configuration.md.
 
     Attributes:
-        inference_address / inference_port: inference API bind (127.0.0.1:7070; port 0 = ephemeral).
-        management_address / management_port: management API bind (127.0.0.1:7071).
-        model_store: directory archives are read from.
         load_models: startup models: ``"all"``, ``"name=archive"`` or ``"archive"`` entries.
         models_config: TorchServe's ``models`` JSON (per model, per version settings).
-        default_workers_per_model: workers of each startup model without minWorkers
-            (TorchServe's default: the number of CPUs).
-        job_queue_size: bound of each model's job queue (100).
-        default_response_timeout_s / default_startup_timeout_s: 120 s each.
-        max_request_size / max_response_size: gRPC message limits in bytes (6553500).
-        max_request_parts: parts of a ``multipart/*`` body or fields of an
-            ``application/x-www-form-urlencoded`` body on the HTTP APIs (1000; more: 400).
-        max_json_depth: nesting depth of a JSON request body, objects and arrays (64; deeper: 400).
-        max_json_nodes: objects and arrays in a JSON request body, counted before it is parsed (100000).
-        inference_max_connection_age_ms / ..._grace_ms, and management twins: gRPC
-            connection age settings (``None``: gRPC's default, unlimited).
-        connections: limits on client connections (:class:`ConnectionLimits`).
-        working_dir: where logs and snapshots go (the current directory).
+        max_request_size / max_response_size: gRPC message limits in bytes.
+        max_request_parts / max_json_depth / max_json_nodes: caps of an HTTP body (more: 400).
+        inference_max_connection_age_ms and its twins: ``None`` is gRPC's default, unlimited.
         run_dir: per-instance directory (pid file, status file, extracted archives).
         worker_threads: torch threads per worker (0: usable CPUs / workers, where usable CPUs
             are the affinity mask capped by the cgroup CPU quota).
-        worker_omp_wait_policy: ``OMP_WAIT_POLICY`` of the workers: ``passive`` (idle threads
-            sleep), ``active`` or ``bounded`` (spin ``GOMP_SPINCOUNT`` times, then sleep).
-        install_py_dep_per_model: install archives' requirements.txt (false, as TorchServe).
-        snapshot: write config snapshots (``--ncs`` turns off).
-        disable_token_auth / enable_model_api: security switches.
-        token_expiration_min: key lifetime in minutes (fractions allowed; ``None``: keys never
-            expire); keys are rotated at half their lifetime (see :mod:`inference_service.security.auth`).
+        worker_omp_wait_policy: the workers' ``OMP_WAIT_POLICY``; ``bounded`` spins
+            ``GOMP_SPINCOUNT`` times, then sleeps.
+        token_expiration_min: key lifetime in minutes (``None``: keys never expire); keys are
+            rotated at half their lifetime.
         allowed_urls: full-match, case-insensitive regexes an ``http(s)://`` register URL must
             match (empty: no remote URL; local paths are always confined to the model store).
-        max_download_size / download_timeout_s: caps of one remote archive download (bytes, s).
-        enable_grpc_ssl / certificate_file / private_key_file: TLS on both gRPC ports (PEM files).
         client_ca_file: PEM CA bundle; set, clients must present a certificate it signed (mTLS).
-        health_address / health_port: an optional plaintext port serving only
-            ``grpc.health.v1`` (``None``: none), for probes when the main ports use TLS.
-        http_address / http_port: TorchServe's HTTP/1.1 inference API (127.0.0.1:8080; port 0 =
-            ephemeral; ``None``: off), config.properties' ``inference_address``.
-        http_tls: serve the HTTP API over TLS (``inference_address=https://...``) with
-            ``certificate_file`` / ``private_key_file``, as TorchServe.
-        http_management_address / http_management_port: TorchServe's HTTP/1.1 management API
-            (127.0.0.1:8081; port 0 = ephemeral; ``None``: off), ``management_address``.
-        http_management_tls: serve the HTTP management API over TLS
-            (``management_address=https://...``) with ``certificate_file`` / ``private_key_file``.
-        drain_timeout_s: how long in-flight requests may finish at shutdown.
-        max_backoff_s: cap of the worker restart back-off (s).
-        max_archive_bytes: cap on a model archive's uncompressed size (10 GiB).
+        health_port: an optional plaintext port serving only ``grpc.health.v1``, for probes.
+        http_port / http_management_port: ``None``: off; any port 0 is ephemeral.
         ts_config: the ``--ts-config`` file given, if any (disables snapshot restore).
-        number_of_gpu: GPUs to use (TorchServe's key; ``None``: all that ``nvidia-smi`` lists).
-        inference_key / management_key: fixed token keys, from the environment variables
-            ``INFERENCE_SERVICE_INFERENCE_KEY`` / ``INFERENCE_SERVICE_MANAGEMENT_KEY`` (e.g. a
-            Kubernetes Secret shared by all replicas); unset: random keys per start.
-        log_level: logging level name (``log_level``; workers use it too).
-        log_format: ``"plain"`` or ``"json"`` (one JSON object per line), for the whole log.
-        log_file / log_max_bytes / log_config: see :mod:`inference_service.observability.logfiles`.
-        access_log: write one ``inference_service.access`` line per RPC (``enable_access_log``).
-        metrics_address / metrics_port: the Prometheus endpoint's bind (TorchServe's
-            ``metrics_address=http://127.0.0.1:8082``; port 0 = ephemeral).
-        enable_metrics_api: serve ``/metrics`` and record metrics at all (TorchServe's key).
-        metrics_mode: ``"log"`` (default; ``"legacy"`` the same) logs handler metrics in the
-            worker, ``"prometheus"`` forwards them to ``/metrics``.
-        service_envelope: TorchServe's request envelope around every model's handler
-            (``body``, ``json``, ``kserve``, ``kservev2``; ``None``: none).
-        event_loop: the frontend's event loop, ``"uvloop"`` (default) or ``"asyncio"``.
-        grpc_status_codes: ``"default"`` (this server's codes) or ``"torchserve"`` (the gRPC
-            APIs' refusals carry TorchServe 0.12's codes and messages).
+        number_of_gpu: ``None``: all that ``nvidia-smi`` lists.
+        inference_key / management_key: fixed token keys, from ``INFERENCE_SERVICE_INFERENCE_KEY``
+            / ``INFERENCE_SERVICE_MANAGEMENT_KEY``; unset: random keys per start.
+        metrics_mode: ``"log"`` (``"legacy"`` the same) logs handler metrics in the worker,
+            ``"prometheus"`` forwards them to ``/metrics``.
+        grpc_status_codes: ``"torchserve"``: the gRPC refusals carry TorchServe 0.12's codes.
     """
 
     inference_address: str = "127.0.0.1"
@@ -178,9 +137,7 @@ class Settings:
         return self.run_dir or self.working_dir / ".inference_service"
 
     def binds(self) -> list[tuple[str, str, int]]:
-        """Every port the server listens on: ``(API name, address, port)`` for the gRPC inference
-        and management APIs, and the HTTP inference, HTTP management, metrics and (separate)
-        health ports when enabled; port 0 means any free port."""
+        """``(API name, address, port)`` of every port the server listens on (0: any free port)."""
         out = [("inference", self.inference_address, self.inference_port),
                ("management", self.management_address, self.management_port)]
         if self.http_port is not None:
@@ -194,25 +151,19 @@ class Settings:
         return out
 
     def ports_message(self) -> str:
-        """``"the server's ports: inference 7070 (--grpc-inference-port), ..."``: every port of
-        :meth:`binds` with the flag that moves it (said with each port clash, so that a user
-        moves them all at once)."""
+        """Every port of :meth:`binds` with the flag that moves it (said with each port clash)."""
         return "the server's ports: " + ", ".join(
             f"{api} {port or 'any'} ({PORT_FLAGS[api]})" for api, _, port in self.binds())
 
     @property
     def files_dir(self) -> Path:
-        """Where this instance's ``key_file.json``, ``logs/`` and snapshots (``logs/config``) go:
-        the working directory, as TorchServe, for the default instance; the run directory for
-        an instance started with ``--run-dir``, so servers sharing a working directory never
-        read, overwrite or delete each other's keys, logs or snapshots."""
+        """Where ``key_file.json``, ``logs/`` and snapshots go: the working directory, as TorchServe,
+        or ``--run-dir``, so servers sharing a working directory never share them."""
         return self.run_dir or self.working_dir
 
     @property
     def url_policy(self) -> UrlPolicy:
-        """Which ``http(s)://`` register URLs are fetched, and how: ``allowed_urls``,
-        ``max_download_size`` (bytes) and ``download_timeout_s`` as one
-        :class:`~inference_service.archive.model_archive.UrlPolicy`."""
+        """Which ``http(s)://`` register URLs are fetched, and how."""
         return UrlPolicy(tuple(self.allowed_urls), self.max_download_size, self.download_timeout_s)
 
     @property
@@ -299,15 +250,9 @@ _HTTP_URL = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[^:/\[\]]+)(?::(\d+))?/
 
 
 def parse_http_url(value: str) -> tuple[bool, str, int]:
-    """TorchServe's ``inference_address`` / ``management_address`` (``http://host[:port]``,
-    ``https://...``) as ``(tls, host, port)``.
+    """TorchServe's ``inference_address`` (``http(s)://host[:port]``) as ``(tls, host, port)``.
 
-    As TorchServe, a missing port is 80 (http) or 443 (https); ``[::1]`` style IPv6 hosts
-    lose their brackets.
-
-    Raises:
-        ValueError: not an ``http(s)://host[:port]`` URL (e.g. ``unix:`` sockets), or a port
-            out of 0..65535.
+    As TorchServe, a missing port is 80 or 443. Raises ValueError for another form (``unix:``).
     """
     match = _HTTP_URL.fullmatch(value.strip())
     if match is None:
@@ -403,11 +348,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
 
 
 def read_properties(path: Path) -> dict[str, str]:
-    """Parse a Java-properties file (TorchServe's ``config.properties``).
-
-    Raises:
-        ConfigError: the file cannot be read.
-    """
+    """Parse a Java-properties file (TorchServe's ``config.properties``); ConfigError if unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
             return dict(javaproperties.load(f))
@@ -416,13 +357,9 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 def apply_properties(settings: Settings, props: dict[str, str], source: str) -> list[str]:
-    """Set ``settings`` fields from config.properties entries.
+    """Set ``settings`` fields from config.properties entries; returns the unsupported keys (logged).
 
-    Returns:
-        The keys this server does not support (each logged once at WARNING).
-
-    Raises:
-        ConfigError: a supported key has a malformed value.
+    Raises ConfigError for a supported key with a malformed value.
     """
     unsupported = []
     for key, value in props.items():
