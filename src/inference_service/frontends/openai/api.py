@@ -1,55 +1,15 @@
 """OpenAI's HTTP API for LLM models, on the HTTP inference port, over the same core as gRPC.
 
-Routes (an aiohttp sub-application mounted at ``/v1`` by
-:func:`inference_service.frontends.openai.mount.add_openai_routes`, which
-:class:`~inference_service.frontends.http.inference.HttpInferenceApi` calls and which imports this module on the
-first ``/v1`` request; token authorization is the HTTP
-API's: ``Authorization: Bearer <inference key>``, which is how OpenAI clients send ``api_key``):
-
-- ``GET /v1/models``: every registered model as ``name`` (its default version) and
-  ``name/version`` (each version); ``GET /v1/models/{id}``: one of them.
-- ``POST /v1/chat/completions``: ``messages`` go to the model's chat template.
-- ``POST /v1/completions``: ``prompt`` is raw text for the model to continue.
-
-``model`` is a registered model name (its default version) or ``name/version``. The request
-(:mod:`inference_service.frontends.openai.schemas` lists the fields) becomes the typed LLM
-request (:mod:`inference_service.contracts.sampling`, checked against the LLM's limits: 400 with
-``param`` the OpenAI field) and crosses to the worker as its JSON body: ``messages`` or
-``prompt``, ``max_new_tokens`` from ``max_completion_tokens`` / ``max_tokens``, ``temperature``,
-``top_p``, ``seed``, ``stop``, ``ignore_eos``, and always ``include_usage`` so that the
-handler's final message carries the finish reason and token counts. It runs through
-:meth:`InferenceCore.stream` (the path of gRPC ``StreamPredictions``), so concurrent requests
-share the LLM worker's continuous batch.
-
-Answers: ``stream: false`` (default) one JSON object (``chat.completion`` /
-``text_completion``) with ``usage``; ``stream: true`` a ``text/event-stream`` of
-``data: <chunk JSON>\\n\\n`` events (``chat.completion.chunk`` whose first ``delta`` has the role,
-then one chunk per message of the handler, then a chunk with ``finish_reason``, with
-``stream_options.include_usage`` a chunk with ``usage`` and no choices) and ``data: [DONE]``.
-The headers and first events leave when the handler's first message (its first text) exists,
-so a request that fails before that gets a real status; a failure after it ends the stream
-with an error event ``data: {"error": {...}}`` (OpenAI's clients raise ``APIError``). A client
-that disconnects cancels its generation in the worker (the core's stream is closed).
-
-Errors: OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400
-``invalid_request_error`` (a body that is not JSON, a field of the wrong type or out of range,
-an unsupported feature such as ``n`` > 1, or the handler's own 400 such as a prompt too long
-for the model; ``param`` names the field where known), 401 a missing or wrong key (code
-``invalid_api_key``; answered by the HTTP API's auth middleware through
-:func:`unauthorized_response`), 404 unknown model (code ``model_not_found``, ``param``
-``model``) or path, 405 wrong method, 413 a body above ``max_request_size``, 429 the model's
-job queue is full (``rate_limit_error``, ``Retry-After``; OpenAI clients retry), 503 no
-worker or shutting down (``Retry-After``), 504 the model's ``responseTimeout`` passed, 500
-anything else (``server_error``). ``code`` is the server's stable reason in lower case
-(``job_queue_full``, ``no_worker``, ``handler_status``, ...). The HTTP status of an
-:class:`~inference_service.errors.InferenceError` is the HTTP API's (handed in as
-``http_status``), except the job queue's 429.
+An aiohttp sub-application mounted at ``/v1`` on the first ``/v1`` request, behind the HTTP
+API's token authorization. A request becomes the typed LLM request
+(:mod:`inference_service.contracts.sampling`) and runs through :meth:`InferenceCore.stream`, so
+concurrent requests share the LLM worker's continuous batch. Routes, answers and error codes:
+see docs/clients.md.
 
 Quick start::
 
     api = OpenAIApi(core, http_status)   # what openai_mount builds on the first /v1 request
     app.add_subapp("/v1", api.app)       # or mount it directly
-    # then, with the official client:
     client = openai.OpenAI(base_url="http://127.0.0.1:8080/v1", api_key=inference_key)
     client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}])
 """
@@ -119,12 +79,7 @@ def unauthorized_response(request: web.Request) -> web.Response:
 
 
 class OpenAIError(Exception):
-    """A /v1 failure with its OpenAI error fields; the API's middleware answers it.
-
-    Args:
-        status: HTTP status. message: for the client. param: the request field at fault.
-        code: machine-readable reason. headers: extra response headers (``Retry-After``).
-    """
+    """A /v1 failure with its OpenAI error fields (``param``: the request field at fault)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -156,13 +111,9 @@ def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, fiel
 
 
 class OpenAIApi:
-    """The /v1 routes on an aiohttp sub-application (``self.app``), see the module docstring.
+    """The /v1 routes on an aiohttp sub-application (``self.app``).
 
-    Args:
-        core: the serving core shared with gRPC and the TorchServe HTTP API.
-        http_status: the HTTP API's status of an :class:`InferenceError`
-            (:func:`inference_service.frontends.http.inference.http_status`); the job queue's
-            ``JOB_QUEUE_FULL`` becomes 429 here instead.
+    ``http_status`` maps an :class:`InferenceError` as the HTTP API does; ``JOB_QUEUE_FULL`` is 429 here.
     """
 
     def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
@@ -214,12 +165,7 @@ class OpenAIApi:
 
     # ------------------------------------------------------------ models
     def _resolve(self, model_id: str) -> tuple[str, str]:
-        """``(name, version)`` of a request's ``model``: a name (version "" = the default) or
-        ``name/version``.
-
-        Raises:
-            OpenAIError: 404 ``model_not_found`` (``param`` ``model``).
-        """
+        """``(name, version)`` of a ``model`` name or ``name/version``; 404 ``model_not_found``."""
         if model_id in self.core.models:
             return model_id, ""
         name, _, version = model_id.rpartition("/")
@@ -237,8 +183,7 @@ class OpenAIApi:
         return cards
 
     async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: ``{"object": "list", "data": [model cards]}``, names sorted, each
-        name followed by its ``name/version`` ids (``created``: when the server started)."""
+        """``GET /v1/models``: each name followed by its ``name/version`` ids (``created``: server start)."""
         return web.Response(text=ModelList(data=self._cards()).model_dump_json(), content_type="application/json")
 
     async def retrieve_model(self, request: web.Request) -> web.Response:
@@ -260,12 +205,7 @@ class OpenAIApi:
         return await self._run(request, completion, CompletionFormat(completion.model))
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
-        """The validated request body.
-
-        Raises:
-            OpenAIError: 400 (not JSON, wrong field; ``param`` names it).
-            web.HTTPRequestEntityTooLarge: the body exceeds ``max_request_size``.
-        """
+        """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""
         raw = await request.read()
         try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
             check_json_nodes(raw, self.core.settings.max_json_nodes)  # nor one long call: bounded first
@@ -278,16 +218,10 @@ class OpenAIApi:
 
     async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
                    fmt: AnswerFormat) -> web.StreamResponse:
-        """Run the request on the core as the LLM request and answer in ``fmt``'s shape.
+        """Run the LLM request on the core and answer in ``fmt``'s shape.
 
-        1. Resolve ``model`` (404), build the LLM request (400 beyond its limits, ``param`` the
-           OpenAI field), start the core's stream and wait for its first message: a failure
-           until then is an error answer with its own status.
-        2. ``stream``: send the headers and the opening chunks with the first text, then one
-           chunk per message, the closing chunks, the usage chunk (``include_usage``) and
-           ``[DONE]``. Otherwise collect the messages into one answer.
-        3. Closing the core's stream (always, also when the client went away and the handler
-           task is cancelled) aborts the request in the worker if it is still running.
+        A failure before the first message is an error answer with its own status; closing the
+        core's stream (always) aborts the request in the worker if it still runs.
         """
         request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
@@ -313,7 +247,7 @@ class OpenAIApi:
 
     async def _stream(self, request: web.Request, stream: AsyncGenerator[tuple[bytes, bool], None],
                       first: tuple[bytes, bool], fmt: AnswerFormat, include_usage: bool) -> web.StreamResponse:
-        """Send the server-sent events of a streamed answer (step 2 of :meth:`_run`)."""
+        """Send the server-sent events of a streamed answer."""
         exclude = None if include_usage else {"usage"}
         response = web.StreamResponse(headers=_SSE_HEADERS)
         events = fmt.opening()
