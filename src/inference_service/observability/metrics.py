@@ -1,15 +1,7 @@
 """Prometheus metrics (TorchServe's metrics API): what the server records and exposes.
 
-:class:`ServerMetrics` holds every family: TorchServe's frontend counters (rendered here, as
-TorchServe names them), the streaming histograms, error counts, the serving state read at
-scrape time from a :class:`StatsSource`, the LLM families
-(:mod:`~inference_service.observability.llm_metrics`), handler metrics
-(:mod:`~inference_service.observability.handler_metrics`) and TorchServe's system metrics
-(:mod:`~inference_service.observability.system_metrics`). The HTTP endpoint is
-:mod:`~inference_service.observability.metrics_http`. See docs/observability.md.
-
 Recording happens on the event loop thread; scrapes run on the HTTP server's thread and read
-snapshots, so a scrape never waits for the loop.
+snapshots, so a scrape never waits for the loop. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -50,23 +42,15 @@ class StatsSource(Protocol):
     """What the collector reads the serving state from (the core implements it)."""
 
     def stats(self) -> tuple[int, Iterable[VersionStats]]:
-        """``(requests in flight, one VersionStats per registered model version)``.
-
-        Called on the scrape thread: it must only read, and not fail on concurrent changes.
-        """
+        """``(requests in flight, one VersionStats per version)``; called on the scrape thread."""
         ...
 
 
 class ModelStats:
     """The hot-path numbers of one ``(model_name, model_version label)`` pair.
 
-    Plain attributes, written only on the event loop thread (no lock, no label
-    lookup per request); the scrape thread reads them.
-
-    Attributes:
-        requests: requests received (``ts_inference_requests_total``).
-        latency_us / queue_us: total microseconds (TorchServe's two latency counters).
-        messages: messages sent on streams. cancellations: requests the client cancelled.
+    Written only on the event loop thread (no lock); ``latency_us`` / ``queue_us`` are total
+    microseconds (TorchServe's two latency counters).
     """
 
     __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "llm", "_ttfr", "_gap")
@@ -85,14 +69,8 @@ class ModelStats:
     def message(self, enqueued: float, last: float, final: bool = False) -> float:
         """One stream message is sent: observe time to first response (``last`` 0.0) or the gap.
 
-        Args:
-            enqueued: ``time.monotonic()`` when the request was received.
-            last: the previous call's answer (0.0 for the first message).
-            final: it is the stream's last message (left out of the LLM's inter-token latency:
-                it carries the rest of the text or the usage, right after the last piece).
-
-        Returns:
-            The ``time.monotonic()`` of this message (pass it as ``last`` next time).
+        ``enqueued`` and the result are ``time.monotonic()`` values; pass the result as ``last``
+        next time. A ``final`` message is left out of the LLM's inter-token latency.
         """
         now = time.monotonic()
         llm = self.llm
@@ -110,10 +88,7 @@ class ModelStats:
     def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
         """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count.
 
-        Args:
-            enqueued / dispatched: ``time.monotonic()`` when it was received / a worker took
-                it (``dispatched`` 0.0: no worker did).
-            ok: it answered its final response. cancelled: the client went away first.
+        ``enqueued`` / ``dispatched``: ``time.monotonic()`` values (``dispatched`` 0.0: no worker took it).
         """
         if dispatched:
             self.queue_us += (dispatched - enqueued) * 1e6
@@ -137,12 +112,8 @@ def _labels(names: Iterable[str], values: Iterable[str]) -> str:
 class ServerMetrics:
     """Every metric of one server, its registry and its HTTP endpoint.
 
-    Args:
-        hostname: the ``hostname`` label of TorchServe's counters (default: this host's name).
-        system_metrics: serve TorchServe's system metrics (TorchServe: ``metrics_mode=prometheus``
-            only; the server passes that).
-        number_of_gpu: at or below 0, no GPU system metrics (TorchServe's rule); ``None`` or above
-            0: the GPUs ``nvidia-smi`` lists.
+    ``number_of_gpu`` at or below 0: no GPU system metrics (TorchServe's rule); ``None`` or above:
+    the GPUs ``nvidia-smi`` lists.
     """
 
     def __init__(self, hostname: str | None = None, system_metrics: bool = True,
@@ -196,10 +167,8 @@ class ServerMetrics:
                      dims: Mapping[str, str], value: float) -> None:
         """Apply one serving statistic a worker forwarded (see :data:`SERVING_PREFIX`).
 
-        A counter adds its increment to the version's total; a gauge replaces the value of
-        the worker named by ``dims["pid"]`` (the exposition sums the version's running
-        workers). Unknown names or types and negative increments are dropped with one
-        warning per name and cause.
+        A gauge is per worker (``dims["pid"]``), summed at exposition; bad updates are dropped
+        with one warning per name and cause.
         """
         if model_name not in self.llm.models:
             self._mark_llm(model_name)
@@ -215,12 +184,7 @@ class ServerMetrics:
         self.source = source
 
     def handler_metrics(self, model_name: str, model_version: str, updates: list[HandlerUpdate]) -> None:
-        """Apply the metric updates a worker of ``model_name`` / ``model_version`` forwarded (the
-        worker side's ``metrics_sink``): serving statistics (names under
-        :data:`SERVING_PREFIX`, every ``metrics_mode``) through :meth:`serving_stat`, handler
-        metrics (``metrics_mode=prometheus``) through
-        :meth:`HandlerMetricsExporter.apply <.handler_metrics.HandlerMetricsExporter.apply>`.
-        Never raises."""
+        """Apply the metric updates a worker forwarded (serving statistics and handler metrics); never raises."""
         handler: list[HandlerUpdate] = []
         for update in updates:
             name, metric_type, _unit, dims, value = update
@@ -251,12 +215,7 @@ class ServerMetrics:
 
     def serve(self, address: str, port: int, access_log: AccessLog | None = None, cap: int = 1000,
               timeout_s: float | None = None) -> int:
-        """Serve ``GET /metrics`` on ``address:port``; returns the bound port (see
-        :meth:`MetricsEndpoint.serve <.metrics_http.MetricsEndpoint.serve>`).
-
-        Raises:
-            OSError: the address cannot be bound.
-        """
+        """Serve ``GET /metrics`` on ``address:port``; returns the bound port; OSError if it cannot bind."""
         return self._endpoint.serve(address, port, access_log, cap, timeout_s)
 
     def stop(self) -> None:
@@ -327,12 +286,7 @@ class _Collector:
 
 
 class Telemetry:
-    """What the core and the servicers record into: metrics (``None``: off) and the access log (``None``: off).
-
-    Args:
-        metrics: the server's metrics, or ``None`` (``enable_metrics_api=false``).
-        access_log: the access log, or ``None`` (``--no-access-log``).
-    """
+    """What the core and the servicers record into: metrics (``None``: off) and the access log (``None``: off)."""
 
     def __init__(self, metrics: ServerMetrics | None = None, access_log: AccessLog | None = None) -> None:
         self.metrics = metrics
@@ -346,8 +300,7 @@ class Telemetry:
     def peer(self, context: Any) -> str:
         """The client's address for the access log ("" when the access log is off).
 
-        Call it while the RPC runs: grpc's ``context.peer()`` is not safe once the call
-        has ended (it crashes the process after a cancel).
+        Call it while the RPC runs: grpc's ``context.peer()`` crashes the process after a cancel.
         """
         return context.peer() if self.access_log is not None else ""
 
@@ -355,14 +308,7 @@ class Telemetry:
                  start: float, messages: int, request_id: str = "") -> None:
         """One RPC ended: count an error status; write its access-log line.
 
-        Args:
-            method: the RPC's name (``Predictions``...).
-            request: the request message (its ``model_name`` / ``model_version`` are logged).
-            peer: :meth:`peer`'s answer, taken when the RPC began.
-            code / reason: the final status and the ``ErrorInfo`` reason ("" when OK).
-            start: ``time.perf_counter()`` when the RPC began.
-            messages: response messages sent.
-            request_id: the call's request id (the client's ``x-request-id`` or a made one).
+        ``start`` is the ``time.perf_counter()`` of the RPC's beginning; ``reason`` is "" when OK.
         """
         if code is not _OK and self.metrics is not None:
             self.metrics.error(method, code, reason)

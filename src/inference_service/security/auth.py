@@ -1,12 +1,7 @@
 """Token authorization of the gRPC APIs, on by default (as TorchServe 0.11.1+).
 
-At start the server writes ``key_file.json`` (mode 0600, TorchServe's layout: a ``management``,
-an ``inference`` and an ``API`` key) into its working directory. Clients send
-``authorization: Bearer <key>``: the inference key on the inference port, the management key
-on the management port; a missing or wrong key is answered UNAUTHENTICATED with TorchServe's
-message. ``grpc.health.v1`` and server reflection stay open. With ``token_expiration_min`` each
-key is replaced at half its lifetime and the old one stays valid until it expires. Keys never
-appear in the log. See docs/security.md.
+The server writes ``key_file.json`` (mode 0600, TorchServe's layout); a missing or wrong key is
+UNAUTHENTICATED. Keys never appear in the log. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -70,13 +65,9 @@ class KeyStore:
     """The three keys of TorchServe's token authorization, with optional rotation.
 
     Args:
-        expiration_min: key lifetime in minutes (fractions allowed); ``None``:
-            keys never expire and are never rotated.
-        clock: monotonic clock (seconds) deciding validity; injectable for tests.
-        wall_clock: wall clock (seconds since the epoch) for the key file's
-            "expiration time".
-        fixed: keys given by the operator per scope (e.g. from a Kubernetes Secret, so
-            every replica accepts the same key); they never expire or rotate.
+        expiration_min: key lifetime in minutes (``None``: keys never expire nor rotate).
+        clock: monotonic clock (seconds) deciding validity.
+        fixed: keys given by the operator per scope; they never expire or rotate.
 
     Raises:
         ValueError: ``expiration_min`` is not positive, or a fixed key is shorter than 16 characters.
@@ -136,11 +127,7 @@ class KeyStore:
         return max(0.0, min(due) - self._clock())
 
     def rotate_due(self) -> bool:
-        """Replace every key past half its lifetime; drop replaced keys that have expired.
-
-        Returns:
-            Whether any key was replaced (the key file must then be rewritten).
-        """
+        """Replace keys past half their lifetime, drop expired ones; True if the key file must be rewritten."""
         now = self._clock()
         rotated = False
         for scope, entry in self._scopes.items():
@@ -188,12 +175,7 @@ def _iso(wall: float | None) -> str | None:
 def write_key_file(path: Path, content: dict[str, Any]) -> None:
     """Write ``content`` as JSON to ``path`` with mode 0600, atomically.
 
-    The data goes to ``<path>.<pid>.tmp`` created 0600 (never readable by
-    others, not even for an instant), is flushed to disk, then renamed over
-    ``path``.
-
-    Raises:
-        OSError: the file cannot be written.
+    The temporary file is created 0600, so the keys are never readable by others. Raises OSError.
     """
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
@@ -258,15 +240,8 @@ def _denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Rejects calls without a valid ``authorization: Bearer <key>`` for one scope.
 
-    Health (``/grpc.health.v1.Health/``) and reflection (``/grpc.reflection.``)
-    methods pass without a key. A rejected call, unary or streaming, ends with
-    UNAUTHENTICATED before the servicer runs.
-
-    Args:
-        keys: the key store.
-        scope: ``"inference"`` (inference port) or ``"management"`` (management port).
-        status_codes: ``grpc_status_codes``: ``"torchserve"`` answers PERMISSION_DENIED with
-            TorchServe's message alone, as its ``GRPCInterceptor``.
+    Health and reflection methods pass without a key; a rejected call ends UNAUTHENTICATED before
+    the servicer runs (``status_codes`` "torchserve": PERMISSION_DENIED, as its ``GRPCInterceptor``).
     """
 
     def __init__(self, keys: KeyStore, scope: str, status_codes: str = "default") -> None:
@@ -299,15 +274,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 class TokenAuthorization:
     """The server's token authorization: key store, key file and rotation task.
 
-    Args:
-        key_file: where ``key_file.json`` goes (the server's working directory).
-        expiration_min: key lifetime in minutes (``token_expiration_min``;
-            ``None``: keys never expire).
-        fixed: operator-given keys per scope (see :class:`KeyStore`).
-        status_codes: ``grpc_status_codes`` (see :class:`AuthInterceptor`).
-
-    Raises:
-        ValueError: ``expiration_min`` is not positive.
+    Raises ValueError when ``expiration_min`` (minutes; ``None``: never) is not positive.
     """
 
     def __init__(self, key_file: Path, expiration_min: float | None = None,
@@ -328,13 +295,7 @@ class TokenAuthorization:
         self._written = content
 
     def start(self) -> None:
-        """Write the key file and, when keys expire, start rotating them.
-
-        Must be called with a running event loop when keys expire.
-
-        Raises:
-            OSError: the key file cannot be written.
-        """
+        """Write the key file (OSError if it cannot) and, when keys expire, start rotating them."""
         self._write()
         lifetime = self.keys.lifetime_s
         log.info("token authorization enabled: keys written to %s (%s)", self.key_file,
@@ -344,8 +305,7 @@ class TokenAuthorization:
             self._task = asyncio.get_running_loop().create_task(self._rotate_forever())
 
     def renew(self, scope: str) -> None:
-        """Replace the key of ``scope`` at once (:meth:`KeyStore.renew`) and rewrite the key file
-        (TorchServe's token API).
+        """Replace the key of ``scope`` (TorchServe's token API) and rewrite the key file.
 
         Raises:
             ValueError: as :meth:`KeyStore.renew` (nothing changed).
