@@ -69,28 +69,11 @@ class RequestProcessor:
 class Context:
     """What a handler learns of its model and of the current batch.
 
-    Attribute and method names are TorchServe's, so existing handlers run
-    unchanged: ``model_name``, ``manifest``, ``system_properties`` (``model_dir``,
-    ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
-    ``limit_max_image_pixels``), ``request_ids`` (index -> request id),
-    ``model_yaml_config``, ``metrics`` and the request/response accessors;
-    for continuous batching ``stopping_criteria`` (set by the handler: one callable per
-    request, see :mod:`inference_service.worker.continuous`) and the sequence header
-    names ``header_key_sequence_id`` / ``_start`` / ``_end`` (TorchServe's defaults
-    ``ts_request_sequence_id`` ..., or the environment variables
-    ``TS_REQUEST_SEQUENCE_ID`` / ``_START`` / ``_END``). Handlers may add attributes
-    of their own (e.g. ``context.cache``). Added here: :meth:`is_cancelled`.
-
-    Args:
-        model_name: registered model name.
-        model_dir: directory the archive was extracted to.
-        manifest: the archive's ``MAR-INF/MANIFEST.json`` as a dict.
-        batch_size: the model's batch_size.
-        gpu: GPU id of the worker, or ``None`` on CPU.
-        server_version: this server's version string.
-        limit_max_image_pixels: TorchServe's Pillow image-size guard flag.
-        metrics: the handler metrics object (``context.metrics``).
-        model_yaml_config: the parsed per-model YAML config (``{}`` if none).
+    Attribute and method names are TorchServe's, so existing handlers run unchanged;
+    ``request_ids`` maps batch index to request id, ``stopping_criteria`` (continuous batching)
+    holds one callable per request, set by the handler. The sequence header names default to
+    TorchServe's, or the environment variables ``TS_REQUEST_SEQUENCE_ID`` / ``_START`` / ``_END``.
+    Added here: :meth:`is_cancelled`.
     """
 
     def __init__(
@@ -182,11 +165,9 @@ class Context:
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         """Set an HTTP status for batch entry ``idx``.
 
-        A status >= 400 turns that request into an error; its gRPC code comes from
-        TorchServe 0.12's table (``errors.grpc_code_for_http``: 400 INVALID_ARGUMENT,
-        404 NOT_FOUND, 503 UNAVAILABLE, 409 ABORTED, ..., other 4xx FAILED_PRECONDITION,
-        other 5xx INTERNAL), the HTTP API answers ``code`` itself, and ``phrase`` becomes the
-        message.
+        A status >= 400 turns that request into an error: its gRPC code comes from TorchServe
+        0.12's table (``errors.grpc_code_for_http``), the HTTP API answers ``code`` itself, and
+        ``phrase`` becomes the message.
         """
         if idx < len(self.request_processor):
             self.request_processor[idx].report_status(code, phrase)

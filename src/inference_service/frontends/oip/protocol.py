@@ -181,13 +181,10 @@ def _output_request_json(output: RequestedOutput) -> dict[str, Any]:
 
 def make_input(name: Any, dtype_name: Any, shape: Any, data: list[Any] | RawElements, *, typed: bool,
                parameters: dict[str, Any] | None = None, index: int = 0) -> Tensor:
-    """An input :class:`Tensor`, checked. ``typed``: the elements come typed from the wire and need no
-    per-element check (JSON elements are checked against the data type and its range); ``index``
-    names the input in messages when it has no name.
+    """An input :class:`Tensor`, checked (``typed``: per-element checks are not needed).
 
     Raises:
-        InvalidArgument: no name, unknown data type, bad shape, wrong element count, an
-            element of the wrong type or out of range.
+        InvalidArgument: no name, unknown data type, bad shape or count, a bad element.
     """
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"input {index} has no name")
@@ -291,11 +288,7 @@ EXTENSIONS = ("binary_tensor_data",)
 
 
 def server_metadata() -> dict[str, Any]:
-    """``{"name": "inference-service", "version": <this server's>, "extensions": [...]}``.
-
-    TorchServe answers ``{"name": "Torchserve", "version", "extenstion": ["kserve", "kubeflow"]}``
-    over HTTP (sic) and UNIMPLEMENTED over gRPC.
-    """
+    """``{"name": "inference-service", "version": <this server's>, "extensions": [...]}``."""
     return {"name": SERVER_NAME, "version": inference_service.__version__, "extensions": list(EXTENSIONS)}
 
 
@@ -334,10 +327,8 @@ def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, An
 
 async def infer(core: InferenceCore, request: InferRequest, headers: dict[str, str],
                 time_remaining: float | None = None) -> InferResponse:
-    """Run ``request`` on its model through :meth:`InferenceCore.predict` (dynamic batching as for
-    ``Predictions``) and return the checked answer, only the outputs asked for. Large bodies and
-    answers are converted off the loop; a body that cannot fit ``max_request_size`` is refused
-    before or as soon as it passes it (413), never built whole.
+    """Run ``request`` through :meth:`InferenceCore.predict` (dynamic batching); only the outputs
+    asked for. A body that cannot fit ``max_request_size`` is refused (413), never built whole.
 
     Raises:
         InferenceError: the core's errors; HandlerError for an answer that is not a v2 response;
