@@ -138,7 +138,7 @@ class OpenAIApi:
     @web.middleware
     async def _errors_middleware(self, request: web.Request,
                                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        """Answer every /v1 failure with OpenAI's error body (the status list is in the module docstring)."""
+        """Answer every /v1 failure with OpenAI's error body (statuses: docs/clients.md)."""
         try:
             return await handler(request)
         except OpenAIError as exc:
@@ -195,12 +195,12 @@ class OpenAIApi:
 
     # ------------------------------------------------------------ generation
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions`` (the answers and errors are in the module docstring)."""
+        """``POST /v1/chat/completions`` (answers and errors: docs/clients.md)."""
         chat = await self._parse(request, ChatCompletionRequest)
         return await self._run(request, chat, ChatFormat(chat.model))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/completions`` (the answers and errors are in the module docstring)."""
+        """``POST /v1/completions`` (answers and errors: docs/clients.md)."""
         completion = await self._parse(request, CompletionRequest)
         return await self._run(request, completion, CompletionFormat(completion.model))
 
