@@ -23,8 +23,15 @@ def _check(channel: grpc.Channel, service: str) -> int:
 
 
 def _wait(channel: grpc.Channel, service: str, status: int, timeout: float = 30) -> None:
+    """Poll until ``service`` reports ``status``; a model's name is NOT_FOUND until it is registered."""
     deadline = time.monotonic() + timeout
-    while _check(channel, service) != status:
+    while True:
+        try:
+            if _check(channel, service) == status:
+                return
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND:
+                raise
         assert time.monotonic() < deadline, f"{service} never became {status}"
         time.sleep(0.05)
 
