@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 
 from conftest import ROOT, BearerAuth, ServerProcess
 from inference_service._proto import inference_pb2, inference_pb2_grpc
@@ -72,6 +73,7 @@ def _llm_final(messages: list[bytes], tokens: int) -> str | None:
     return None
 
 
+@pytest.mark.timeout(DURATION + 600)  # setup, the soak, the drain
 def test_soak(store, tmp_path):
     soak_store = tmp_path / "store"
     soak_store.mkdir()
