@@ -74,6 +74,31 @@ def test_a_preempted_request_resumes_with_the_tokens_it_would_have_produced(ir):
     assert engine.stats().running == 0 and len(engine) == 0
 
 
+def test_a_preempted_seeded_sampled_request_gives_the_tokens_of_the_request_alone(ir):
+    """A seeded sampled request is replayed from its prompt and seed after a preemption: the
+    tokens the client has are regenerated, checked and skipped, the rest are those of the
+    request unpreempted; the running gauge counts no preempted request."""
+    engine = _engine(ir)
+    params = _params(temperature=1.0, top_p=0.9, seed=1234, max_new_tokens=60)
+    engine.add("alone", _ids(ir, "Once upon a time"), params)
+    want = _run(engine)["alone"].token_ids
+    engine.add("a", _ids(ir, "Once upon a time"), params)
+    engine.add("b", _ids(ir, "The weather today"), params)
+    for _ in range(6):
+        engine.step()
+    assert engine.preempt("a") and engine.preempt("b")
+    stats = engine.stats()
+    assert (stats.running, stats.waiting) == (0, 2)  # both preempted, no step since
+    for _ in range(3):
+        engine.step(["b"])
+    assert engine.preempt("b")  # preempted again part-way through its replay
+    got = _run(engine)
+    assert got["a"].token_ids == want and got["b"].token_ids != want
+    engine.add("b2", _ids(ir, "The weather today"), params)
+    assert _run(engine)["b2"].token_ids == got["b"].token_ids
+    assert len(engine) == 0 and not engine.pipeline.has_non_finished_requests()
+
+
 def test_cancel_ends_a_request_at_once_and_the_others_go_on(ir):
     engine = _engine(ir)
     engine.add("x", _ids(ir, "Hello"), _params())

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_llm_server import ENGINES, _build, _tiny_model_dir
+from test_llm_server import ENGINES, _build, _sample, _tiny_model_dir
 
-from conftest import BearerAuth, ServerProcess, read_key
+from conftest import BearerAuth, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
 pytestmark = pytest.mark.llm
@@ -86,10 +86,17 @@ def _body(prompt: str, tokens: int) -> dict:
 def test_paused_readers_give_their_place_back_and_resume_with_the_full_text(sched_server):
     bodies = [_body("A slow reader", LONG), _body("Another slow reader", LONG)]
     want = [_text(sched_server.stream("paused", json.dumps(b), timeout=120))[0] for b in bodies]
+    preempted = sched_server.log().count("preempted: its client stopped reading")
     channel, stub = _small_window_stub(sched_server)
     try:
         calls = [stub.StreamPredictions(_request("paused", b), timeout=120) for b in bodies]
         firsts = [next(c).prediction for c in calls]  # both run; then their clients stop reading
+        wait_for(lambda: sched_server.log().count("preempted: its client stopped reading") >= preempted + 2,
+                 timeout=30, what="both paused streams preempted")
+        # the worker runs no step now; the gauges say what the engine holds all the same
+        gauges = lambda: (_sample(sched_server, "inference_service_llm_num_requests_running", "paused"),  # noqa: E731
+                          _sample(sched_server, "inference_service_llm_num_requests_waiting", "paused"))
+        wait_for(lambda: gauges() == (0.0, 2.0), timeout=10, what=f"running 0, waiting 2 (last {gauges()})")
         # both places are held by paused streams: a third request is served once they are preempted
         # (without preemption it would wait for the model's responseTimeout, 300 s, then fail)
         text, final = _text(sched_server.stream("paused", json.dumps(_body("Third", 8)), timeout=120))

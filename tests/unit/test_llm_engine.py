@@ -367,6 +367,7 @@ def test_add_rejects_bad_requests(model: Any, tokenizer: Any, prompts: dict[int,
 def test_stats_count_running_waiting_and_cache(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
     engine = GenerationEngine(model, tokenizer, max_prefill=1, max_num_seqs=4)
     assert engine.stats() == SchedulerStats(running=0, waiting=0, preempted_total=0, kv_cache_used_tokens=0,
+                                            kv_cache_allocated_tokens=0,
                                             kv_cache_capacity_tokens=4 * 512)  # 512: max_position_embeddings
     params = GenerationParams(max_new_tokens=5, ignore_eos=True)
     engine.add("a", prompts[9], params)
@@ -431,3 +432,72 @@ def test_preempt_then_recompute_same_tokens(model: Any, tokenizer: Any, prompts:
         assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], 15))
         assert result.completion_tokens == 15
     assert engine.stats().preempted_total == 1
+
+
+def test_slow_steady_reader_keeps_the_cache_within_its_capacity(
+        model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    """A request paused most steps (a reader just under the preemption threshold) is never
+    preempted by its reader, yet the cache's rows x columns stay within the capacity and
+    the tokens are those of the request alone."""
+    capacity_len = 120
+    engine = GenerationEngine(model, tokenizer, max_num_seqs=2, max_model_len=capacity_len)
+    engine.add("slow", prompts[23], greedy(60))
+    engine.add("fast", prompts[9], greedy(100))
+    seen: dict[str, list[StepOutput]] = {}
+    widest = 0
+    for step in range(2000):
+        if not len(engine):
+            break
+        active = [k for k in engine.keys() if k != "slow" or step % 4 == 0]  # "slow" advances one step in 4
+        for key, out in engine.step(active).items():
+            seen.setdefault(key, []).append(out)
+        stats = engine.stats()
+        assert stats.kv_cache_allocated_tokens <= stats.kv_cache_capacity_tokens == 2 * capacity_len
+        assert stats.kv_cache_used_tokens <= stats.kv_cache_allocated_tokens
+        rows, columns = engine.cache_shape
+        assert stats.kv_cache_allocated_tokens == rows * columns
+        widest = max(widest, columns)
+    assert widest <= capacity_len
+    assert engine.stats().preempted_total == 0  # compaction sufficed: nobody recomputed
+    for key, n, count in (("slow", 23, 60), ("fast", 9, 100)):
+        assert_greedy_equal(model, prompts[n], final(seen[key]).token_ids, reference(model, prompts[n], count))
+
+
+def test_compaction_packs_real_columns(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    engine = GenerationEngine(model, tokenizer)
+    engine.add("a", prompts[4], greedy(40))
+    engine.add("b", prompts[4], greedy(40))
+    engine.step()
+    for _ in range(10):
+        engine.step(["a"])  # "b" paused: 10 masked columns in its row
+    assert engine.cache_shape == (2, 14)
+    engine.runner.compact()
+    assert engine.cache_shape == (2, 14)  # "a" is 14 tokens long: nothing to drop
+    engine.cancel("a")  # leading columns only "a" used are trimmed; "b"'s padding stays between its tokens
+    assert engine.cache_shape == (1, 14)
+    engine.runner.compact()
+    assert engine.cache_shape == (1, 4) and engine.stats().kv_cache_used_tokens == 4
+    seen = drain(engine)
+    assert_greedy_equal(model, prompts[4], final(seen["b"]).token_ids, reference(model, prompts[4], 40))
+
+
+def test_seeded_sampling_survives_preemption(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
+    """The request's generator travels with it: preempted mid-way, it samples the same tokens."""
+    params = GenerationParams(max_new_tokens=40, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = GenerationEngine(model, tokenizer)
+    alone.add("s", prompts[9], params)
+    solo = final(drain(alone)["s"]).token_ids
+    engine = GenerationEngine(model, tokenizer, max_num_batched_tokens=8)
+    engine.add("s", prompts[9], params)
+    engine.add("other", prompts[4], params)
+    seen: dict[str, list[StepOutput]] = {}
+    for step in range(300):
+        if not len(engine):
+            break
+        if step in (6, 20):
+            assert engine.preempt("s")
+        active = [k for k in engine.keys() if k != "s" or not 6 <= step < 12]
+        for key, out in engine.step(active).items():
+            seen.setdefault(key, []).append(out)
+    assert engine.stats().preempted_total == 2
+    assert final(seen["s"]).token_ids == solo

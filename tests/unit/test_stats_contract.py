@@ -77,7 +77,7 @@ def test_worker_sends_increments_and_changed_gauges_only():
     assert sent == [
         ("serving:running", "gauge", 1.0), ("serving:waiting", "gauge", 0.0),
         ("serving:preempted_total", "counter", 2.0), ("serving:kv_cache_used_tokens", "gauge", 0.0),
-        ("serving:kv_cache_capacity_tokens", "gauge", 0.0),
+        ("serving:kv_cache_allocated_tokens", "gauge", 0.0), ("serving:kv_cache_capacity_tokens", "gauge", 0.0),
         ("serving:prompt_tokens", "counter", 5.0), ("serving:generation_tokens", "counter", 1.0),
         ("serving:running", "gauge", 0.0), ("serving:preempted_total", "counter", 1.0),
     ]

@@ -51,6 +51,8 @@ class SchedulerStats:
                                 "LLM: requests whose KV cache was dropped to be recomputed (preemption).")
     kv_cache_used_tokens: int = stat("gauge", "kv_cache_used_tokens",
                                      "LLM: token positions the workers' KV caches hold.")
+    kv_cache_allocated_tokens: int = stat("gauge", "kv_cache_allocated_tokens",
+                                          "LLM: token positions the workers' KV caches take, padding included.")
     kv_cache_capacity_tokens: int = stat("gauge", "kv_cache_capacity_tokens",
                                          "LLM: the most token positions the workers' KV caches may hold.")
 

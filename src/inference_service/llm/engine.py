@@ -36,6 +36,7 @@ without them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,8 @@ from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState, eos_token_ids
 from inference_service.llm.runner import ModelRunner
 from inference_service.llm.scheduler import PREEMPTED, PREFILLING, RUNNING, WAITING, Scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -123,6 +126,7 @@ class GenerationEngine:
             pad = min(self.eos) if self.eos else 0
         self.pad_id: int = pad
         self.runner = ModelRunner(model, pad)
+        self.runner.capacity_tokens = (max_num_seqs or 0) * (max_model_len or 0)
         self._requests: dict[str, RequestState] = {}
 
     # --- bookkeeping ---------------------------------------------------------------
@@ -154,7 +158,8 @@ class GenerationEngine:
         """The engine's state now (vLLM's set): ``running`` (requests with a KV cache: decoding
         or part-way through their prefill), ``waiting`` (new or preempted, no KV cache),
         ``preempted_total`` (preemptions since the engine was built), ``kv_cache_used_tokens``
-        (token positions cached for a request; padding not counted) and
+        (token positions cached for a request; padding not counted),
+        ``kv_cache_allocated_tokens`` (the positions the caches take, padding included) and
         ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``; 0 when either is
         unknown)."""
         sched = self.scheduler
@@ -164,7 +169,8 @@ class GenerationEngine:
             waiting=len(self._requests) - running,
             preempted_total=sched.preempted_total,
             kv_cache_used_tokens=self.runner.used_tokens(),
-            kv_cache_capacity_tokens=(self.max_num_seqs or 0) * (self.max_model_len or 0),
+            kv_cache_allocated_tokens=self.runner.allocated_tokens(),
+            kv_cache_capacity_tokens=self.runner.capacity_tokens,
         )
 
     @staticmethod
@@ -269,4 +275,16 @@ class GenerationEngine:
                 del self._requests[key]
         self.scheduler.update(plan, finished)
         self.runner.commit(finished)
+        self._bound(plan.paused)
         return outputs
+
+    def _bound(self, paused: list[str]) -> None:
+        """Keep the KV caches within ``kv_cache_capacity_tokens``: the runner compacts first;
+        if they are still over, paused requests are preempted, the newest first."""
+        runner = self.runner
+        capacity = runner.capacity_tokens
+        for key in reversed(paused):
+            if not capacity or runner.allocated_tokens() <= capacity:
+                return
+            if self.preempt(key):
+                log.info("request %s preempted: the KV cache is at its capacity", key)

@@ -335,6 +335,7 @@ class LLMHandler(BaseHandler):
         for request_id in request_ids:
             if engine.preempt(request_id):
                 log.info("request %s preempted: its client stopped reading", request_id)
+        self._report_engine()  # the gauges show it now, even if no step runs until it resumes
 
     def drop_requests(self, request_ids: list[str]) -> None:
         """Forget requests gone for good (cancelled, deadline passed); unknown ids are ignored."""

@@ -13,7 +13,11 @@ the pipeline; its tokens wait in its ``GenerationHandle`` until it is active aga
 :meth:`OpenVINOEngine.preempt` drops the handle (the pipeline frees its KV cache blocks at once);
 when the request is active again it is added anew with its prompt and generated tokens as the
 prompt (recompute, as vLLM's), its remaining ``max_new_tokens``, and a seed derived from the
-request's seed and its token count.
+request's seed and its token count. A seeded sampled request is instead added anew as it first
+was (its prompt, its seed, its whole budget) and the tokens it regenerates that the client
+already has are checked and skipped, so its text is that of the request unpreempted; should
+one differ (floating-point noise), it goes on from there the recompute way (logged at DEBUG).
+See docs/llm.md.
 
 ``pipeline.step()`` releases the GIL (measured: a Python thread keeps running through it), so
 the worker's I/O threads go on while a step runs. One thread drives the engine.
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,8 @@ class _Live:
     state: RequestState
     handle: Any
     pipeline_id: int
+    replay: deque[int] = field(default_factory=deque)  # regenerated tokens still to check and skip
+    exact: bool = True  # a seeded resubmission may replay from the start (False once one diverged)
 
 
 class OpenVINOEngine:
@@ -127,13 +134,16 @@ class OpenVINOEngine:
         ``preempted_total``, ``kv_cache_used_tokens`` (the pipeline's cache use times its
         capacity) and ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``)."""
         metrics = self.pipeline.get_metrics()
-        running = min(int(metrics.scheduled_requests), len(self._requests))
+        submitted = sum(1 for live in self._requests.values() if live.handle is not None)
+        running = min(int(metrics.scheduled_requests), submitted)  # a preempted request is not
         cache_tokens = int(metrics.kv_cache_size_in_bytes) // self._token_bytes if self._token_bytes else 0
+        used = int(round(float(metrics.cache_usage) / 100.0 * cache_tokens))
         return SchedulerStats(
             running=running,
             waiting=len(self._requests) - running,
             preempted_total=self._preempted_total,
-            kv_cache_used_tokens=int(round(float(metrics.cache_usage) / 100.0 * cache_tokens)),
+            kv_cache_used_tokens=used,
+            kv_cache_allocated_tokens=used,  # paged: blocks, no padding
             kv_cache_capacity_tokens=(self.max_num_seqs or 0) * (self.max_model_len or 0),
         )
 
@@ -172,10 +182,16 @@ class OpenVINOEngine:
         import openvino
 
         state = live.state
-        ids = state.all_tokens() + state.pending  # tokens drained at a preemption, not yet accepted
+        known = state.result.token_ids + state.pending  # pending: drained at a preemption, not yet accepted
+        params = state.params
+        if known and live.exact and params.temperature > 0 and params.seed is not None:
+            ids, config = state.prompt_ids, generation_config(params, 0, self.eos)  # as it first was
+            live.replay = deque(known)
+        else:
+            ids, config = state.prompt_ids + known, generation_config(params, len(known), self.eos)
+            live.replay.clear()
         self._next_id += 1
         live.pipeline_id = self._next_id
-        config = generation_config(state.params, len(state.result.token_ids) + len(state.pending), self.eos)
         live.handle = self.pipeline.add_request(
             live.pipeline_id, openvino.Tensor(np.asarray([ids], dtype=np.int64)), config
         )
@@ -250,9 +266,39 @@ class OpenVINOEngine:
                 tokens.extend(int(t) for t in output.generated_ids)
         status = handle.get_status()
         done = status != openvino_genai.GenerationStatus.RUNNING and not handle.can_read()
+        if live.replay:
+            tokens = self._skip_replayed(live, tokens, done)
+            if live.handle is not handle:  # diverged: resubmitted the recompute way
+                return [], False
         if tokens:
             live.state.pending.extend(tokens)
         return tokens, done
+
+    def _skip_replayed(self, live: _Live, tokens: list[int], done: bool) -> list[int]:
+        """Drop the regenerated tokens the request already has (checking each); on a mismatch,
+        or if the pipeline ends before they are all regenerated, resubmit it the recompute way."""
+        replay = live.replay
+        taken = 0
+        for token in tokens:
+            if not replay:
+                break
+            if token != replay[0]:
+                log.debug("request %s: its replay after a preemption diverged (%d, not %d) with %d tokens to "
+                          "go; recomputing from there", live.state.key, token, replay[0], len(replay))
+                return self._recompute(live)
+            replay.popleft()
+            taken += 1
+        if replay and done:
+            log.debug("request %s: its replay after a preemption ended early; recomputing", live.state.key)
+            return self._recompute(live)
+        return tokens[taken:]
+
+    def _recompute(self, live: _Live) -> list[int]:
+        """Drop the request's replaying handle and resubmit it with its tokens as the prompt."""
+        live.handle.cancel()
+        live.exact = False
+        self._submit(live)
+        return []
 
     def _collect(self, live: _Live) -> StepOutput | None:
         """Feed the request's new tokens to its state: its new text, and how it ended if it did."""

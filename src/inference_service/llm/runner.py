@@ -10,7 +10,11 @@ The runner holds the KV caches:
   positions ``model.generate`` gives them. A decode step is one forward pass over all rows
   (input ``[rows, 1]``); a paused row gets a padding token with mask 0 and its position does
   not advance. Rows of finished, cancelled or preempted requests are removed at once and
-  leading columns that are padding in every row are trimmed.
+  leading columns that are padding in every row are trimmed. Each step a paused row gets
+  one masked column, so the columns can outgrow the longest request; when more than a
+  quarter of them are such excess (or rows x columns pass ``capacity_tokens``) the runner
+  packs every row's real columns to the right (:meth:`ModelRunner.compact`): the cache is
+  then as wide as its longest request again.
 - a **prefill cache** per request part-way through its prefill (``[1, heads, computed,
   head_dim]``): each prompt chunk is one forward pass ``[1, chunk]`` over it. When the last
   chunk is computed the request samples its next token and, unless it finished, its cache
@@ -62,6 +66,7 @@ class ModelRunner:
         self._positions: Any = None  # [rows] long: position id of each row's next token
         self._prefill: dict[str, Any] = {}  # key -> DynamicCache of a partly prefilled request
         self._ready: dict[str, Any] = {}  # key -> cache of a request whose prefill ended this step
+        self.capacity_tokens = 0  # rows x columns above which the running cache is compacted (0: no bound)
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -77,6 +82,49 @@ class ModelRunner:
         for cache in self._prefill.values():
             used += int(cache.layers[0].keys.shape[-2]) if cache.layers else 0
         return used
+
+    def allocated_tokens(self) -> int:
+        """Token positions the KV caches take, padding included (rows x columns of the running
+        cache plus the prefill caches)."""
+        rows, columns = self.cache_shape
+        allocated = rows * columns
+        for cache in self._prefill.values():
+            allocated += int(cache.layers[0].keys.shape[-2]) if cache.layers else 0
+        return allocated
+
+    def longest(self) -> int:
+        """Real tokens of the longest row of the running cache (0 when nothing runs)."""
+        return int(self._positions.max()) if self._positions is not None else 0
+
+    def compact(self) -> None:
+        """Pack each row's real columns to the right of the running cache, dropping the masked
+        columns paused steps left between them: the cache is then as wide as its longest row.
+        Keys keep their positions (they were rotated at their position ids when computed)."""
+        import torch
+
+        if self._mask is None:
+            return
+        width = self.longest()
+        columns = int(self._mask.shape[1])
+        if width >= columns:
+            return
+        # a stable sort puts each row's padding first and its real columns last, in order
+        order = torch.sort(self._mask, dim=1, stable=True).indices[:, columns - width:]
+        self._mask = torch.gather(self._mask, 1, order)
+        for layer in self._cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = torch.gather(layer.keys, 2, index)
+            layer.values = torch.gather(layer.values, 2, index)
+
+    def _bound(self) -> None:
+        """Compact the running cache when too much of its width is excess padding."""
+        if self._mask is None:
+            return
+        rows, columns = self.cache_shape
+        excess = columns - self.longest()
+        over = bool(self.capacity_tokens) and rows * columns > self.capacity_tokens
+        if (excess >= 16 and excess * 4 > columns) or (excess > 0 and over):
+            self.compact()
 
     def free(self, keys: Collection[str]) -> None:
         """Drop the caches of ``keys`` (finished, cancelled, preempted); unknown keys are ignored."""
@@ -127,6 +175,7 @@ class ModelRunner:
         if self._ready:
             ready, self._ready = self._ready, {}
             self._merge(list(ready), list(ready.values()))
+        self._bound()
 
     def _decode(self, selected: set[str], requests: Mapping[str, RequestState], tokens: dict[str, int]) -> None:
         import torch
