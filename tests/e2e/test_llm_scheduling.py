@@ -197,3 +197,43 @@ def test_real_model_greedy_text_is_the_same_with_and_without_chunked_prefill(smo
     whole = _text(smol_server.stream("whole", body, timeout=120))
     assert chunked[1]["usage"]["prompt_tokens"] > 4 * 16  # the chunked prompt took several steps
     assert chunked == whole
+
+
+def test_a_slow_but_steady_reader_keeps_the_kv_cache_within_its_capacity(sched_server):
+    """Issue 34 item 9: a reader that pauses just under ``streamPausePreemptMSec`` (300 ms here) each
+    time is never preempted while another place serves one request after another. Each step it
+    misses used to add a padding column to the shared cache; what the cache takes stays within
+    the capacity (torch engine: packed, then paused requests preempted)."""
+    import threading
+
+    family = "inference_service_llm_kv_cache_{}_tokens"
+    stop = threading.Event()
+    served: list[int] = []
+
+    def others() -> None:
+        while not stop.is_set():
+            final = _text(sched_server.stream("paused", json.dumps(_body("Busy", 120)), timeout=120))[1]
+            served.append(final["usage"]["completion_tokens"])
+
+    channel, stub = _small_window_stub(sched_server)
+    worker = threading.Thread(target=others, daemon=True)
+    peak = capacity = 0.0
+    try:
+        call = stub.StreamPredictions(_request("paused", _body("A slow but steady reader", LONG)), timeout=120)
+        next(call)
+        worker.start()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(0.2)  # the client's reading pace, under the 300 ms preemption bound
+            next(call)
+            peak = max(peak, _sample(sched_server, family.format("allocated"), "paused"))
+            capacity = _sample(sched_server, family.format("capacity"), "paused")
+    finally:
+        stop.set()
+        channel.close()
+        worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert served and all(n == 120 for n in served), served
+    # enough steps ran beside the reader that one padding column per missed step would pass capacity
+    assert sum(served) > capacity / 2, (sum(served), capacity)
+    assert 0 < peak <= capacity, (peak, capacity)
