@@ -219,13 +219,14 @@ def test_a_slow_but_steady_reader_keeps_the_kv_cache_within_its_capacity(sched_s
     worker = threading.Thread(target=others, daemon=True)
     peak = capacity = 0.0
     try:
-        call = stub.StreamPredictions(_request("paused", _body("A slow but steady reader", LONG)), timeout=120)
+        call = stub.StreamPredictions(_request("paused", _body("A slow but steady reader", 1800)), timeout=120)
         next(call)
         worker.start()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             time.sleep(0.2)  # the client's reading pace, under the 300 ms preemption bound
-            next(call)
+            if next(call, None) is None:
+                break
             peak = max(peak, _sample(sched_server, family.format("allocated"), "paused"))
             capacity = _sample(sched_server, family.format("capacity"), "paused")
     finally:
