@@ -238,3 +238,25 @@ def test_a_slow_but_steady_reader_keeps_the_kv_cache_within_its_capacity(sched_s
     # enough steps ran beside the reader that one padding column per missed step would pass capacity
     assert sum(served) > capacity / 2, (sum(served), capacity)
     assert 0 < peak <= capacity, (peak, capacity)
+
+
+def test_a_preempted_seeded_stream_gives_the_text_of_the_stream_alone(smol_server):
+    """Issue 34 item 10, through the real server and model: a seeded sampled stream whose client
+    stops reading until it is preempted (``streamPausePreemptMSec``, 1 s by default), then reads
+    on, gives the text of the same request run alone (the sampler's state travels with it)."""
+    body = json.dumps({"prompt": "Write a story about a lighthouse keeper.", "max_new_tokens": LONG,
+                       "temperature": 1.0, "top_p": 0.9, "seed": 1234, "ignore_eos": True,
+                       "include_usage": True})
+    alone = _text(smol_server.stream("whole", body, timeout=300))
+    preempted = smol_server.log().count("preempted: its client stopped reading")
+    channel, stub = _small_window_stub(smol_server)
+    try:
+        call = stub.StreamPredictions(_request("whole", body.encode()), timeout=300)
+        first = next(call).prediction
+        wait_for(lambda: smol_server.log().count("preempted: its client stopped reading") > preempted,
+                 timeout=60, what="the paused stream preempted")
+        got = _text([first] + [r.prediction for r in call])
+    finally:
+        channel.close()
+    assert got[1]["usage"]["completion_tokens"] == LONG
+    assert got == alone
