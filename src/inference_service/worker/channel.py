@@ -187,11 +187,14 @@ class WorkerChannel:
                 self._await_credit(request_id)
                 credit = self._credit.get(request_id, 1)
             self._credit[request_id] = credit - 1
-        data = wire.encode_response(wire.CHUNK, request_id, payload)
+        self.send(b"".join(self.pending_metrics() + [wire.encode_response(wire.CHUNK, request_id, payload)]))
+
+    def pending_metrics(self) -> list[bytes]:
+        """The METRIC frame of what the handler recorded since the last one ([] when nothing)."""
         metrics = self.metrics
-        if metrics is not None and metrics.pending:
-            data = wire.encode_metrics(metrics.drain()) + data
-        self.send(data)
+        if metrics is None or not metrics.pending:
+            return []
+        return [wire.encode_metrics(metrics.drain())]
 
     def is_cancelled(self, request_id: str) -> bool:
         """Whether a ``CANCEL`` arrived for ``request_id`` (reads the socket at most every

@@ -123,7 +123,7 @@ class ContinuousRunner:
                 self.preempted[rid] = self.running.pop(rid)
                 notes.append(wire.frame(wire.PREEMPTED, rid.encode()))
             self._call_handler("preempt_requests", to_preempt)
-            notes += self._pending_metrics()  # the engine's gauges now: no step may run for a while
+            notes += self.channel.pending_metrics()  # the engine's gauges now: no step may run for a while
         if notes:
             channel.send(b"".join(notes))
         if to_end:
@@ -138,7 +138,7 @@ class ContinuousRunner:
                     "its place (streamPauseAbortMSec)", 429))
             self.channel.end(to_end)
             self._drop_in_handler(to_end)
-            self.channel.send(b"".join(frames + self._pending_metrics()))
+            self.channel.send(b"".join(frames + self.channel.pending_metrics()))
         return due
 
     def _take(self, item: tuple[int, bytes]) -> bool:
@@ -175,17 +175,10 @@ class ContinuousRunner:
         if gone:
             self.channel.end(gone)
             self._drop_in_handler(gone)
-            frames += self._pending_metrics()
+            frames += self.channel.pending_metrics()
         cancelled.clear()  # ids of requests this worker no longer has are forgotten too
         if frames:
             self.channel.send(b"".join(frames))
-
-    def _pending_metrics(self) -> list[bytes]:
-        """The METRIC frame of what the handler recorded since the last one (none: empty)."""
-        metrics = self.channel.metrics
-        if metrics is None or not metrics.pending:
-            return []
-        return [wire.encode_metrics(metrics.drain())]
 
     def _drop_in_handler(self, request_ids: list[str]) -> None:
         self._call_handler("drop_requests", request_ids)
@@ -248,9 +241,7 @@ class ContinuousRunner:
             self._blocked_since.pop(rid, None)
         if ended:
             self.channel.end(ended)
-        metrics = self.channel.metrics
-        if metrics is not None and metrics.pending:
-            out.append(wire.encode_metrics(metrics.drain()))
+        out += self.channel.pending_metrics()
         if out:
             self.channel.send(b"".join(out))
 

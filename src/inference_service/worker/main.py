@@ -100,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
     rank = int(os.environ.get("RANK", "0"))
-    if channel.metrics is not None and channel.metrics.pending:  # recorded by initialize()
-        channel.send(wire.encode_metrics(channel.metrics.drain()))
-    channel.send(wire.frame(wire.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode()))
+    ready = wire.frame(wire.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode())
+    channel.send(b"".join(channel.pending_metrics() + [ready]))  # metrics recorded by initialize() first
     if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()
     elif spec.mode == wire.MODE_ASYNC:

@@ -101,9 +101,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a handler bug answers INTERNAL, the worker lives on
             out = answers.failed(ids, exc)
         self.channel.end(ids)
-        metrics = self.channel.metrics
-        if metrics is not None and metrics.pending:
-            out.append(wire.encode_metrics(metrics.drain()))
+        out += self.channel.pending_metrics()
         out.append(wire.frame(wire.DONE))
         self.channel.send(b"".join(out))
 
