@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,12 @@ def parse_affinity(value: Any, highest: int | None = None) -> set[int] | None:
     if not cpus:
         raise ValueError("handler config: 'cpu_affinity' names no CPU")
     return cpus
+
+
+def positive_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    """A ``handler:`` section count (``torch_threads``, ``max_num_batched_tokens``, ...), ``default``
+    when absent; ValueError naming the key when it is not a positive integer."""
+    value = config.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"handler config: {key!r} must be a positive integer, got {value!r}")
+    return value

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from inference_service.contracts.cpu import positive_int
+
 log = logging.getLogger(__name__)
 
 ENGINES = ("openvino", "torch")
@@ -53,15 +55,6 @@ def engine_name(config: Mapping[str, Any], device_type: str) -> str:
     return str(value)
 
 
-def _positive(config: Mapping[str, Any], key: str, default: int | None) -> int | None:
-    value = config.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EngineConfigError(f"handler config: '{key}' must be a positive integer, got {value!r}")
-    return value
-
-
 def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
     value = config.get(key, default)
     if not isinstance(value, bool):
@@ -72,7 +65,7 @@ def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
 def worker_threads(config: Mapping[str, Any]) -> int | None:
     """The worker's thread count: ``torch_threads`` or what the worker set in ``OMP_NUM_THREADS``
     (from its CPU affinity and quota, :mod:`inference_service.worker.cpu`)."""
-    threads = _positive(config, "torch_threads", None)
+    threads = positive_int(config, "torch_threads")
     if threads is not None:
         return threads
     try:
@@ -101,8 +94,8 @@ def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> Built
     if weight_format not in WEIGHT_FORMATS:
         raise EngineConfigError(f"handler config: 'weight_format' must be one of {', '.join(WEIGHT_FORMATS)}, "
                                 f"got {weight_format!r}")
-    cache_size = _positive(config, "cache_size", DEFAULT_CACHE_SIZE_GB)
-    budget = _positive(config, "max_num_batched_tokens", DEFAULT_OPENVINO_BATCHED_TOKENS)
+    cache_size = positive_int(config, "cache_size", DEFAULT_CACHE_SIZE_GB)
+    budget = positive_int(config, "max_num_batched_tokens", DEFAULT_OPENVINO_BATCHED_TOKENS)
     prefix_caching = _flag(config, "enable_prefix_caching", True)
     model_path = config.get("model_path")
     if model_path and is_ir_dir(Path(str(model_path)).expanduser()):

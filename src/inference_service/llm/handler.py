@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from inference_service.contracts.cpu import positive_int
 from inference_service.contracts.stats import IterationStats
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
@@ -25,7 +26,6 @@ from inference_service.llm.handler_config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_PREFILL,
     continuous_batching,
-    positive_int,
     warn_retired,
 )
 from inference_service.llm.model import load_model, resolve_model_dir, warm_up

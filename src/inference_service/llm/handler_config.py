@@ -43,15 +43,3 @@ def warn_retired(config: Mapping[str, Any]) -> None:
     for retired in sorted(RETIRED_KEYS & set(config)):
         log.warning("handler config: %r is retired and has no effect (the OpenVINO engine's int8 weights "
                     "replace the torch engine's CPU modes; docs/llm.md, 'Engines')", retired)
-
-
-def positive_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
-    """The ``handler:`` section's ``key``, ``default`` when absent.
-
-    Raises:
-        ValueError: the value is not a positive integer.
-    """
-    value = config.get(key, default)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"handler config: {key!r} must be a positive integer, got {value!r}")
-    return value

@@ -24,6 +24,7 @@ from inference_service.contracts.cpu import (
     cgroup_cpu_limit,
     default_threads,
     parse_affinity,
+    positive_int,
     usable_cpus,
 )
 
@@ -33,15 +34,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(config: Mapping[str, Any], key: str) -> int | None:
-    value = config.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"handler config: {key!r} must be a positive integer, got {value!r}")
-    return value
 
 
 def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -63,7 +55,7 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
                 f"worker's allowed CPUs {sorted(allowed)}"
             )
         os.sched_setaffinity(0, affinity)
-    threads = _positive_int(handler_config, "torch_threads")
+    threads = positive_int(handler_config, "torch_threads")
     if threads is not None and threads > (cap := math.floor(usable_cpus())):
         log.warning("handler config: torch_threads %d is more than the %d usable CPUs; using %d",
                     threads, cap, cap)
