@@ -81,3 +81,73 @@ def test_final_message_round_trip():
         FinalMessage("t", "stop", None)
     for other in (b"plain", b'{"text": 1, "finish_reason": "stop"}', b"{broken", b'{"text": ""}'):
         assert FinalMessage.parse(other) is None
+
+
+#: Every sampling field that takes a number, and the extreme doubles a hostile client sends.
+NUMBER_FIELDS = ("max_new_tokens", "temperature", "top_p", "seed", "top_k", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty")
+EXTREMES = (0.0, -0.0, 5e-324, 1e-320, 1e-310, 1e-300, 1e-46, 1e-45, 1e-39, 1e-38, 1e-6, 1e38, 1e39,
+            1e308, -1e-300, -1e308, float("nan"), float("inf"), float("-inf"))
+
+
+def _float32(value: float) -> float:
+    import struct
+
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _float32_normal_or_zero(value: float) -> bool:
+    import math
+
+    if value == 0:
+        return True
+    try:
+        as32 = _float32(value)
+    except OverflowError:
+        return False
+    return math.isfinite(as32) and abs(as32) >= 2.0**-126
+
+
+def _check_kept(params: GenerationParams) -> None:
+    """What the engines will see is sane: float32 values that are 0 or normal, a temperature that is 0
+    or at least vLLM's greedy threshold, and multipliers in their ranges."""
+    for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        assert _float32_normal_or_zero(getattr(params, name)), (name, getattr(params, name))
+    assert params.temperature == 0 or params.temperature >= 1e-5
+    assert 0 < _float32(params.top_p) <= 1
+    assert 0.01 <= params.repetition_penalty <= 10
+
+
+@pytest.mark.parametrize("name", NUMBER_FIELDS)
+def test_extreme_doubles_are_kept_float32_safe_or_refused_by_name(name):
+    for value in EXTREMES:
+        try:
+            params = GenerationRequest.build({"prompt": "x", name: value}).params
+        except InvalidRequest as exc:
+            assert exc.field == name, (name, value, exc.field)
+            assert f"'{name}'" in str(exc), str(exc)
+            continue
+        _check_kept(params)
+
+
+def test_a_tiny_temperature_is_greedy_as_vllm_reads_it():
+    assert GenerationParams().updated({"temperature": 1e-300}).temperature == 0.0
+    assert GenerationParams().updated({"temperature": 9.9e-6}).temperature == 0.0
+    assert GenerationParams().updated({"temperature": 1e-5}).temperature == 1e-5
+
+
+def test_any_double_is_kept_float32_safe_or_refused_by_name():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.sampled_from(NUMBER_FIELDS), st.floats(allow_nan=True, allow_infinity=True) | st.integers())
+    def check(name: str, value: float) -> None:
+        try:
+            params = GenerationRequest.build({"prompt": "x", name: value}).params
+        except InvalidRequest as exc:
+            assert exc.field == name
+            return
+        _check_kept(params)
+
+    check()

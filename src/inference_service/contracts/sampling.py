@@ -24,6 +24,16 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 #: Most stop token ids one request may give.
 MAX_STOP_TOKEN_IDS = 64
+#: A ``temperature`` below this is greedy, as vLLM's ``_SAMPLING_EPS``: the engines compute in
+#: float32, where dividing the logits by a tinier one overflows (OpenVINO refuses it outright).
+GREEDY_TEMPERATURE = 1e-5
+#: The range of ``repetition_penalty``: the engines divide or multiply logits by it in float32.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
+#: The smallest normal float32 and the largest float32: the engines see every number in float32,
+#: where a smaller non-zero one is a denormal (or 0) and a larger one is inf.
+FLOAT32_MIN_NORMAL = 2.0**-126
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 #: The answer to an Open Inference Protocol (v2) body: which body this handler takes, and where.
@@ -63,15 +73,24 @@ def _check_number(name: str, value: Any) -> float:
     return number
 
 
+def _check_float32(name: str, value: Any) -> float:
+    """A finite number the engines see as itself in float32: 0, or a normal float32."""
+    number = _check_number(name, value)
+    if number and not FLOAT32_MIN_NORMAL <= abs(number) <= FLOAT32_MAX:
+        raise InvalidRequest(f"'{name}' must be 0 or between {FLOAT32_MIN_NORMAL:.4g} and {FLOAT32_MAX:.4g} "
+                             f"in magnitude (the engines compute in float32), got {value}")
+    return number
+
+
 def _check_temperature(name: str, value: Any) -> float:
     temperature = _check_number(name, value)
     if not 0.0 <= temperature <= MAX_TEMPERATURE:
         raise InvalidRequest(f"'{name}' must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
-    return temperature
+    return temperature if temperature >= GREEDY_TEMPERATURE else 0.0
 
 
 def _check_top_p(name: str, value: Any) -> float:
-    top_p = _check_number(name, value)
+    top_p = _check_float32(name, value)
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequest(f"'{name}' must be greater than 0 and at most 1, got {value}")
     return top_p
@@ -93,15 +112,16 @@ def _check_stop(name: str, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))  # drop duplicates, keep order
 
 
-def _check_positive(name: str, value: Any) -> float:
+def _check_repetition_penalty(name: str, value: Any) -> float:
     number = _check_number(name, value)
-    if number <= 0.0:
-        raise InvalidRequest(f"'{name}' must be greater than 0, got {value}")
+    if not MIN_REPETITION_PENALTY <= number <= MAX_REPETITION_PENALTY:
+        raise InvalidRequest(f"'{name}' must be between {MIN_REPETITION_PENALTY:g} and "
+                             f"{MAX_REPETITION_PENALTY:g}, got {value}")
     return number
 
 
 def _check_penalty(name: str, value: Any) -> float:
-    number = _check_number(name, value)
+    number = _check_float32(name, value)
     if not -2.0 <= number <= 2.0:
         raise InvalidRequest(f"'{name}' must be between -2 and 2, got {value}")
     return number
@@ -144,7 +164,7 @@ class GenerationParams:
     ignore_eos: bool = param(False, _check_bool)
     include_usage: bool = param(False, _check_bool)
     top_k: int = param(0, _int_in(0, 2**31 - 1))
-    repetition_penalty: float = param(1.0, _check_positive)
+    repetition_penalty: float = param(1.0, _check_repetition_penalty)
     presence_penalty: float = param(0.0, _check_penalty)
     frequency_penalty: float = param(0.0, _check_penalty)
     stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
