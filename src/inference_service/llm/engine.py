@@ -63,12 +63,37 @@ class StepOutput:
             :func:`~inference_service.llm.generation.generate_pieces` returns it.
         tokens: the tokens sampled for the request that this output accounts for (this
             engine: 1; an engine that hands over held tokens: their number, possibly 0).
+        error: set when the engine failed on this request alone (``finished`` is then true and
+            ``result`` ``None``): :data:`REQUEST_FAULT`; the engine logged the cause.
     """
 
     piece: str = ""
     finished: bool = False
     result: GenerationResult | None = None
     tokens: int = 1
+    error: str | None = None
+
+
+#: What a client is told when the engine failed on its request alone (gRPC INTERNAL, HTTP 500):
+#: our words, never the engine's (its text can hold build paths and internals).
+REQUEST_FAULT = "the engine failed on this request; the other requests go on (the worker log names the cause)"
+
+
+def request_fault(key: str, exc: BaseException) -> StepOutput:
+    """Log why the engine failed on request ``key`` and return its :data:`REQUEST_FAULT` output."""
+    log.error("request %s failed in the engine and ends alone: %s: %s", key, type(exc).__name__, exc,
+              exc_info=exc)
+    return StepOutput(finished=True, tokens=0, error=REQUEST_FAULT)
+
+
+def add_request(engine: Any, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> StepOutput | None:
+    """``engine.add(...)``; when the engine refuses the request (any exception), its
+    :data:`REQUEST_FAULT` output instead, the cause logged: the other requests go on."""
+    try:
+        engine.add(key, prompt_ids, params)
+    except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
+        return request_fault(key, exc)
+    return None
 
 
 class GenerationEngine:
@@ -264,15 +289,24 @@ class GenerationEngine:
             raise
         outputs: dict[str, StepOutput] = {}
         finished: list[str] = []
+        failed = dict(self.runner.failed)  # sampling failed for these requests alone
         for key, token in tokens.items():
             request = self._requests[key]
-            piece, reason = request.accept(token, self.eos)
+            try:
+                piece, reason = request.accept(token, self.eos)
+            except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
+                failed[key] = exc
+                continue
             if reason is None:
                 outputs[key] = StepOutput(piece)
             else:
                 outputs[key] = StepOutput(piece, True, request.finish(reason))
                 finished.append(key)
                 del self._requests[key]
+        for key, cause in failed.items():
+            outputs[key] = request_fault(key, cause)
+            finished.append(key)
+            self._requests.pop(key, None)
         self.scheduler.update(plan, finished)
         self.runner.commit(finished)
         self._bound(plan.paused)

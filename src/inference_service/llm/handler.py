@@ -19,7 +19,7 @@ from inference_service.contracts.stats import IterationStats
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
-from inference_service.llm.engine import GenerationEngine
+from inference_service.llm.engine import REQUEST_FAULT, GenerationEngine, StepOutput, add_request
 from inference_service.llm.engines import build_openvino, engine_name
 from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
 from inference_service.llm.handler_config import (
@@ -219,6 +219,13 @@ class LLMHandler(BaseHandler):
             metrics.add_time("RequestGenerationTime", round(elapsed * 1000, 2), idx, "ms")
         return final_message(result, job.request.params)
 
+    @staticmethod
+    def _fail(out: StepOutput, idx: int, context: Context) -> str:
+        """Answer request ``idx`` with the engine fault of ``out`` (status 500, gRPC INTERNAL)."""
+        message = out.error or REQUEST_FAULT
+        context.set_response_status(500, message, idx)
+        return message
+
     def _text_apart(self, idx: int, text: str, context: Context) -> bool:
         """Send a finishing request's last text apart, leaving the usage object alone; False if it cannot."""
         request_id = context.request_ids.get(idx)
@@ -281,7 +288,11 @@ class LLMHandler(BaseHandler):
                     finished[idx] = True
                     continue
                 request, prompt_ids = prepared
-                engine.add(key, prompt_ids, request.params)
+                fault = add_request(engine, key, prompt_ids, request.params)
+                if fault is not None:
+                    results[idx] = self._fail(fault, idx, context)
+                    finished[idx] = True
+                    continue
                 self._jobs[key] = ActiveRequest(key, request, log_id(context, idx), time.perf_counter(),
                                                  len(prompt_ids))
             keys[idx] = key
@@ -297,7 +308,11 @@ class LLMHandler(BaseHandler):
             if out is None:
                 continue
             self._count(self._jobs[key], out.tokens)
-            if out.finished and out.result is not None:
+            if out.error is not None:
+                self._jobs.pop(key)
+                results[idx] = self._fail(out, idx, context)
+                finished[idx] = True
+            elif out.finished and out.result is not None:
                 job = self._jobs.pop(key)
                 text = out.piece + out.result.remaining_text
                 if text and job.request.params.include_usage and self._text_apart(idx, text, context):

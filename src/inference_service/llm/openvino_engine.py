@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine import StepOutput
+from inference_service.llm.engine import StepOutput, request_fault
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState
 
@@ -240,20 +240,35 @@ class OpenVINOEngine:
             finished ones are removed from the engine.
         """
         keys = list(self._requests) if active is None else [k for k in active if k in self._requests]
+        outputs: dict[str, StepOutput] = {}
         for key in keys:
             live = self._requests[key]
             if live.handle is None:
-                self._submit(live)
+                try:
+                    self._submit(live)
+                except Exception as exc:  # noqa: BLE001 - the pipeline refused this request alone
+                    outputs[key] = self._fail(key, exc)
         if self.pipeline.has_non_finished_requests():
             self.pipeline.step()
-        outputs: dict[str, StepOutput] = {}
         for key in keys:
-            out = self._collect(self._requests[key])
+            if key in outputs:
+                continue
+            try:
+                out = self._collect(self._requests[key])
+            except Exception as exc:  # noqa: BLE001 - reading this request's output failed: it ends alone
+                out = self._fail(key, exc)
             if out is not None:
                 outputs[key] = out
                 if out.finished:
-                    del self._requests[key]
+                    self._requests.pop(key, None)
         return outputs
+
+    def _fail(self, key: str, exc: Exception) -> StepOutput:
+        """End request ``key`` alone after the pipeline failed on it (its handle cancelled)."""
+        live = self._requests.pop(key)
+        if live.handle is not None:
+            live.handle.cancel()
+        return request_fault(key, exc)
 
     def _drain(self, live: _Live) -> tuple[list[int], bool]:
         """The tokens waiting in the request's handle, and whether the pipeline is done with it."""

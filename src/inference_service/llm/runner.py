@@ -67,6 +67,7 @@ class ModelRunner:
         self._prefill: dict[str, Any] = {}  # key -> DynamicCache of a partly prefilled request
         self._ready: dict[str, Any] = {}  # key -> cache of a request whose prefill ended this step
         self.capacity_tokens = 0  # rows x columns above which the running cache is compacted (0: no bound)
+        self.failed: dict[str, Exception] = {}  # requests whose sampling failed in the last step
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -151,7 +152,9 @@ class ModelRunner:
 
         Returns:
             ``{key: sampled token}`` for every decoded request and every request whose last
-            chunk was computed. Call :meth:`commit` once the tokens are accepted.
+            chunk was computed, but those whose sampling raised: they are in :attr:`failed`
+            (key -> exception) until the next step. Call :meth:`commit` once the tokens are
+            accepted, with the failed keys among the finished ones.
 
         Raises:
             TypeError: the model's KV cache is not a ``DynamicCache`` of full-attention layers.
@@ -161,6 +164,7 @@ class ModelRunner:
         import torch
 
         self.free(plan.preempted)
+        self.failed = {}
         tokens: dict[str, int] = {}
         with torch.inference_mode():
             if plan.decode:
@@ -195,9 +199,10 @@ class ModelRunner:
         self._mask = mask
         self._positions = self._positions + step_mask
         advanced = [i for i, f in enumerate(flags) if f]
-        chosen = self._choose(logits, advanced, [requests[self.rows[i]] for i in advanced])
+        chosen = self._choose(logits, advanced, [requests[self.rows[i]] for i in advanced], self.failed)
         for i, token in zip(advanced, chosen, strict=True):
-            tokens[self.rows[i]] = token
+            if token is not None:
+                tokens[self.rows[i]] = token
 
     def _prefill_chunk(self, chunk: PrefillChunk, request: RequestState, tokens: dict[str, int]) -> None:
         import torch
@@ -220,7 +225,9 @@ class ModelRunner:
         if chunk.last:
             self._prefill.pop(chunk.key, None)
             self._ready[chunk.key] = cache
-            tokens[chunk.key] = self._choose(logits, [0], [request])[0]
+            token = self._choose(logits, [0], [request], self.failed)[0]
+            if token is not None:
+                tokens[chunk.key] = token
         else:
             self._prefill[chunk.key] = cache
 
@@ -248,22 +255,29 @@ class ModelRunner:
         return out.logits[:, -1, :]
 
     @staticmethod
-    def _choose(logits: Any, indices: list[int], requests: Sequence[RequestState]) -> list[int]:
-        """The next token of each row in ``indices`` (``requests[j]`` samples row ``indices[j]``)."""
+    def _choose(logits: Any, indices: list[int], requests: Sequence[RequestState],
+                failed: dict[str, Exception]) -> list[int | None]:
+        """The next token of each row in ``indices`` (``requests[j]`` samples row ``indices[j]``);
+        ``None`` for a request whose sampling raised, recorded in ``failed``."""
         greedy = None
-        tokens = []
+        tokens: list[int | None] = []
         for i, request in zip(indices, requests, strict=True):
             params = request.params
-            if needs_logit_processing(params):
-                row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
-                tokens.append(sample_next_token(row, params.temperature, params.top_p, request.generator,
-                                                getattr(params, "top_k", 0)))
-            elif params.temperature <= 0.0:
-                if greedy is None:
-                    greedy = logits.argmax(dim=-1).tolist()
-                tokens.append(int(greedy[i]))
-            else:
-                tokens.append(sample_next_token(logits[i], params.temperature, params.top_p, request.generator))
+            try:
+                if needs_logit_processing(params):
+                    row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
+                    tokens.append(sample_next_token(row, params.temperature, params.top_p, request.generator,
+                                                    getattr(params, "top_k", 0)))
+                elif params.temperature <= 0.0:
+                    if greedy is None:
+                        greedy = logits.argmax(dim=-1).tolist()
+                    tokens.append(int(greedy[i]))
+                else:
+                    tokens.append(sample_next_token(logits[i], params.temperature, params.top_p,
+                                                    request.generator))
+            except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
+                failed[request.key] = exc
+                tokens.append(None)
         return tokens
 
     # --- the running cache ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from inference_service.handler import Context, send_intermediate_predict_response
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
+from inference_service.llm.engine import StepOutput, add_request
 from inference_service.llm.params import GenerationResult
 from inference_service.llm.requests import GenerationRequest
 
@@ -36,6 +37,8 @@ class BatchHost(Protocol):
     def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]: ...
 
     def _report_engine(self) -> None: ...
+
+    def _fail(self, out: StepOutput, idx: int, context: Context) -> str: ...
 
 
 def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], context: Context) -> Pieces:
@@ -66,7 +69,10 @@ def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], con
             request, prompt_ids = prepared
             job = ActiveRequest(f"{prefix}:{idx}", request, log_id(context, idx), time.perf_counter(),
                                 len(prompt_ids))
-            engine.add(job.key, prompt_ids, request.params)
+            fault = add_request(engine, job.key, prompt_ids, request.params)
+            if fault is not None:
+                results[idx] = host._fail(fault, idx, context)
+                continue
             live[idx] = job
         while live:
             for idx in [i for i in live if cancelled(context, i)]:
@@ -80,6 +86,7 @@ def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], con
             outputs = engine.step([job.key for job in live.values()])
             pieces: dict[int, str] = {}
             finished: list[tuple[int, ActiveRequest, GenerationResult]] = []
+            failed: list[int] = []
             for idx, job in live.items():
                 out = outputs.get(job.key)
                 if out is None:
@@ -87,9 +94,15 @@ def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], con
                 host._count(job, out.tokens)
                 if out.piece:
                     pieces[idx] = out.piece
-                if out.finished and out.result is not None:
+                if out.error is not None:
+                    failed.append(idx)
+                    results[idx] = host._fail(out, idx, context)
+                elif out.finished and out.result is not None:
                     finished.append((idx, job, out.result))
             host._report_engine()
+            for idx in failed:
+                del live[idx]
+                pieces.pop(idx, None)
             for idx, job, result in finished:
                 del live[idx]
                 if job.request.params.include_usage and result.remaining_text:

@@ -1,0 +1,186 @@
+"""One request fails alone (issue: a tiny temperature failed every stream of its worker).
+
+Through the real server, on both engines, with the tiny random Llama:
+
+- every number field of the typed request, fed the extreme doubles a hostile client sends, through
+  every door (gRPC Predictions and StreamPredictions, HTTP /predictions, OpenAI chat and
+  completions), is served or refused by name (400 / INVALID_ARGUMENT), never INTERNAL;
+- a request the engine fails on (a fault planted in the engine by tests/handlers/faulty_llm_handler.py)
+  ends alone with our own message, while three long streams beside it stream to their end.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_llm_server import ENGINES, _build, _tiny_model_dir
+
+from conftest import HANDLERS, ServerProcess, read_key, wait_for
+from inference_service._proto import inference_pb2
+from inference_service.llm.engine import REQUEST_FAULT
+
+pytestmark = pytest.mark.llm
+
+#: The number fields of the typed request, as the TorchServe JSON body and OpenAI's body name them.
+FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
+          "top_k": "top_k", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+          "frequency_penalty": "frequency_penalty"}
+#: Zero, the smallest positive double, denormals, float32's edges, 1e+-308, NaN and the infinities.
+EXTREMES = (0.0, 5e-324, 1e-310, 1e-300, 1e-46, 1e-39, 1e-38, 1e38, 1e308, -1e-300, -1e308,
+            float("nan"), float("inf"), float("-inf"))
+FAULT_SEED = 4242
+
+
+def _with_handler(mar: Path, handler_file: Path) -> None:
+    """Replace the archive's handler module by ``handler_file``."""
+    with zipfile.ZipFile(mar) as archive:
+        entries = {info.filename: archive.read(info.filename) for info in archive.infolist()}
+    entries["llm_handler.py"] = handler_file.read_bytes()
+    with zipfile.ZipFile(mar, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def fault_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    from inference_service.llm.model import converted_model_dir, find_default_gguf
+
+    store = tmp_path_factory.mktemp("fault_store")
+    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
+    _build(store, "--model-path", str(tiny), "--name", "tiny", *ENGINES[request.param])
+    _build(store, "--model-path", str(tiny), "--name", "faulty", *ENGINES[request.param])
+    _with_handler(store / "faulty.mar", HANDLERS / "faulty_llm_handler.py")
+    srv = ServerProcess(tmp_path_factory.mktemp("fault_work"), store,
+                        ["--models", "tiny=tiny.mar", "faulty=faulty.mar"])
+    try:
+        for name in ("tiny", "faulty"):
+            srv.wait_workers(name, 1, timeout=600)
+        srv.engine = request.param
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def _http(srv: ServerProcess, path: str, body: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=60)
+    try:
+        conn.request("POST", path, body.encode(), {"Authorization": f"Bearer {read_key(srv.key_file, 'inference')}",
+                                                   "Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def _grpc(srv: ServerProcess, body: str, stream: bool) -> tuple[grpc.StatusCode, str]:
+    request = inference_pb2.PredictionsRequest(model_name="tiny", input={"data": body.encode()})
+    try:
+        if stream:
+            for _ in srv.inference.StreamPredictions(request, timeout=60):
+                pass
+        else:
+            srv.inference.Predictions(request, timeout=60)
+    except grpc.RpcError as err:
+        return err.code(), err.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _door_answers(srv: ServerProcess, field: str, value: float) -> dict[str, tuple[bool, str]]:
+    """``{door: (served, error text)}`` for one field set to ``value`` (a short, greedy-or-sampled request)."""
+    ours = {"prompt": "The sky is", "max_new_tokens": 2, field: value}
+    openai_field = FIELDS[field]
+    oai = {"model": "tiny", "max_tokens": 2, openai_field: value}
+    answers: dict[str, tuple[bool, str]] = {}
+    for door, stream in (("grpc Predictions", False), ("grpc StreamPredictions", True)):
+        code, details = _grpc(srv, json.dumps(ours), stream)
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), (door, field, value, code, details)
+        answers[door] = (code == grpc.StatusCode.OK, details)
+    for door, path, body in (
+        ("http /predictions", "/predictions/tiny", ours),
+        ("openai chat", "/v1/chat/completions", {**oai, "messages": [{"role": "user", "content": "Hi"}]}),
+        ("openai completions", "/v1/completions", {**oai, "prompt": "The sky is"}),
+    ):
+        status, text = _http(srv, path, json.dumps(body))
+        assert status in (200, 400), (door, field, value, status, text)
+        answers[door] = (status == 200, "" if status == 200 else text)
+    return answers
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_extreme_doubles_are_served_or_refused_by_name_at_every_door(fault_server, field):
+    for value in EXTREMES:
+        for door, (served, error) in _door_answers(fault_server, field, value).items():
+            if not served:
+                name = FIELDS[field] if door.startswith("openai") else field
+                assert name in error, (door, field, value, error)
+                assert "Check" not in error and ".cpp" not in error, error  # never the engine's own text
+    # and the worker still serves
+    code, details = _grpc(fault_server, json.dumps({"prompt": "The sky is", "max_new_tokens": 4}), stream=True)
+    assert code == grpc.StatusCode.OK, details
+
+
+def test_a_tiny_temperature_is_served_greedy(fault_server):
+    greedy = fault_server.predict("tiny", json.dumps({"prompt": "The sky is", "max_new_tokens": 8}))
+    for temperature in (1e-46, 1e-300, 9e-6):
+        body = {"prompt": "The sky is", "max_new_tokens": 8, "temperature": temperature, "top_p": 1e-30}
+        assert fault_server.predict("tiny", json.dumps(body)) == greedy
+
+
+def _victim(srv: ServerProcess, prompt: str, tokens: int, out: dict[str, Any]) -> None:
+    body = {"prompt": prompt, "max_new_tokens": tokens, "ignore_eos": True, "include_usage": True}
+    request = inference_pb2.PredictionsRequest(model_name="faulty", input={"data": json.dumps(body).encode()})
+    messages = []
+    try:
+        for response in srv.inference.StreamPredictions(request, timeout=300):
+            messages.append(response.prediction.decode())
+            out["streamed"] = len(messages)
+        out["final"] = json.loads(messages[-1])
+    except grpc.RpcError as err:
+        out["error"] = (err.code(), err.details())
+    finally:
+        out["done"] = time.monotonic()
+
+
+def test_a_request_the_engine_fails_on_ends_alone_while_three_streams_go_on(fault_server):
+    srv = fault_server
+    tokens = 1500
+    victims: list[dict[str, Any]] = [{} for _ in range(3)]
+    threads = [threading.Thread(target=_victim, args=(srv, f"Story {i}: once upon a time", tokens, victims[i]))
+               for i in range(3)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: all(v.get("streamed", 0) > 2 for v in victims), timeout=60, what="the three streams started")
+    faults = []
+    deadline = time.monotonic() + 240
+    next_fault = time.monotonic()
+    while any("done" not in v for v in victims) and time.monotonic() < deadline:
+        if time.monotonic() >= next_fault:
+            body = {"prompt": "Break here", "max_new_tokens": 8, "temperature": 1.0, "top_k": 50, "seed": FAULT_SEED}
+            request = inference_pb2.PredictionsRequest(model_name="faulty", input={"data": json.dumps(body).encode()})
+            with pytest.raises(grpc.RpcError) as err:
+                for _ in srv.inference.StreamPredictions(request, timeout=60):
+                    pass
+            faults.append((err.value.code(), err.value.details(), all("done" not in v for v in victims)))
+            next_fault += 1.0
+        time.sleep(0.02)  # pacing the one-a-second faults, not a synchronisation point
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all("final" in v for v in victims), victims
+    for victim in victims:
+        assert victim["final"]["finish_reason"] == "length", victim
+        assert victim["final"]["usage"]["completion_tokens"] == tokens, victim
+    assert sum(1 for *_, mid_stream in faults if mid_stream) >= 2, f"too few faults landed mid-stream: {faults}"
+    for code, details, _ in faults:
+        assert code == grpc.StatusCode.INTERNAL and details == REQUEST_FAULT, (code, details)
+    log = srv.log()
+    assert ("planted sampler fault" if srv.engine == "torch" else "temperature") in log
+    # the worker serves on: a request without the fault is answered
+    assert srv.predict("faulty", json.dumps({"prompt": "The sky is", "max_new_tokens": 4}))
