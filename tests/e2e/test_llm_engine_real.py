@@ -41,7 +41,7 @@ def real() -> tuple[Any, Any, list[list[int]], list[list[int]]]:
     from inference_service.llm.params import GenerationParams
     from inference_service.llm.requests import parse_request
 
-    model, tokenizer = load_model(resolve_model_dir({}))
+    model, tokenizer = load_model(resolve_model_dir())
     bodies = json.loads(PROMPTS_FILE.read_text())
     assert len(bodies) == 10
     prompts = [build_prompt_ids(tokenizer, parse_request(body, GenerationParams())) for body in bodies]

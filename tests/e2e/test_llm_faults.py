@@ -25,7 +25,7 @@ from test_llm_server import ENGINES, _build, _tiny_model_dir
 
 from conftest import HANDLERS, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
-from inference_service.llm.engine import REQUEST_FAULT
+from inference_service.llm.engine_protocol import REQUEST_FAULT
 
 pytestmark = pytest.mark.llm
 

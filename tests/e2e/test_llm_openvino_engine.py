@@ -124,6 +124,8 @@ def test_seeded_sampling_repeats_and_top_k_1_is_greedy(ir):
 
 
 def test_sampling_options_map_to_openvino_and_opposite_penalties_are_refused():
+    from inference_service.llm.engine_protocol import refusal
+    from inference_service.llm.engines import CAPABILITIES
     from inference_service.llm.openvino_engine import OpenVINOEngine, generation_config
 
     config = generation_config(_params(temperature=0.5, top_p=0.9, top_k=5, repetition_penalty=1.3, seed=11),
@@ -132,9 +134,11 @@ def test_sampling_options_map_to_openvino_and_opposite_penalties_are_refused():
     assert abs(config.temperature - 0.5) < 1e-6 and abs(config.repetition_penalty - 1.3) < 1e-6
     assert config.stop_token_ids == {2} and config.ignore_eos is True
     assert generation_config(_params(), 0, {2}).do_sample is False
-    assert OpenVINOEngine.refusal(_params(repetition_penalty=1.2, top_k=3)) is None
+    every = tuple(CAPABILITIES.values())
+    assert refusal(OpenVINOEngine.capabilities, _params(repetition_penalty=1.2, top_k=3), every) is None
     for name in ("presence_penalty", "frequency_penalty"):
-        message = OpenVINOEngine.refusal(_params(**{name: 0.5}))
+        assert refusal(CAPABILITIES["torch"], _params(**{name: 0.5}), every) is None
+        message = refusal(OpenVINOEngine.capabilities, _params(**{name: 0.5}), every)
         assert message is not None and f"'{name}'" in message and "engine: torch" in message
 
 

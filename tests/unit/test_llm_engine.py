@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine import GenerationEngine, StepOutput
+from inference_service.llm.engine import GenerationEngine
+from inference_service.llm.engine_protocol import StepOutput
 from inference_service.llm.generation import generate_text
 from inference_service.llm.params import GenerationParams, GenerationResult
 

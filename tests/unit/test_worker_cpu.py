@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inference_service.contracts.handler_config import HandlerConfig, HandlerConfigError
 from inference_service.worker.cpu import (
     apply_cpu_settings,
     cgroup_cpu_limit,
@@ -80,20 +81,20 @@ def test_parse_affinity_rejects(value: object) -> None:
 
 def test_apply_defaults_to_passive_and_inherited_threads() -> None:
     env = {"OMP_NUM_THREADS": "3"}
-    applied = apply_cpu_settings({}, env)
+    applied = apply_cpu_settings(HandlerConfig(), env)
     assert applied == {"threads": 3, "wait_policy": "passive", "affinity": None}
     assert env == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_apply_inherits_server_wait_policy() -> None:
     env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "active"}
-    assert apply_cpu_settings({}, env)["wait_policy"] == "active"
+    assert apply_cpu_settings(HandlerConfig(), env)["wait_policy"] == "active"
     assert env["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_apply_model_config_wins() -> None:
     env = {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"}
-    applied = apply_cpu_settings({"torch_threads": 2, "omp_wait_policy": "ACTIVE"}, env)
+    applied = apply_cpu_settings(HandlerConfig.parse({"torch_threads": 2, "omp_wait_policy": "ACTIVE"}), env)
     assert applied["threads"] == 2 and env["OMP_NUM_THREADS"] == "2" and env["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
@@ -101,7 +102,7 @@ def test_apply_affinity_caps_threads() -> None:
     before = os.sched_getaffinity(0)
     cpu = min(before)
     try:
-        applied = apply_cpu_settings({"cpu_affinity": [cpu], "torch_threads": 8}, {})
+        applied = apply_cpu_settings(HandlerConfig.parse({"cpu_affinity": [cpu], "torch_threads": 8}), {})
         assert applied == {"threads": 1, "wait_policy": "passive", "affinity": [cpu]}
         assert os.sched_getaffinity(0) == {cpu}
     finally:
@@ -115,6 +116,7 @@ def test_apply_affinity_caps_threads() -> None:
     ({"omp_wait_policy": 1}, "omp_wait_policy"),
     ({"cpu_affinity": [100000]}, "'cpu_affinity' must name CPUs from 0 to"),
 ])
-def test_apply_rejects_bad_values(config: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        apply_cpu_settings(config, {})
+def test_bad_cpu_values_are_refused_by_name(config: dict[str, object], message: str) -> None:
+    with pytest.raises(HandlerConfigError, match=message) as err:
+        HandlerConfig.parse(config)
+    assert err.value.key == next(iter(config))

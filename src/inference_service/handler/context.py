@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.handler.metrics import Metrics
 
 
@@ -102,6 +103,7 @@ class Context:
         self.request_processor: list[RequestProcessor] = []
         self._metrics = metrics if metrics is not None else Metrics(model_name)
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
+        self._handler_config: HandlerConfig | None = None
         self._sequence_ids: dict[int, str] = {}
         self._channel: Channel | None = None
         # TorchServe's rule, read once: in a torchrun group only LOCAL_RANK 0 answers clients
@@ -119,6 +121,18 @@ class Context:
         """``model_dir``, ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
         ``limit_max_image_pixels``."""
         return self._system_properties
+
+    @property
+    def handler_config(self) -> HandlerConfig:
+        """The ``handler:`` section of ``model_yaml_config``, typed (as the worker applied it: a
+        ``torch_threads`` over the usable CPUs is capped). Raises HandlerConfigError when invalid."""
+        if self._handler_config is None:
+            self._handler_config = HandlerConfig.parse(self.model_yaml_config.get("handler"))
+        return self._handler_config
+
+    @handler_config.setter
+    def handler_config(self, config: HandlerConfig) -> None:
+        self._handler_config = config
 
     @property
     def metrics(self) -> Metrics:

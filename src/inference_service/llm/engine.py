@@ -38,62 +38,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
+from inference_service.llm.engine_protocol import EngineCapabilities, StepOutput, request_fault
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState, eos_token_ids
 from inference_service.llm.runner import ModelRunner
 from inference_service.llm.scheduler import PREEMPTED, PREFILLING, RUNNING, WAITING, Scheduler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepOutput:
-    """What one :meth:`GenerationEngine.step` produced for one request.
-
-    Attributes:
-        piece: newly released text (possibly ``""``: e.g. an incomplete character or a
-            possible stop-string prefix is held back).
-        finished: the request ended in this step and was removed from the engine.
-        result: when finished, how it ended; its ``remaining_text`` is the tail released
-            only at the end (not part of ``piece``), as
-            :func:`~inference_service.llm.generation.generate_pieces` returns it.
-        tokens: the tokens sampled for the request that this output accounts for (this
-            engine: 1; an engine that hands over held tokens: their number, possibly 0).
-        error: set when the engine failed on this request alone (``finished`` is then true and
-            ``result`` ``None``): :data:`REQUEST_FAULT`; the engine logged the cause.
-    """
-
-    piece: str = ""
-    finished: bool = False
-    result: GenerationResult | None = None
-    tokens: int = 1
-    error: str | None = None
-
-
-#: What a client is told when the engine failed on its request alone (gRPC INTERNAL, HTTP 500):
-#: our words, never the engine's (its text can hold build paths and internals).
-REQUEST_FAULT = "the engine failed on this request; the other requests go on (the worker log names the cause)"
-
-
-def request_fault(key: str, exc: BaseException) -> StepOutput:
-    """Log why the engine failed on request ``key`` and return its :data:`REQUEST_FAULT` output."""
-    log.error("request %s failed in the engine and ends alone: %s: %s", key, type(exc).__name__, exc,
-              exc_info=exc)
-    return StepOutput(finished=True, tokens=0, error=REQUEST_FAULT)
-
-
-def add_request(engine: Any, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> StepOutput | None:
-    """``engine.add(...)``; when the engine refuses the request (any exception), its
-    :data:`REQUEST_FAULT` output instead, the cause logged: the other requests go on."""
-    try:
-        engine.add(key, prompt_ids, params)
-    except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
-        return request_fault(key, exc)
-    return None
 
 
 class GenerationEngine:
@@ -128,6 +82,10 @@ class GenerationEngine:
         max_model_len: most tokens (prompt + generated) of one request; ``None``: the
             model's ``config.max_position_embeddings``.
     """
+
+    #: It honours every field; its step budget was chosen by measurement (benchmarks/RESULTS.md,
+    #: "Issue 25: scheduler").
+    capabilities = EngineCapabilities("torch", default_batched_tokens=64, on_gpu=True)
 
     def __init__(self, model: Any, tokenizer: Any, eos_ids: Collection[int] | None = None,
                  max_prefill: int | None = None, max_num_seqs: int | None = None,
@@ -197,11 +155,6 @@ class GenerationEngine:
             kv_cache_allocated_tokens=self.runner.allocated_tokens(),
             kv_cache_capacity_tokens=self.runner.capacity_tokens,
         )
-
-    @staticmethod
-    def refusal(params: GenerationParams) -> str | None:
-        """Why this engine cannot honour ``params``: never (it honours every sampling option)."""
-        return None
 
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; its prefill (and first token) starts at the next :meth:`step`

@@ -1,5 +1,6 @@
-"""Building the LLM handler's engine from its config: ``engine: openvino | torch`` (docs/llm.md,
-"Engines"). Both engines have the same methods, so nothing above the handler knows which runs."""
+"""The one builder of the LLM handler's engine: ``engine: openvino | torch`` of the typed handler
+config (docs/llm.md, "Engines"). Both engines implement
+:class:`~inference_service.llm.engine_protocol.Engine`, so nothing above the handler knows which runs."""
 
 from __future__ import annotations
 
@@ -7,33 +8,40 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from inference_service.contracts.cpu import positive_int
+from inference_service.contracts.handler_config import HandlerConfig
+from inference_service.llm.engine import GenerationEngine
+from inference_service.llm.engine_protocol import Engine, EngineCapabilities
+from inference_service.llm.openvino_engine import OpenVINOEngine
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("openvino", "torch")
+#: Every engine's declaration, by the name the handler config gives it.
+CAPABILITIES: dict[str, EngineCapabilities] = {
+    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine)
+}
 #: KV cache of the OpenVINO engine by default (GB): 8 SmolLM2 requests of 8,192 tokens in f32
 #: take about 3 GB; the pipeline preempts past what it holds.
 DEFAULT_CACHE_SIZE_GB = 1
-#: Tokens per OpenVINO step by default (prompt chunks plus one per decoding request).
-DEFAULT_OPENVINO_BATCHED_TOKENS = 256
+#: Newly arrived requests the torch engine prefills per step by default: a burst of 8 gets its
+#: first tokens about twice as early at the median than with all 8 prefilled in one step, at the
+#: same throughput (benchmarks/README.md, "LLM concurrency").
+DEFAULT_MAX_PREFILL = 2
 
 
 class EngineConfigError(ValueError):
-    """A handler config value for the engine is invalid; the message names the key."""
+    """The handler config asks for an engine this worker cannot run; the message names the key."""
 
 
 @dataclass
 class BuiltEngine:
     """What the handler keeps of its engine."""
 
-    engine: Any
+    engine: Engine
     tokenizer: Any
     context_length: int | None
     name: str
@@ -41,33 +49,39 @@ class BuiltEngine:
     model: Any = None  # the torch model (torch engine only)
 
 
-def engine_name(config: Mapping[str, Any], device_type: str) -> str:
+def engine_name(config: HandlerConfig, device_type: str) -> str:
     """``engine`` when set, else ``openvino`` on CPU and ``torch`` on an accelerator; EngineConfigError
-    for an unknown engine or ``openvino`` off CPU."""
-    value = config.get("engine")
-    if value is None:
+    for an engine that does not run on ``device_type``."""
+    if config.engine is None:
         return "openvino" if device_type == "cpu" else "torch"
-    if value not in ENGINES:
-        raise EngineConfigError(f"handler config: 'engine' must be one of {', '.join(ENGINES)}, got {value!r}")
-    if value == "openvino" and device_type != "cpu":
-        raise EngineConfigError(f"handler config: 'engine: openvino' runs on CPU only; this worker has "
-                                f"{device_type}; use 'engine: torch'")
-    return str(value)
+    capabilities = CAPABILITIES[config.engine]
+    if device_type != "cpu" and not capabilities.on_gpu:
+        able = " or ".join(f"'engine: {c.name}'" for c in CAPABILITIES.values() if c.on_gpu)
+        raise EngineConfigError(f"handler config: 'engine: {config.engine}' runs on CPU only; this worker has "
+                                f"{device_type}; use {able}")
+    return config.engine
 
 
-def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = config.get(key, default)
-    if not isinstance(value, bool):
-        raise EngineConfigError(f"handler config: '{key}' must be true or false, got {value!r}")
-    return value
+def build_engine(config: HandlerConfig, device: str, max_num_seqs: int | None, continuous: bool) -> BuiltEngine:
+    """The engine the config names (:func:`engine_name`) on ``device`` (``"cpu"``, ``"cuda:0"``),
+    running up to ``max_num_seqs`` requests at once; ``continuous``: requests join at any step
+    (else the torch engine prefills whole prompts).
+
+    Raises:
+        EngineConfigError: an engine that does not run on ``device``.
+        ModelPreparationError: the model cannot be located, converted or loaded.
+    """
+    name = engine_name(config, "cpu" if device == "cpu" else "cuda")
+    if name == "openvino":
+        return _build_openvino(config, max_num_seqs)
+    return _build_torch(config, device, max_num_seqs, continuous)
 
 
-def worker_threads(config: Mapping[str, Any]) -> int | None:
-    """The worker's thread count: ``torch_threads`` or what the worker set in ``OMP_NUM_THREADS``
-    (from its CPU affinity and quota, :mod:`inference_service.worker.cpu`)."""
-    threads = positive_int(config, "torch_threads")
-    if threads is not None:
-        return threads
+def worker_threads(config: HandlerConfig) -> int | None:
+    """The worker's thread count: ``torch_threads`` (as the worker applied it) or what the worker set in
+    ``OMP_NUM_THREADS`` (from its CPU affinity and quota, :mod:`inference_service.worker.cpu`)."""
+    if config.torch_threads is not None:
+        return config.torch_threads
     try:
         value = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
@@ -75,38 +89,47 @@ def worker_threads(config: Mapping[str, Any]) -> int | None:
     return value if value > 0 else None
 
 
-def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> BuiltEngine:
-    """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
-    converted once to ``weight_format``.
+def _build_torch(config: HandlerConfig, device: str, max_num_seqs: int | None, continuous: bool) -> BuiltEngine:
+    """The transformers model and the torch engine (``engine: torch``)."""
+    import torch
 
-    Raises:
-        EngineConfigError: a bad ``weight_format``, ``cache_size`` or ``enable_prefix_caching``.
-        ModelPreparationError: the model cannot be located or converted.
-    """
+    from inference_service.llm.generation import model_context_length
+    from inference_service.llm.model import load_model, resolve_model_dir, warm_up
+
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    model_dir = resolve_model_dir(config)
+    model, tokenizer = load_model(model_dir, device=device)
+    log.info("warm-up forward pass took %.2f s", warm_up(model))
+    context_length = model_context_length(model)
+    budget = config.max_num_batched_tokens or GenerationEngine.capabilities.default_batched_tokens
+    engine = GenerationEngine(
+        model, tokenizer, max_prefill=config.max_prefill_requests or DEFAULT_MAX_PREFILL, max_num_seqs=max_num_seqs,
+        max_model_len=context_length, max_num_batched_tokens=budget if continuous else None,
+    )
+    return BuiltEngine(engine, tokenizer, context_length, "torch", str(model_dir), model)
+
+
+def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
+    """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
+    converted once to ``weight_format``."""
     from transformers import AutoTokenizer
 
     from inference_service.llm.model import resolve_model_dir
-    from inference_service.llm.openvino_engine import OpenVINOEngine
-    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS, is_ir_dir, prepare_ir
+    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, is_ir_dir, prepare_ir
     from inference_service.llm.request_state import eos_token_ids
 
-    weight_format = config.get("weight_format", DEFAULT_WEIGHT_FORMAT)
-    if weight_format not in WEIGHT_FORMATS:
-        raise EngineConfigError(f"handler config: 'weight_format' must be one of {', '.join(WEIGHT_FORMATS)}, "
-                                f"got {weight_format!r}")
-    cache_size = positive_int(config, "cache_size", DEFAULT_CACHE_SIZE_GB)
-    budget = positive_int(config, "max_num_batched_tokens", DEFAULT_OPENVINO_BATCHED_TOKENS)
-    prefix_caching = _flag(config, "enable_prefix_caching", True)
-    model_path = config.get("model_path")
-    if model_path and is_ir_dir(Path(str(model_path)).expanduser()):
-        ir_dir = Path(str(model_path)).expanduser()
+    weight_format = config.weight_format or DEFAULT_WEIGHT_FORMAT
+    if weight_format == "gguf":
+        return _build_gguf(config, max_num_seqs)
+    model_path = config.model_path
+    if model_path and is_ir_dir(Path(model_path).expanduser()):
+        ir_dir = Path(model_path).expanduser()
     else:
-        cache_dir = config.get("cache_dir")
-        ir_dir, seconds = prepare_ir(resolve_model_dir(config), str(weight_format),
-                                     str(cache_dir) if cache_dir else None)
+        ir_dir, seconds = prepare_ir(resolve_model_dir(config), weight_format, config.cache_dir)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
-    weight_format = ir_weight_format(ir_dir, str(weight_format))
+    weight_format = ir_weight_format(ir_dir, weight_format)
     tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
     model_config = _read_json(ir_dir / "config.json")
     generation = _read_json(ir_dir / "generation_config.json")
@@ -115,15 +138,41 @@ def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> Built
     model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
                                  generation_config=SimpleNamespace(**generation))
     start = time.perf_counter()
-    engine = OpenVINOEngine(ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=budget, max_model_len=context_length,
-                            weight_format=weight_format, kv_cache_gb=cache_size or DEFAULT_CACHE_SIZE_GB,
-                            threads=worker_threads(config),
-                            enable_prefix_caching=prefix_caching)
+    engine = OpenVINOEngine(
+        ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
+        max_model_len=context_length, weight_format=weight_format,
+        kv_cache_gb=config.cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
+        enable_prefix_caching=config.enable_prefix_caching)
     size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
              time.perf_counter() - start)
     return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir))
+
+
+def _build_gguf(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
+    """The OpenVINO engine on a GGUF file as it is (``weight_format: gguf``): ``gguf_file``, else the
+    bundled SmolLM2 GGUF; no conversion, and the pipeline's own tokenizer."""
+    from inference_service.llm.gguf import gguf_shape
+    from inference_service.llm.model import find_default_gguf
+    from inference_service.llm.openvino_engine import QUALITY_PROPERTIES, kv_element_bytes
+
+    if config.model_path:
+        raise EngineConfigError("handler config: 'weight_format: gguf' serves a GGUF file ('gguf_file'); "
+                                "'model_path' names a model directory: set one of them")
+    gguf = Path(config.gguf_file).expanduser() if config.gguf_file else find_default_gguf()
+    shape = gguf_shape(gguf, config.cache_dir)
+    start = time.perf_counter()
+    engine = OpenVINOEngine(
+        gguf, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
+        max_model_len=shape.context_length, weight_format="gguf",
+        kv_cache_gb=config.cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
+        kv_bytes_per_token=shape.kv_bytes_per_token(kv_element_bytes(QUALITY_PROPERTIES["gguf"]["KV_CACHE_PRECISION"])),
+        enable_prefix_caching=config.enable_prefix_caching)
+    log.info("loaded %s (GGUF as it is, %.0f MB) in %.1f s", gguf, gguf.stat().st_size / 1e6,
+             time.perf_counter() - start)
+    return BuiltEngine(engine, engine.tokenizer, shape.context_length, "openvino", str(gguf))
 
 
 def ir_weight_format(ir_dir: Path, configured: str) -> str:

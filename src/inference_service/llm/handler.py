@@ -14,28 +14,20 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from inference_service.contracts.cpu import positive_int
 from inference_service.contracts.stats import IterationStats
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
-from inference_service.llm.engine import REQUEST_FAULT, GenerationEngine, StepOutput, add_request
-from inference_service.llm.engines import build_openvino, engine_name
-from inference_service.llm.generation import build_prompt_ids, final_message, model_context_length
-from inference_service.llm.handler_config import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_PREFILL,
-    continuous_batching,
-    warn_retired,
-)
-from inference_service.llm.model import load_model, resolve_model_dir, warm_up
+from inference_service.llm.engine_protocol import REQUEST_FAULT, Engine, StepOutput, add_request, refusal
+from inference_service.llm.engines import CAPABILITIES, build_engine, engine_name
+from inference_service.llm.generation import build_prompt_ids, final_message
+from inference_service.llm.handler_config import continuous_batching, warn_retired
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import (
     GenerationRequest,
     InvalidRequest,
     check_prompt_size,
     max_token_chars,
-    params_from_config,
     parse_input_row,
 )
 from inference_service.llm.static_batch import Pieces, generate_batch, send_pieces
@@ -65,7 +57,7 @@ class LLMHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
         self.tokenizer: Any = None
-        self.engine: Any = None  # GenerationEngine or OpenVINOEngine: the same methods
+        self.engine: Engine | None = None
         self.engine_name = "torch"
         self.defaults = GenerationParams()
         self.context_length: int | None = None
@@ -78,14 +70,14 @@ class LLMHandler(BaseHandler):
         self._iteration = IterationStats()  # tokens counted since the last report to the server
 
     def initialize(self, context: Context) -> None:
-        """Read the ``handler`` config, convert the GGUF if not cached, load model and tokenizer.
+        """Read the typed ``handler`` config, convert the model if not cached, build the engine.
 
         Raises:
-            inference_service.llm.requests.InvalidRequest: an invalid generation default.
+            inference_service.contracts.handler_config.HandlerConfigError: an invalid key.
             inference_service.llm.model.ModelPreparationError: the model cannot be loaded.
-            ValueError: a count that is not a positive integer, or an invalid engine setting.
+            inference_service.llm.engines.EngineConfigError: an engine this worker cannot run.
         """
-        config = (context.model_yaml_config or {}).get("handler") or {}
+        config = context.handler_config.within((context.system_properties or {}).get("model_dir", ""))
         on_gpu = (context.system_properties or {}).get("gpu_id") is not None
         name = engine_name(config, "cuda" if on_gpu else "cpu")
         if name == "openvino":  # no torch in this worker: about 340 MB less resident memory
@@ -94,17 +86,15 @@ class LLMHandler(BaseHandler):
             super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
         self.initialized = False
         warn_retired(config)
-        self.defaults = params_from_config(config)
+        self.defaults = config.generation
         batch_size = (context.system_properties or {}).get("batch_size")
         max_num_seqs = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
+        built = build_engine(config, str(self.device) if name == "torch" else "cpu", max_num_seqs,
+                             continuous_batching(context))
+        self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
+        self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
         if name == "openvino":
-            built = build_openvino(config, max_num_seqs)
-            self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
-            self.model_path = built.model_path
             log.info("warm-up request took %.2f s", self._warm_up())
-        else:
-            self._initialize_torch(config, context, max_num_seqs)
-        self.engine_name = name
         self.max_prompt_chars = (
             self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
         )
@@ -127,26 +117,6 @@ class LLMHandler(BaseHandler):
         self.map_location = "cpu"
         self.device = None
 
-    def _initialize_torch(self, config: dict[str, Any], context: Context, max_num_seqs: int | None) -> None:
-        """Load the transformers model and build the torch engine (``engine: torch``)."""
-        import torch
-
-        threads = positive_int(config, "torch_threads")
-        if threads is not None:
-            torch.set_num_threads(threads)
-        model_dir = resolve_model_dir(config)
-        self.model_path = str(model_dir)
-        self.model, self.tokenizer = load_model(model_dir, device=str(self.device))
-        log.info("warm-up forward pass took %.2f s", warm_up(self.model))
-        self.context_length = model_context_length(self.model)
-        max_prefill = positive_int(config, "max_prefill_requests", DEFAULT_MAX_PREFILL)
-        budget = positive_int(config, "max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        self.engine = GenerationEngine(
-            self.model, self.tokenizer, max_prefill=max_prefill, max_num_seqs=max_num_seqs,
-            max_model_len=self.context_length,
-            max_num_batched_tokens=budget if continuous_batching(context) else None,
-        )
-
     def _warm_up(self) -> float:
         """One short request, so the first client does not pay for compiling; returns its seconds."""
         engine = self._engine()
@@ -160,7 +130,7 @@ class LLMHandler(BaseHandler):
         return time.perf_counter() - start
 
     # --- shared by both modes and both handler forms ---------------------------------
-    def _engine(self) -> Any:
+    def _engine(self) -> Engine:
         if self.engine is None:
             raise RuntimeError("LLMHandler.initialize was not called")
         return self.engine
@@ -176,9 +146,9 @@ class LLMHandler(BaseHandler):
     def _tokenize(self, row: Any) -> tuple[GenerationRequest, list[int]]:
         """Parse and tokenize ``row``; InvalidRequest if malformed or its prompt cannot fit."""
         request = parse_input_row(row, self.defaults)
-        refusal = self._engine().refusal(request.params)
-        if refusal is not None:
-            raise InvalidRequest(refusal)
+        refused = refusal(self._engine().capabilities, request.params, tuple(CAPABILITIES.values()))
+        if refused is not None:
+            raise InvalidRequest(refused)
         check_prompt_size(request, self.max_prompt_chars)
         return request, build_prompt_ids(self.tokenizer, request, self.context_length)
 

@@ -20,10 +20,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.llm.kv_cache import cache_keyword, output_cache
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def prepare_gguf(
     return target
 
 
-def resolve_model_dir(config: Mapping[str, Any]) -> Path:
+def resolve_model_dir(config: HandlerConfig = HandlerConfig()) -> Path:
     """The model directory of a handler config: ``model_path`` as is, else ``gguf_file`` converted
     once, else the default SmolLM2 GGUF (``cache_dir``: the cache root).
 
@@ -276,9 +277,7 @@ def resolve_model_dir(config: Mapping[str, Any]) -> Path:
         ModelPreparationError: both keys given, a path that is not a model directory, or a failed
             conversion.
     """
-    model_path = config.get("model_path")
-    gguf_file = config.get("gguf_file")
-    cache_dir = config.get("cache_dir")
+    model_path, gguf_file, cache_dir = config.model_path, config.gguf_file, config.cache_dir
     if model_path and gguf_file:
         raise ModelPreparationError("handler config sets both model_path and gguf_file; set one")
     if model_path:

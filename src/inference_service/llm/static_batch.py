@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from inference_service.handler import Context, send_intermediate_predict_response
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
-from inference_service.llm.engine import StepOutput, add_request
+from inference_service.llm.engine_protocol import Engine, StepOutput, add_request
 from inference_service.llm.params import GenerationResult
 from inference_service.llm.requests import GenerationRequest
 
@@ -28,7 +28,7 @@ final messages."""
 class BatchHost(Protocol):
     """What :func:`generate_batch` uses of the handler (:class:`~.handler.LLMHandler`)."""
 
-    def _engine(self) -> Any: ...
+    def _engine(self) -> Engine: ...
 
     def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str: ...
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from inference_service.contracts import wire
-from inference_service.contracts.cpu import WAIT_POLICIES, parse_affinity
+from inference_service.contracts.cpu import parse_affinity
+from inference_service.contracts.handler_config import HandlerConfig, HandlerConfigError
 from inference_service.errors import InvalidArgument, shorten
 
 
@@ -158,38 +159,21 @@ class ModelConfig:
         return config
 
 
-#: ``handler:`` keys of model-config.yaml read as integers, and their lowest value.
-HANDLER_INTEGERS = {"torch_threads": 1, "max_num_batched_tokens": 1, "max_prefill_requests": 1}
-#: The highest value of such a key (a larger budget only allocates more).
-HANDLER_INTEGER_MAX = 1_000_000
-
-
-def check_handler_section(section: Any) -> None:
-    """Check the ``handler:`` keys the server and bundled handlers read before any worker starts, so a
+def check_handler_section(section: Any) -> HandlerConfig:
+    """The typed ``handler:`` section (:class:`HandlerConfig`), checked before any worker starts so a
     bad value is a clear refusal rather than a failed load (``torch_threads`` above the usable CPUs
     is capped later by the worker, with a warning).
 
     Raises:
-        InvalidArgument: names the key, the allowed range and at most 60 characters of the value.
+        InvalidArgument: names the key, the allowed values and at most 60 characters of the value.
     """
-    if section is None:
-        return
-    if not isinstance(section, dict):
-        raise InvalidArgument("model config key handler must be a mapping")
-    for key, low in HANDLER_INTEGERS.items():
-        value = section.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= HANDLER_INTEGER_MAX:
-            raise InvalidArgument(f"handler config: '{key}' must be an integer from {low} to {HANDLER_INTEGER_MAX}, "
-                                  f"got {shorten(repr(value), 60)}")
-    policy = section.get("omp_wait_policy")
-    if policy is not None and (not isinstance(policy, str) or policy.lower() not in WAIT_POLICIES):
-        raise InvalidArgument(f"handler config: 'omp_wait_policy' must be one of {', '.join(WAIT_POLICIES)}, "
-                              f"got {shorten(repr(policy), 60)}")
-    affinity = section.get("cpu_affinity")
+    try:
+        config = HandlerConfig.parse(section)
+    except HandlerConfigError as exc:
+        raise InvalidArgument(shorten(str(exc), 200)) from None
+    affinity = config.cpu_affinity
     if affinity is None or affinity == "":
-        return
+        return config
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     try:
         cpus = parse_affinity(affinity, max(allowed))
@@ -198,6 +182,7 @@ def check_handler_section(section: Any) -> None:
     if cpus is not None and not cpus <= allowed:
         raise InvalidArgument(f"handler config: 'cpu_affinity' must name CPUs of {_ranges(allowed)}, "
                               f"got {shorten(repr(affinity), 60)}")
+    return config
 
 
 def _ranges(cpus: set[int]) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from inference_service.archive.model_archive import ModelArchive
 from inference_service.contracts import wire
 from inference_service.contracts.cpu import default_threads
+from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, JobQueue
 from inference_service.dispatch.supervisor import WorkerSlot, WorkerState
@@ -107,11 +108,9 @@ class ModelVersion:
     def cpu_demand(self) -> tuple[int, int]:
         """``(worker processes, torch threads each)`` of its running workers (torchrun: ranks)."""
         live = sum(1 for slot in self.slots.values() if not slot.stopping) * max(1, self.world_size)
-        handler = (self.archive.config or {}).get("handler")
-        threads = handler.get("torch_threads") if isinstance(handler, dict) else None
-        if not isinstance(threads, int) or threads < 1:
-            threads = self._threads()
-        return live, threads
+        handler = HandlerConfig.parse((self.archive.config or {}).get("handler"))  # checked at registration
+        threads = handler.torch_threads
+        return live, threads or self._threads()
 
     def _threads(self) -> int:
         if self.world_size > 1:

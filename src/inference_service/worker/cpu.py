@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from inference_service.contracts.cpu import (
@@ -24,9 +23,9 @@ from inference_service.contracts.cpu import (
     cgroup_cpu_limit,
     default_threads,
     parse_affinity,
-    positive_int,
     usable_cpus,
 )
+from inference_service.contracts.handler_config import HandlerConfig
 
 __all__ = [
     "DEFAULT_SPIN_COUNT", "DEFAULT_WAIT_POLICY", "MAX_CPU", "WAIT_POLICIES", "apply_cpu_settings",
@@ -36,7 +35,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str] | None = None) -> dict[str, Any]:
+def apply_cpu_settings(handler_config: HandlerConfig, environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Apply a model's ``handler`` CPU keys to this worker process, before torch is imported, and
     return ``{"threads", "wait_policy", "affinity"}`` as applied. ``torch_threads`` defaults to the
     inherited ``OMP_NUM_THREADS`` (set by the server) and is capped at the CPUs of ``cpu_affinity``;
@@ -46,7 +45,7 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
         ValueError: a malformed value, or ``cpu_affinity`` naming CPUs this process may not use.
     """
     env = os.environ if environ is None else environ
-    affinity = parse_affinity(handler_config.get("cpu_affinity"))
+    affinity = parse_affinity(handler_config.cpu_affinity)
     if affinity is not None:
         allowed = os.sched_getaffinity(0)
         if not affinity <= allowed:
@@ -55,7 +54,7 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
                 f"worker's allowed CPUs {sorted(allowed)}"
             )
         os.sched_setaffinity(0, affinity)
-    threads = positive_int(handler_config, "torch_threads")
+    threads = handler_config.torch_threads
     if threads is not None and threads > (cap := math.floor(usable_cpus())):
         log.warning("handler config: torch_threads %d is more than the %d usable CPUs; using %d",
                     threads, cap, cap)
@@ -67,16 +66,14 @@ def apply_cpu_settings(handler_config: Mapping[str, Any], environ: dict[str, str
             threads = default_threads(1)
     if affinity is not None:
         threads = min(threads, len(affinity))
-    policy = handler_config.get("omp_wait_policy")
+    policy = handler_config.omp_wait_policy
     if policy is None:
         policy = env.get("OMP_WAIT_POLICY") or DEFAULT_WAIT_POLICY
-    if not isinstance(policy, str) or policy.lower() not in WAIT_POLICIES:
-        raise ValueError(f"handler config: 'omp_wait_policy' must be one of {WAIT_POLICIES}, got {policy!r}")
+    if policy.lower() not in WAIT_POLICIES:
+        raise ValueError(f"OMP_WAIT_POLICY must be one of {WAIT_POLICIES}, got {policy!r}")
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     if policy.lower() == "bounded":
-        spins = handler_config.get("omp_spin_count", DEFAULT_SPIN_COUNT)
-        if isinstance(spins, bool) or not isinstance(spins, int) or spins < 0:
-            raise ValueError(f"handler config: 'omp_spin_count' must be a non-negative integer, got {spins!r}")
+        spins = handler_config.omp_spin_count
         env.pop("OMP_WAIT_POLICY", None)
         env["GOMP_SPINCOUNT"] = str(spins)
     else:

@@ -14,6 +14,7 @@ import traceback
 import warnings
 
 from inference_service.contracts import wire
+from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.worker.async_runner import AsyncRunner
 from inference_service.worker.channel import WorkerChannel
 from inference_service.worker.continuous import ContinuousRunner
@@ -78,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, path)
     os.environ.setdefault("TS_MODEL_DIR", spec.model_dir)
     worker = Worker(channel, spec)
-    handler_config = (spec.model_yaml_config or {}).get("handler") or {}
     try:
-        cpu = apply_cpu_settings(handler_config if isinstance(handler_config, dict) else {})
+        handler_config = HandlerConfig.parse((spec.model_yaml_config or {}).get("handler"))
+        cpu = apply_cpu_settings(handler_config)
     except ValueError as exc:  # a refused setting is one line, not a traceback
         log.error("model %s failed to load: %s", spec.model_name, exc)
         channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
@@ -88,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
                  cpu["threads"], cpu["wait_policy"], cpu["affinity"] or "inherited")
-        if isinstance(handler_config, dict) and "torch_threads" in handler_config:
-            handler_config["torch_threads"] = cpu["threads"]  # capped: the handler sees what applies
+        if handler_config.torch_threads is not None:  # capped: the handler sees what applies
+            handler_config = handler_config.with_threads(cpu["threads"])
+            section = (spec.model_yaml_config or {}).get("handler")
+            if isinstance(section, dict):
+                section["torch_threads"] = cpu["threads"]  # custom handlers read the section itself
+        worker.context.handler_config = handler_config
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)
