@@ -99,8 +99,9 @@ class EmbeddingHandler(BaseHandler):
             tokens = sum(len(item.ids) for item in items)
             results[idx] = answer(job, rows, tokens, context.model_name)
             context.metrics.add_counter("PromptTokens", tokens, idx)
-        if jobs:
-            log.debug("embedded %d inputs of %d requests in %.3f s", offset, len(jobs), time.perf_counter() - start)
+        if jobs:  # one line a call: how many requests its batch gathered
+            log.info("batch of %d requests: %d inputs embedded in %.3f s", len(jobs), offset,
+                     time.perf_counter() - start)
         return results
 
     def _embed(self, items: list[Encoded]) -> np.ndarray:
