@@ -215,5 +215,12 @@ def test_bad_inputs_on_the_other_doors(server):
     status, body = _post(server, "/v2/models/minilm/infer", json.dumps(
         {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2], "data": ["fine", ""]}]}).encode())
     assert status == 400 and json.loads(body)["error"].startswith("inputs[0] ('t').data[1]: is an empty string")
+    deep = inference_pb2.PredictionsRequest(model_name="minilm",
+                                            input={"data": b'{"input": ' + b"[" * 100000 + b"]" * 100000 + b"}"})
+    with pytest.raises(grpc.RpcError) as refused:
+        server.inference.Predictions(deep, timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "too deep" in refused.value.details()
+    status, body = _post(server, "/v1/embeddings", b'{"model": "minilm", "input": ' + b"[" * 1000 + b"]" * 1000 + b"}")
+    assert status == 400 and "max_json_depth" in json.loads(body)["error"]["message"]
     request = inference_pb2.PredictionsRequest(model_name="minilm", input={"data": b"a plain text is one input"})
     assert len(json.loads(server.inference.Predictions(request, timeout=60).prediction)["data"]) == 1

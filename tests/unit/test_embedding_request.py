@@ -20,6 +20,7 @@ from inference_service.contracts.embeddings import (
 from inference_service.embeddings.formats import answer, read_row
 from inference_service.embeddings.handler import EmbeddingHandler, _dimensions
 from inference_service.embeddings.model import EmbeddingSettings
+from inference_service.errors import InvalidArgument
 from inference_service.frontends.openai.embeddings import NotAnObject, parse_embedding_body
 
 
@@ -70,24 +71,31 @@ def test_refused_field_reads_only_field_prefixes():
     assert refused_field("inputs: the embedding model takes one input tensor") is None
 
 
+DEEP = b"[" * 100000 + b"]" * 100000  # json.loads raises RecursionError
+
+
 def test_bodies_the_handler_takes():
     assert parse_body(b"plain text").inputs == ["plain text"]
     assert parse_body({"input": "x", "user": "ignored"}).inputs == ["x"]
     assert parse_body(b'"a JSON string is text"').inputs == ['"a JSON string is text"']
     for body, words in ((b"", "empty"), (b"\xff\xfe", "not UTF-8"), (b'{"input": ', "not valid JSON"),
-                        ("  {not json", "not valid JSON"), (5, "got an integer")):
+                        ("  {not json", "not valid JSON"), (b'{"input": ' + DEEP + b"}", "too deep"),
+                        (5, "got an integer")):
         with pytest.raises(InvalidEmbeddingRequest, match=words):
             parse_body(body)
 
 
 def test_the_openai_door_needs_a_model_and_an_object():
-    assert parse_embedding_body(b'{"model": "m", "input": "x"}').model == "m"
+    assert parse_embedding_body(b'{"model": "m", "input": "x"}', 64, 1000).model == "m"
     with pytest.raises(InvalidEmbeddingRequest) as refused:
-        parse_embedding_body(b'{"input": "x"}')
+        parse_embedding_body(b'{"input": "x"}', 64, 1000)
     assert refused.value.field == "model"
-    for raw in (b"[1]", b"{oops"):
-        with pytest.raises(NotAnObject):
-            parse_embedding_body(raw)
+    with pytest.raises(NotAnObject):
+        parse_embedding_body(b"[1]", 64, 1000)
+    for raw, words in ((b"{oops", "not JSON"), (b"[" * 100 + b"]" * 100, "max_json_depth=64"),
+                       (b'{"input": [' + b"[1]," * 2000 + b"[1]]}", "max_json_nodes=1000")):
+        with pytest.raises(InvalidArgument, match=words):
+            parse_embedding_body(raw, 64, 1000)
 
 
 def _oip(tensor: dict) -> dict:
@@ -115,6 +123,8 @@ def test_oip_token_ids_and_refusals():
         read_row(two)
     with pytest.raises(InvalidEmbeddingRequest, match="no 'data' or 'body'"):
         read_row({"other": b"x"})
+    with pytest.raises(InvalidEmbeddingRequest, match="too deep"):
+        read_row({"body": b'{"inputs": ' + DEEP + b"}"})
 
 
 def test_answers():

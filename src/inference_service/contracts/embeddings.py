@@ -163,6 +163,8 @@ def parse_body(body: Any) -> EmbeddingRequest:
             obj = json.loads(body)
         except ValueError as exc:
             raise InvalidEmbeddingRequest("input", f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidEmbeddingRequest("input", "the request body nests JSON too deep") from None
         if isinstance(obj, dict):
             return EmbeddingRequest.build(obj)
     if not body:

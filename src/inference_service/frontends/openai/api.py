@@ -212,8 +212,9 @@ class OpenAIApi:
         OpenAI's JSON (answers and errors: docs/embeddings.md)."""
         raw = await request.read()
         try:
-            check_json_nodes(raw, self.core.settings.max_json_nodes)
-            embedding = await off_loop(parse_embedding_body, raw, size=len(raw))
+            settings = self.core.settings
+            embedding = await off_loop(parse_embedding_body, raw, settings.max_json_depth, settings.max_json_nodes,
+                                       size=len(raw))
         except InvalidArgument as exc:
             raise OpenAIError(400, exc.message) from None
         except NotAnObject as exc:

@@ -5,27 +5,24 @@ embedding handler answers OpenAI's JSON itself (docs/embeddings.md).
 
 from __future__ import annotations
 
-import json
-
 from inference_service.contracts.embeddings import EmbeddingRequest, InvalidEmbeddingRequest, refused_field
 from inference_service.errors import InferenceError
+from inference_service.frontends.limits import parse_json
 
 
 class NotAnObject(ValueError):
     """The body is not a JSON object (OpenAI's 400 with no ``param``)."""
 
 
-def parse_embedding_body(raw: bytes) -> EmbeddingRequest:
+def parse_embedding_body(raw: bytes, max_depth: int, max_nodes: int) -> EmbeddingRequest:
     """The request of a ``/v1/embeddings`` body, which must name its ``model``.
 
     Raises:
-        NotAnObject: not JSON, or not an object.
+        InvalidArgument: not JSON, nested deeper than ``max_depth``, more than ``max_nodes`` arrays.
+        NotAnObject: not an object.
         InvalidEmbeddingRequest: a field :meth:`EmbeddingRequest.build` refuses, or no ``model``.
     """
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise NotAnObject(f"We could not parse the JSON body of your request: {exc}") from None
+    body = parse_json(raw, max_depth, max_nodes)
     if not isinstance(body, dict):
         raise NotAnObject("the request body must be a JSON object")
     request = EmbeddingRequest.build(body)
