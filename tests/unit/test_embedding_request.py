@@ -157,3 +157,21 @@ def test_dimensions_are_cut_only_where_the_config_allows():
     for bad in ([0], [5], "2", [True]):
         with pytest.raises(ValueError, match="matryoshka_dimensions"):
             _dimensions(bad, 4)
+
+
+def test_settings_come_from_the_sentence_transformers_files_unless_configured(tmp_path):
+    from inference_service.embeddings.model import settings_of
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8, "max_position_embeddings": 512}))
+    assert settings_of(tmp_path, {}) == EmbeddingSettings("mean", True, 512, 8)  # a plain transformers directory
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True,
+                                                                    "word_embedding_dimension": 8}))
+    (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Transformer"}]))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+    assert settings_of(tmp_path, {}) == EmbeddingSettings("cls", False, 128, 8)
+    configured = {"pooling": "last_token", "normalize": True, "max_length": 300}
+    assert settings_of(tmp_path, configured) == EmbeddingSettings("last_token", True, 300, 8)
+    for key, bad in (("pooling", "max"), ("normalize", "yes"), ("max_length", 513), ("max_length", 1)):
+        with pytest.raises(ValueError, match=f"'{key}'"):
+            settings_of(tmp_path, {key: bad})

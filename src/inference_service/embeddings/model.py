@@ -112,8 +112,12 @@ def settings_of(model_dir: Path, config: Mapping[str, Any]) -> EmbeddingSettings
     longest = read_json(model_dir / "sentence_bert_config.json").get("max_seq_length") \
         or model_config.get("max_position_embeddings")
     max_length = config.get("max_length", longest)
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"handler config: 'max_length' must be an integer of at least 2, got {max_length!r}")
+    positions = model_config.get("max_position_embeddings")
+    highest = positions if isinstance(positions, int) and positions > 1 else None
+    if isinstance(max_length, bool) or not isinstance(max_length, int) \
+            or not 2 <= max_length <= (highest or max_length):
+        raise ValueError(f"handler config: 'max_length' must be an integer from 2 to the model's "
+                         f"max_position_embeddings ({highest}), got {max_length!r}")
     dimension = pooling_file.get("word_embedding_dimension") or model_config.get("hidden_size")
     if not isinstance(dimension, int):
         raise ValueError(f"{model_dir}/config.json states no hidden_size")
