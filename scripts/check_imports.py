@@ -43,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "handler": LOW,
     "compat": LOW | {"handler"},
     "llm": LOW | {"handler"},
+    "embeddings": LOW | {"handler", "llm"},
     "worker": LOW | {"handler"},
     "dispatch": LOW,
     "serving": LOW | {"archive", "config", "dispatch"},

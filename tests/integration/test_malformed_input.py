@@ -96,6 +96,7 @@ def _routes(srv: ServerProcess) -> list[tuple[str, int, str, str, str]]:
         ("GET", "/ping", TS), ("POST", "/predictions/echo", TS), ("PUT", "/predictions/echo/1.0", TS),
         ("POST", "/predictions/echo/1.0/v1/chat", TS), ("POST", "/predictions/missing", TS),
         ("GET", "/v1/models", OPENAI), ("POST", "/v1/chat/completions", OPENAI), ("POST", "/v1/completions", OPENAI),
+        ("POST", "/v1/embeddings", OPENAI),
         ("GET", "/v2", V2), ("GET", "/v2/health/live", V2), ("GET", "/v2/health/ready", V2),
         ("GET", "/v2/models/oip_echo", V2), ("GET", "/v2/models/oip_echo/ready", V2),
         ("POST", "/v2/models/oip_echo/infer", V2), ("POST", "/v2/models/oip_echo/versions/1.0/infer", V2),
@@ -251,7 +252,7 @@ def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                            _containers, max_leaves=40)
 BODY_ROUTES = (("POST", "/v2/models/oip_echo/infer", V2), ("POST", "/v1/chat/completions", OPENAI),
-               ("POST", "/v1/completions", OPENAI), ("POST", "/models", TS))
+               ("POST", "/v1/completions", OPENAI), ("POST", "/v1/embeddings", OPENAI), ("POST", "/models", TS))
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 
 

@@ -235,8 +235,8 @@ def test_unknown_model_path_method_and_size(srv):
     assert (err.value.code, err.value.param) == ("model_not_found", "model")
     with pytest.raises(openai.NotFoundError):
         client(srv).completions.create(model="router/9.9", prompt="x")
-    status, _, body = call(srv, "POST", "/v1/embeddings", {"model": "router", "input": "x"})
-    assert status == 404 and openai_error(body)["message"] == "Invalid URL (POST /v1/embeddings)"
+    status, _, body = call(srv, "POST", "/v1/audio/speech", {"model": "router", "input": "x"})
+    assert status == 404 and openai_error(body)["message"] == "Invalid URL (POST /v1/audio/speech)"
     status, response, body = call(srv, "GET", "/v1/chat/completions")
     assert status == 405 and openai_error(body)["type"] == "invalid_request_error"
     assert response.getheader("Allow") == "POST"

@@ -34,6 +34,8 @@ _MARKER = "inference_service_ir.json"
 _TOOLS = ("openvino", "optimum-intel", "nncf", "transformers")
 #: Longest conversion allowed (s); SmolLM2-135M takes 10-20 s on 2 cores.
 CONVERT_TIMEOUT_S = 1800.0
+#: The exporter's task for a causal LM; the embedding handler exports ``feature-extraction``.
+LLM_TASK = "text-generation-with-past"
 
 
 def tool_versions() -> dict[str, str]:
@@ -55,12 +57,15 @@ def _source_key(model_dir: Path) -> dict[str, object]:
 
 
 def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
-                 cache_dir: str | os.PathLike[str] | None = None) -> Path:
+                 cache_dir: str | os.PathLike[str] | None = None, task: str = LLM_TASK) -> Path:
     """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache (existing or not):
-    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>``."""
+    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>`` (the key holds
+    ``task`` when it is not :data:`LLM_TASK`)."""
     source = Path(model_dir).expanduser().resolve()
-    key = json.dumps({"source": _source_key(source), "format": weight_format, "tools": tool_versions()},
-                     sort_keys=True)
+    identity: dict[str, object] = {"source": _source_key(source), "format": weight_format, "tools": tool_versions()}
+    if task != LLM_TASK:
+        identity["task"] = task
+    key = json.dumps(identity, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     return root / "openvino" / f"{source.name[:100]}-{weight_format}-{digest}"  # a file name is 255 bytes
@@ -72,13 +77,13 @@ def is_ir_dir(path: str | os.PathLike[str]) -> bool:
     return all((p / name).is_file() for name in _IR_FILES)
 
 
-def export_command(model_dir: Path, target: Path, weight_format: str) -> list[str]:
+def export_command(model_dir: Path, target: Path, weight_format: str, task: str = LLM_TASK) -> list[str]:
     """The exporter's command line (optimum-intel's ``optimum-cli export openvino``)."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
     return [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino",
-            "--model", str(model_dir), "--task", "text-generation-with-past",
+            "--model", str(model_dir), "--task", task,
             "--weight-format", weight_format, str(target)]
 
 
@@ -90,7 +95,8 @@ def model_type(model_dir: Path) -> str:
         return "unknown"
 
 
-def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str) -> float:
+def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str,
+            task: str = LLM_TASK) -> float:
     """Export ``model_dir`` to ``target`` (through a temporary sibling); returns the seconds it took.
 
     Raises:
@@ -105,7 +111,7 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
     env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error")
     try:
         try:
-            done = subprocess.run(export_command(source, tmp, weight_format), env=env, capture_output=True,
+            done = subprocess.run(export_command(source, tmp, weight_format, task), env=env, capture_output=True,
                                   text=True, timeout=CONVERT_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             raise ModelPreparationError(
@@ -134,14 +140,14 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
 
 
 def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_WEIGHT_FORMAT,
-               cache_dir: str | os.PathLike[str] | None = None) -> tuple[Path, float | None]:
+               cache_dir: str | os.PathLike[str] | None = None, task: str = LLM_TASK) -> tuple[Path, float | None]:
     """``(IR directory, conversion seconds or None when cached)`` of ``model_dir``; one process
     converts, others wait on a lock file. ModelPreparationError for an unknown weight format or a
     failed conversion."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
-    target = ir_cache_dir(model_dir, weight_format, cache_dir)
+    target = ir_cache_dir(model_dir, weight_format, cache_dir, task)
     if is_ir_dir(target):
         return target, None
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +155,6 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
         if is_ir_dir(target):
             return target, None
         log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
-        seconds = convert(model_dir, target, weight_format)
+        seconds = convert(model_dir, target, weight_format, task)
         log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
         return target, seconds

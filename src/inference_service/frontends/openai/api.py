@@ -25,9 +25,11 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from inference_service.contracts.embeddings import InvalidEmbeddingRequest
 from inference_service.contracts.sampling import InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.limits import check_json_nodes, off_loop
+from inference_service.frontends.openai.embeddings import NotAnObject, handler_refusal_param, parse_embedding_body
 from inference_service.frontends.openai.format import (
     AnswerFormat,
     ChatFormat,
@@ -125,6 +127,7 @@ class OpenAIApi:
         self.app.router.add_get("/models/{model_id:.+}", self.retrieve_model, allow_head=False)
         self.app.router.add_post("/chat/completions", self.chat_completions)
         self.app.router.add_post("/completions", self.completions)
+        self.app.router.add_post("/embeddings", self.embeddings)
 
     # ------------------------------------------------------------ errors
     def error_of(self, exc: InferenceError) -> OpenAIError:
@@ -203,6 +206,31 @@ class OpenAIApi:
         """``POST /v1/completions`` (answers and errors: docs/clients.md)."""
         completion = await self._parse(request, CompletionRequest)
         return await self._run(request, completion, CompletionFormat(completion.model))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``: the body, checked, to the model's handler, which answers
+        OpenAI's JSON (answers and errors: docs/embeddings.md)."""
+        raw = await request.read()
+        try:
+            settings = self.core.settings
+            embedding = await off_loop(parse_embedding_body, raw, settings.max_json_depth, settings.max_json_nodes,
+                                       size=len(raw))
+        except InvalidArgument as exc:
+            raise OpenAIError(400, exc.message) from None
+        except NotAnObject as exc:
+            raise OpenAIError(400, str(exc)) from None
+        except InvalidEmbeddingRequest as exc:
+            raise OpenAIError(400, str(exc), param=exc.field) from None
+        request[ACCESS_MODEL] = embedding.model
+        name, version = self._resolve(str(embedding.model))
+        headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
+        try:
+            payload = await self.core.predict(name, version, {"body": raw}, headers)
+        except InferenceError as exc:  # the handler's 400 names the field: OpenAI's param
+            error = self.error_of(exc)
+            error.param = handler_refusal_param(exc) or error.param
+            raise error from None
+        return web.Response(body=payload, content_type="application/json")
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""

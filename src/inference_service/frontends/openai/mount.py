@@ -22,6 +22,7 @@ ROUTES = (
     ("GET", "/models/{model_id:.+}", "retrieve_model"),
     ("POST", "/chat/completions", "chat_completions"),
     ("POST", "/completions", "completions"),
+    ("POST", "/embeddings", "embeddings"),
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

