@@ -56,8 +56,8 @@ def build_mnist(store: Path, weights: Path) -> str:
 
 
 def expected_digit(weights: Path, tensor: list[Any]) -> int:
-    """The digit the archive answers for a v2 tensor input (no normalisation: TorchServe's vision
-    handlers take a tensor as it is)."""
+    """The digit the archive answers for an image as the model takes it (1 x 28 x 28; a v2
+    tensor input goes in as it is, as TorchServe's vision handlers take a tensor)."""
     import torch
 
     net = _mnist_module().Net()
@@ -65,6 +65,21 @@ def expected_digit(weights: Path, tensor: list[Any]) -> int:
     net.eval()
     with torch.no_grad():
         return int(net(torch.tensor([tensor], dtype=torch.float32)).argmax(1).item())
+
+
+def v1_tensor() -> list[Any]:
+    """The image of KServe's v1 sample (v1/mnist.json, a base64 PNG) as the handler feeds it to the
+    model: 1 x 28 x 28, scaled to [0, 1] and normalized with MNIST's mean and deviation."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    png = base64.b64decode(json.loads((KSERVE / "v1" / "mnist.json").read_text())["instances"][0]["data"])
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float32) / 255.0
+    tensor: list[Any] = [((pixels - 0.1307) / 0.3081).tolist()]
+    return tensor
 
 
 def v2_tensor() -> list[Any]:
