@@ -79,6 +79,8 @@ def test_ts_environment_overrides_the_file_only_when_enabled(tmp_path, monkeypat
     assert on.allowed_urls == []  # TS_ALLOWED_URLS only with use_env_allowed_urls=true, as TorchServe
     allowed = _settings(tmp_path, "enable_envvars_config=true\nuse_env_allowed_urls=true\n", monkeypatch, env)
     assert allowed.allowed_urls == ["https://evil/.*"]
+    empty = _settings(tmp_path, "enable_envvars_config=true\n", monkeypatch, {"TS_SERVICE_ENVELOPE": ""})
+    assert empty.service_envelope is None
     off = _settings(tmp_path, "job_queue_size=3\n", monkeypatch, env)
     assert (off.service_envelope, off.inference_address, off.job_queue_size) == (None, "127.0.0.1", 3)
     # the command line wins over both

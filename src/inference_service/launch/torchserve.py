@@ -47,11 +47,12 @@ TS_ENVIRONMENT: dict[str, str] = {
 def environment_properties(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
     """The config.properties entries the ``TS_*`` variables of ``environ`` set, when the file said
     ``enable_envvars_config=true`` (else none); ``TS_ALLOWED_URLS`` only with
-    ``use_env_allowed_urls=true``, as TorchServe."""
+    ``use_env_allowed_urls=true``, as TorchServe. An empty variable sets nothing (a template KServe
+    left empty)."""
     if not settings.enable_envvars_config:
         return {}
     return {key: environ[name] for name, key in TS_ENVIRONMENT.items()
-            if name in environ and (key != "allowed_urls" or settings.use_env_allowed_urls)}
+            if environ.get(name) and (key != "allowed_urls" or settings.use_env_allowed_urls)}
 
 
 def build_parser() -> argparse.ArgumentParser:
