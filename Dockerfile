@@ -11,7 +11,7 @@
 #   with-llm:              docker build --target with-llm -t inference-service:0.1.0-llm .
 #     the bundled LLM (SmolLM2-135M-Instruct) converted during the build and baked in as the
 #     self-contained /models/smollm2.mar (the int8 OpenVINO IR, about 140 MB); run it with
-#       docker run --rm -p 7070:7070 -p 8080:8080 inference-service:0.1.0-llm \
+#       docker run --rm -p 7070:7070 -p 8080:8080 inference-service:0.1.0-llm inference-service --foreground \
 #         --model-store /models --models all --grpc-inference-address 0.0.0.0 --http-address 0.0.0.0
 #     (the key file is /home/serve/key_file.json inside the container: docker exec ... cat it).
 FROM python:3.11-slim AS server
@@ -31,13 +31,18 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constr
     && pip install --no-deps -c constraints.txt optimum-intel \
     && pip install --no-deps .
 
-RUN useradd --create-home --uid 10001 serve
+# the working directory (key_file.json, logs/, .inference_service/) is writable by group 0 too: a
+# pod that runs the image as another user (KServe's kserve-torchserve runtime: runAsUser 1000) has
+# group 0 unless it sets runAsGroup
+RUN useradd --create-home --uid 10001 --gid 0 serve && chmod g=u /home/serve
+ENV HOME=/home/serve
 USER 10001
 WORKDIR /home/serve
 # gRPC inference, gRPC management (loopback unless configured), HTTP inference, metrics
 EXPOSE 7070 7071 8080 8082
-ENTRYPOINT ["inference-service", "--foreground"]
-CMD ["--model-store", "/models", "--models", "all"]
+# no ENTRYPOINT: a runtime's args are the whole command line, as KServe's kserve-torchserve gives
+# them (torchserve --start ...)
+CMD ["inference-service", "--foreground", "--model-store", "/models", "--models", "all"]
 
 FROM server AS with-models
 ARG MODEL_STORE=model_store

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from inference_service import __version__
 from inference_service.config import ConfigError, Settings, apply_properties, read_properties
+from inference_service.launch import torchserve
 from inference_service.launch.launcher import (
     DEFAULT_WAIT_READY_S,
     pid_file,
@@ -133,6 +134,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if args.ts_config is not None:
         apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))
         settings.ts_config = args.ts_config
+        # enable_envvars_config=true: TorchServe's TS_* variables over the file
+        apply_properties(settings, torchserve.environment_properties(settings, os.environ), "the TS_* environment")
     if args.model_store is not None:
         settings.model_store = args.model_store
     if settings.model_store is not None:
@@ -203,6 +206,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                           ("INFERENCE_SERVICE_MANAGEMENT_KEY", settings.management_key)):
         if env_key is not None and len(env_key) < 16:
             raise ConfigError(f"{name} must have at least 16 characters")
+    if settings.http_shared and settings.http_tls != settings.http_management_tls:
+        raise ConfigError("inference_address and management_address name one port, but only one of them "
+                          "is https://")
     for port in (settings.inference_port, settings.management_port, settings.health_port or 0,
                  settings.http_port or 0, settings.http_management_port or 0, settings.metrics_port):
         if not 0 <= port <= 65535:
@@ -292,6 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         print("inference-service: --wait-ready must not be negative", file=sys.stderr)
         return 2
     return start_background(argv, settings, wait_ready_s)  # the child ignores --wait-ready
+
+
+def torchserve_main(argv: list[str] | None = None) -> int:
+    """The ``torchserve`` command: TorchServe 0.12's arguments, served by :func:`main`
+    (:mod:`inference_service.launch.torchserve`). Returns the process exit status."""
+    args = torchserve.build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.version:
+        print(f"TorchServe Version is {torchserve.TORCHSERVE_VERSION} (inference-service {__version__})")
+        return 0
+    server_args, notes = torchserve.server_argv(args, os.environ, os.getpid())
+    for note in notes:
+        print(f"torchserve: {note}", file=sys.stderr, flush=True)
+    return main(server_args)
 
 
 if __name__ == "__main__":

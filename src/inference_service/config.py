@@ -41,6 +41,9 @@ class Settings:
     Attributes:
         load_models: startup models: ``"all"``, ``"name=archive"`` or ``"archive"`` entries.
         models_config: TorchServe's ``models`` JSON (per model, per version settings).
+        model_snapshot: TorchServe's ``model_snapshot`` JSON: the startup models with their
+            settings (``load_models`` is then ignored, as in TorchServe).
+        enable_envvars_config: read TorchServe's ``TS_*`` environment variables over the file.
         max_request_size / max_response_size: gRPC message limits in bytes.
         max_request_parts / max_json_depth / max_json_nodes: caps of an HTTP body (more: 400).
         inference_max_connection_age_ms and its twins: ``None`` is gRPC's default, unlimited.
@@ -72,6 +75,9 @@ class Settings:
     model_store: Path | None = None
     load_models: list[str] = field(default_factory=list)
     models_config: dict[str, Any] = field(default_factory=dict)
+    model_snapshot: dict[str, Any] | None = None
+    enable_envvars_config: bool = False
+    use_env_allowed_urls: bool = False
     default_workers_per_model: int = field(default_factory=lambda: os.cpu_count() or 1)
     job_queue_size: int = 100
     default_response_timeout_s: int = 120
@@ -142,7 +148,7 @@ class Settings:
                ("management", self.management_address, self.management_port)]
         if self.http_port is not None:
             out.append(("HTTP inference", self.http_address, self.http_port))
-        if self.http_management_port is not None:
+        if self.http_management_port is not None and not self.http_shared:
             out.append(("HTTP management", self.http_management_address, self.http_management_port))
         if self.enable_metrics_api:
             out.append(("metrics", self.metrics_address, self.metrics_port))
@@ -154,6 +160,13 @@ class Settings:
         """Every port of :meth:`binds` with the flag that moves it (said with each port clash)."""
         return "the server's ports: " + ", ".join(
             f"{api} {port or 'any'} ({PORT_FLAGS[api]})" for api, _, port in self.binds())
+
+    @property
+    def http_shared(self) -> bool:
+        """Whether both HTTP APIs share one port: ``inference_address`` and ``management_address``
+        name the same host and port (not 0), as KServe's config.properties has them."""
+        return (self.http_port is not None and self.http_port != 0
+                and (self.http_address, self.http_port) == (self.http_management_address, self.http_management_port))
 
     @property
     def files_dir(self) -> Path:
@@ -271,6 +284,25 @@ def _json(value: str) -> dict[str, Any]:
     return loaded
 
 
+def _model_snapshot(value: str) -> dict[str, Any]:
+    """TorchServe's ``model_snapshot``: ``{"models": {name: {version: {"marName": ..., ...}}}}``."""
+    snapshot = _json(value)
+    models = snapshot.get("models")
+    if not isinstance(models, dict):
+        raise ValueError('must hold a "models" object')
+    for name, versions in models.items():
+        if not isinstance(versions, dict) or not versions:
+            raise ValueError(f"model {name!r}: must map versions to settings")
+        for version, entry in versions.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("marName"), str):
+                raise ValueError(f"model {name!r} version {version!r}: needs a marName")
+            for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout",
+                        "startupTimeout"):
+                if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], int)):
+                    raise ValueError(f"model {name!r} version {version!r}: {key} must be an integer")
+    return snapshot
+
+
 def _metrics_url(value: str) -> tuple[str, int]:
     """TorchServe's ``metrics_address`` (``http://host:port``) as ``(host, port)``; https is refused."""
     tls, host, port = parse_http_url(value)
@@ -302,6 +334,9 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "model_store": ("model_store", _path),
     "load_models": ("load_models", _models),
     "models": ("models_config", _json),
+    "model_snapshot": ("model_snapshot", _model_snapshot),
+    "enable_envvars_config": ("enable_envvars_config", _bool),
+    "use_env_allowed_urls": ("use_env_allowed_urls", _bool),
     "default_workers_per_model": ("default_workers_per_model", _int),
     "job_queue_size": ("job_queue_size", _int),
     "default_response_timeout": ("default_response_timeout_s", _int),

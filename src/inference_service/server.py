@@ -42,6 +42,7 @@ from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
+from inference_service.frontends.http.shared_port import SharedHttpPort
 from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.observability.accesslog import AccessLog
 from inference_service.observability.loop_lag import LoopLagMonitor
@@ -114,6 +115,7 @@ class Server:
         self.servers: list[grpc.aio.Server] = []
         self.http_api: HttpInferenceApi | None = None
         self.http_management: HttpManagementApi | None = None
+        self.http_shared: SharedHttpPort | None = None
         self.ports: dict[str, int] = {}
         self.http_cap = 1000  # connections per HTTP port (and the metrics port), set at start
         self._stopped = asyncio.Event()
@@ -275,7 +277,8 @@ class Server:
 
     async def _start_http(self) -> None:
         """TorchServe's HTTP/1.1 inference and management APIs over the same core, each unless
-        its port is None (``--no-http``, ``--no-http-management``).
+        its port is None (``--no-http``, ``--no-http-management``), on one port when their
+        addresses are the same (:mod:`~inference_service.frontends.http.shared_port`).
 
         Raises:
             OSError: a port cannot be bound.
@@ -283,27 +286,33 @@ class Server:
         s = self.settings
         self.http_cap = cap = connection_cap(s.connections, raise_open_file_limit(), 3)  # 8080, 8081, metrics
         if s.http_port is not None:  # TorchServe's HTTP/1.1 inference API, same core
-            ssl_context = server_ssl_context(s)
             self.http_api = HttpInferenceApi(self.core, keys=self.auth.keys if self.auth else None,
-                                             max_request_size=s.max_request_size, ssl_context=ssl_context,
+                                             max_request_size=s.max_request_size, ssl_context=server_ssl_context(s),
                                              access_log=self.telemetry.access_log)
             self.http_api.app.middlewares.insert(0, self.loop_lag.middleware)
             self.http_api.connection_guard = ConnectionGuard(s.connections, cap, "HTTP inference API")
-            self.ports["http"] = await self.http_api.start(s.http_address, s.http_port)
-            log.info("HTTP inference API listening on %s:%d (%s)", s.http_address, self.ports["http"],
-                     "HTTPS" if ssl_context is not None else "plaintext")
         if s.http_management_port is not None:  # TorchServe's HTTP/1.1 management API, same core
-            ssl_context = management_ssl_context(s)
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
-                max_request_size=s.max_request_size, ssl_context=ssl_context,
+                max_request_size=s.max_request_size, ssl_context=management_ssl_context(s),
                 access_log=self.telemetry.access_log)
             self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
             self.http_management.connection_guard = ConnectionGuard(s.connections, cap, "HTTP management API")
-            self.ports["http_management"] = await self.http_management.start(s.http_management_address,
-                                                                              s.http_management_port)
-            log.info("HTTP management API listening on %s:%d (%s)", s.http_management_address,
-                     self.ports["http_management"], "HTTPS" if ssl_context is not None else "plaintext")
+        if self.http_api is not None and self.http_management is not None and s.http_shared:
+            guard = ConnectionGuard(s.connections, cap, "HTTP inference and management API")
+            self.http_shared = SharedHttpPort(self.http_api, self.http_management, guard)
+            self.ports["http"] = self.ports["http_management"] = await self.http_shared.start(s.http_address,
+                                                                                               s.http_port or 0)
+            log.info("HTTP inference and management APIs listening on %s:%d", s.http_address, self.ports["http"])
+            return
+        for key, api, address, port in (("http", self.http_api, s.http_address, s.http_port),
+                                        ("http_management", self.http_management, s.http_management_address,
+                                         s.http_management_port)):
+            if api is not None and port is not None:
+                self.ports[key] = await api.start(address, port)
+                log.info("%s listening on %s:%d (%s)", "HTTP inference API" if key == "http" else
+                         "HTTP management API", address, self.ports[key],
+                         "HTTPS" if api.ssl_context is not None else "plaintext")
 
     async def _start_metrics(self) -> None:
         """The Prometheus metrics API (``enable_metrics_api``), bound in a thread.
@@ -403,6 +412,8 @@ class Server:
             await self.http_api.stop()
         if self.http_management is not None:
             await self.http_management.stop()
+        if self.http_shared is not None:
+            await self.http_shared.stop()
         await self.core.shutdown()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.stop)

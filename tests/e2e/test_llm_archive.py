@@ -146,7 +146,8 @@ def test_dockerfile_bakes_an_archive_that_is_served_from_another_path(tmp_path):
     moved.parent.mkdir()
     store.rename(moved)
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", (ROOT / "Dockerfile").read_text(), re.M)[1])
-    srv = ServerProcess(tmp_path / "work", moved, [str(moved) if a == "/models" else a for a in cmd])
+    assert cmd[:2] == ["inference-service", "--foreground"]  # ServerProcess runs it so
+    srv = ServerProcess(tmp_path / "work", moved, [str(moved) if a == "/models" else a for a in cmd[2:]])
     try:
         srv.wait_workers("smollm2", 1, timeout=600)
         assert "Paris" in _stream(srv, "smollm2")

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
+import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -107,6 +110,38 @@ def test_paused_readers_give_their_place_back_and_resume_with_the_full_text(sche
         channel.close()
     assert got == want
     assert "preempted: its client stopped reading" in sched_server.log()
+
+
+def _routing(srv: ServerProcess, model: str) -> tuple[float, float, float]:
+    """``(vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc)`` of ``model``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.status['metrics_port']}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = []
+    for family in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        found = re.search(rf'^{family}\{{model_name="{model}"\}} (\S+)$', text, re.M)
+        values.append(float(found.group(1)) if found else -1.0)
+    return values[0], values[1], values[2]
+
+
+def test_routing_gauges_move_with_more_requests_than_max_num_seqs(sched_server):
+    """Five requests on a model running two at once (batchSize 2): the endpoint picker's gauges show
+    two running and three waiting with the KV cache in use, then none running or waiting."""
+    seen: list[tuple[float, float, float]] = []
+
+    def busy() -> bool:
+        seen.append(_routing(sched_server, "whole"))
+        return seen[-1][:2] == (2.0, 3.0) and seen[-1][2] > 0
+
+    with ThreadPoolExecutor(5) as pool:
+        streams = [pool.submit(sched_server.stream, "whole", json.dumps(_body(f"Reader {i}", 300)), 300)
+                   for i in range(5)]
+        wait_for(busy, timeout=60, interval=0.05, what=f"2 running, 3 waiting (last {seen[-1:]})")
+        texts = [_text(f.result(timeout=300)) for f in streams]
+    assert all(final["usage"]["completion_tokens"] == 300 for _, final in texts)
+    assert max(running for running, _, _ in seen) == 2  # never above max_num_seqs
+    assert all(0 <= usage <= 1 for _, _, usage in seen)
+    wait_for(lambda: _routing(sched_server, "whole")[:2] == (0.0, 0.0), timeout=10,
+             what=f"none running or waiting (last {_routing(sched_server, 'whole')})")
 
 
 def test_a_stream_paused_past_the_second_bound_ends_resource_exhausted(sched_server):

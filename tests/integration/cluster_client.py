@@ -11,6 +11,9 @@ and prints a JSON list with one result per call:
 - ``{"call": "predict", "target", "model", "data", "key"}``: ``Predictions`` with
   ``authorization: Bearer <key>`` (none when ``key`` is null): ``{"prediction": text}`` or
   ``{"code": "UNAUTHENTICATED"}``.
+- ``{"call": "model_infer", "target", "request"}``: the Open Inference Protocol's ``ModelInfer``
+  (KServe's ``inference.GRPCInferenceService``) with ``request`` as protobuf JSON: the answer as
+  protobuf JSON, or ``{"code": ...}``.
 - ``{"call": "list_models", "target", "key"}``: the management API's ``ListModels``:
   ``{"models": [names]}`` or ``{"code": ...}``.
 - ``{"call": "http", "url", "method", "headers", "body"}``: ``{"status": int, "body": text}``
@@ -30,9 +33,17 @@ import urllib.request
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
+from inference_service._proto import (
+    grpc_predict_v2_pb2,
+    grpc_predict_v2_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    management_pb2,
+    management_pb2_grpc,
+)
 
 #: Seconds one call may take (a health call waits up to its own ``wait_s`` on top).
 CALL_TIMEOUT_S = 20.0
@@ -68,6 +79,19 @@ def predict(target: str, model: str, data: str, key: str | None) -> dict[str, An
         except grpc.RpcError as err:
             return {"code": err.code().name, "details": err.details()}
         return {"prediction": reply.prediction.decode(errors="replace")}
+
+
+def model_infer(target: str, request: dict[str, Any]) -> dict[str, Any]:
+    """One ``ModelInfer`` call (no key)."""
+    message = json_format.ParseDict(request, grpc_predict_v2_pb2.ModelInferRequest())
+    with grpc.insecure_channel(target) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            reply = stub.ModelInfer(message, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as err:
+            return {"code": err.code().name, "details": err.details()}
+        answer: dict[str, Any] = json_format.MessageToDict(reply, preserving_proto_field_name=True)
+        return answer
 
 
 def list_models(target: str, key: str | None) -> dict[str, Any]:
@@ -106,7 +130,8 @@ def connect(host: str, port: int) -> dict[str, Any]:
         return {"connected": False, "error": str(exc)}
 
 
-CALLS = {"health": health, "predict": predict, "list_models": list_models, "http": http, "connect": connect}
+CALLS = {"health": health, "predict": predict, "model_infer": model_infer, "list_models": list_models, "http": http,
+         "connect": connect}
 
 
 def main() -> int:

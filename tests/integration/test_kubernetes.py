@@ -3,12 +3,12 @@ serves through its Service, is scraped, and drains on SIGTERM.
 
 No cluster runs here (no container runtime, and no kubelet or API server in the package
 registries this machine reaches), so the end-to-end test plays the cluster's part with network
-namespaces of its own (``unshare``, ``nsenter``, ``ip``; skipped where they are not usable):
+namespaces of its own (``playout.py``: ``unshare``, ``nsenter``, ``ip``):
 
 - the cluster network: a namespace holding the model repository's Service address
-  (:data:`REPOSITORY_IP`, an HTTP server serving an archive) and the node's end
-  (:data:`NODE_IP`) of a veth link to the pod; the kubelet's probes, the Service's traffic and
-  Prometheus' scrape come from here (``cluster_client.py``);
+  (:data:`REPOSITORY_IP`, an HTTP server serving an archive) and the node's end of a veth link to
+  the pod; the kubelet's probes, the Service's traffic and Prometheus' scrape come from here
+  (``cluster_client.py``);
 - the pod: a namespace of its own (network and mounts) with :data:`POD_IP` on ``eth0``, an
   ``/etc/hosts`` naming the repository as cluster DNS would, where the initContainer and then the
   server run: each container's ``command`` + ``args`` and ``env`` exactly as the Deployment gives
@@ -30,14 +30,12 @@ import fnmatch
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -45,17 +43,15 @@ from urllib.parse import urlparse
 import javaproperties
 import pytest
 import yaml
+from playout import NAMESPACES_NEEDED, POD_IPS, REPOSITORY_IP, Cluster, namespaces_usable, read_line
 
 from conftest import ROOT, _alive, _descendants, build_mar, wait_for
 from inference_service.archive.fetch import UrlPolicy
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
-CLUSTER_CLIENT = Path(__file__).resolve().parent / "cluster_client.py"
 BIN = Path(sys.executable).parent
 
-POD_IP = "10.244.0.10"  #: the pod's address on its eth0
-NODE_IP = "10.244.0.1"  #: the cluster's end of the pod's link
-REPOSITORY_IP = "10.96.0.20"  #: the model repository Service's cluster IP
+POD_IP = POD_IPS[0]  #: the pod's address on its eth0
 #: The stand-in for the inference-service-keys Secret (``kubectl create secret generic ...``).
 SECRET = {"inference": "k8s-shared-inference-key-0123456789",
           "management": "k8s-shared-management-key-0123456789"}
@@ -202,118 +198,10 @@ def test_container_recipe():
 # --- the pod, played out ------------------------------------------------------------------
 
 
-def _read_line(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
-    """The next line ``proc`` writes on stdout, waiting at most ``timeout`` s."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            raise AssertionError(f"{what}: no output within {timeout}s")
-    line = proc.stdout.readline()
-    assert line, f"{what}: exited ({proc.wait(5)}) before it was ready"
-    return line
-
-
-def _namespaces_usable() -> bool:
-    if not all(shutil.which(tool) for tool in ("unshare", "nsenter", "ip")):
-        return False
-    try:
-        return subprocess.run(["unshare", "-rnm", "sh", "-c", "ip link add v0 type veth peer name v1"],
-                              capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@dataclass
-class Cluster:
-    """The cluster network and one pod in it (see the module docstring); :meth:`close` ends both."""
-
-    tmp: Path
-    hosts: dict[str, str]  #: the pod's /etc/hosts entries: name -> address
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-
-    def _build(self) -> None:
-        self.network = self._pause(["unshare", "-rn", "sh", "-c",
-                                    f"ip link set lo up && ip addr add {REPOSITORY_IP}/32 dev lo "
-                                    "&& echo ready && exec cat >/dev/null"], "cluster network")
-        hosts = self.tmp / "hosts"
-        hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in self.hosts.items()))
-        pod_setup = (f"ip link set lo up && ip link add eth0 type veth peer name veth-pod netns {self.network.pid} "
-                     f"&& ip addr add {POD_IP}/24 dev eth0 && ip link set eth0 up "
-                     f"&& ip route add default via {NODE_IP} && mount --bind {hosts} /etc/hosts "
-                     "&& echo ready && exec cat >/dev/null")
-        self.pod = self._pause(self._enter(self.network, ["unshare", "-nm", "sh", "-c", pod_setup]), "pod")
-        subprocess.run(self._enter(self.network, ["sh", "-c", f"ip addr add {NODE_IP}/24 dev veth-pod "
-                                                              "&& ip link set veth-pod up"]),
-                       check=True, timeout=30, capture_output=True)
-
-    def _pause(self, cmd: list[str], what: str) -> subprocess.Popen[str]:
-        """A process holding namespaces (Kubernetes' pause container) until its stdin closes."""
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        assert _read_line(proc, 30, what).strip() == "ready"
-        return proc
-
-    @staticmethod
-    def _enter(target: subprocess.Popen[str], cmd: list[str], mounts: bool = False, cwd: Path | None = None,
-               ) -> list[str]:
-        return ["nsenter", "-t", str(target.pid), "-U", "-n", *(["-m"] if mounts else []),
-                "--preserve-credentials", *([f"--wd={cwd}"] if cwd else []), *cmd]
-
-    def in_pod(self, cmd: list[str], cwd: Path) -> list[str]:
-        """``cmd`` run in the pod (its network and mounts), in ``cwd``."""
-        return self._enter(self.pod, cmd, mounts=True, cwd=cwd)
-
-    def in_network(self, cmd: list[str]) -> list[str]:
-        """``cmd`` run in the cluster network."""
-        return self._enter(self.network, cmd)
-
-    def start(self, cmd: list[str], **popen: Any) -> subprocess.Popen[str]:
-        """Start ``cmd`` (from :meth:`in_pod` / :meth:`in_network`); it is killed by :meth:`close`."""
-        proc: subprocess.Popen[str] = subprocess.Popen(cmd, text=True, **popen)
-        self.procs.append(proc)
-        return proc
-
-    def calls(self, calls: list[dict[str, Any]], *, from_pod: Path | None = None) -> list[dict[str, Any]]:
-        """Make ``calls`` with cluster_client.py from the cluster network (or from inside the pod,
-        in ``from_pod``); returns their results."""
-        cmd = [sys.executable, str(CLUSTER_CLIENT)]
-        cmd = self.in_pod(cmd, from_pod) if from_pod else self.in_network(cmd)
-        proc = subprocess.run(cmd, input=json.dumps(calls), capture_output=True, text=True, timeout=180,
-                              check=False)
-        assert proc.returncode == 0, proc.stderr
-        results: list[dict[str, Any]] = json.loads(proc.stdout)
-        return results
-
-    def close(self) -> None:
-        """Kill what is still running, then let the pause processes go (their namespaces with them)."""
-        for proc in reversed(self.procs):
-            if proc.poll() is None and proc.stdin is None:
-                proc.kill()
-            elif proc.stdin is not None:
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """The cluster network and a pod (network and mount namespaces of the test's own)."""
-    assert _namespaces_usable(), ("needs network and mount namespaces of its own (unshare -rnm, nsenter, ip, "
-                                  "veth); scripts/install --dev installs iproute2 and util-linux")
+    assert namespaces_usable(), NAMESPACES_NEEDED
     init = _pod_spec(_docs()["Deployment"])["initContainers"][0]
     names = {urlparse(a.split("=", 1)[-1] if "=" in a.split("://")[0] else a).hostname
              for a in init["args"] if "://" in a}
@@ -373,6 +261,8 @@ class Pod:
     def env(self, container: dict[str, Any]) -> dict[str, str]:
         """The container's environment: ``env`` with Secret references resolved from :data:`SECRET`."""
         env = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home)}
+        if os.environ.get("PYTHONPATH"):  # the image's code is the tree under test, wherever it is
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for item in container.get("env", []):
             if "value" in item:
                 env[item["name"]] = item["value"]
@@ -447,7 +337,7 @@ def test_the_pod_serves_through_its_service_and_drains(cluster: Cluster, store: 
         http = cluster.start(cluster.in_network([sys.executable, "-u", "-m", "http.server", str(host_port),
                                                  "--bind", REPOSITORY_IP, "--directory", str(repository)]),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        assert "Serving HTTP" in _read_line(http, 30, "model repository")
+        assert "Serving HTTP" in read_line(http, 30, "model repository")
         assert [c["name"] for c in spec["initContainers"]] == ["fetch-models"]
         fetch = subprocess.run(cluster.in_pod(pod.command(init), pod.home), env=pod.env(init), capture_output=True,
                                text=True, timeout=120, check=False)

@@ -245,12 +245,18 @@ def test_llm_metrics_in_the_default_log_mode(llm_srv):
     assert value(samples, "inference_service_llm_kv_cache_capacity_tokens", **labels) == 1000
     assert value(samples, "inference_service_llm_kv_cache_usage_perc", **labels) == pytest.approx(0.02)
     assert value(samples, "inference_service_llm_num_preemptions_total", **labels) == 0
+    # the routing gauges the Inference Extension's endpoint picker reads, per model
+    assert value(samples, "vllm:num_requests_waiting", model_name="llmstats") == 0
+    assert value(samples, "vllm:num_requests_running", model_name="llmstats") == 0
+    assert value(samples, "vllm:kv_cache_usage_perc", model_name="llmstats") == pytest.approx(0.02)
+    assert value(samples, "vllm:cache_config_info", model_name="llmstats", block_size="16", num_gpu_blocks="62") == 1
     request = {"model_name": "llmstats", "model_version": "default"}  # the request's version label
     assert value(samples, "inference_service_llm_time_to_first_token_seconds_count", **request) == 1
     assert value(samples, "inference_service_llm_inter_token_latency_seconds_count", **request) == 3
     assert value(samples, "inference_service_llm_e2e_request_latency_seconds_count", **request) == 2
     # a model that reports none has no LLM series
-    assert not [n for n, ls in samples if n.startswith("inference_service_llm_") and ("model_name", "echo") in ls]
+    llm_families = ("inference_service_llm_", "vllm:")
+    assert not [n for n, ls in samples if n.startswith(llm_families) and ("model_name", "echo") in ls]
     log_text = llm_srv.log()
     assert "serving:" not in log_text  # no METRIC-frame name in the log
     assert "engine stats of llmstats: kv_cache_capacity_tokens=1000" in log_text  # the log metrics line

@@ -219,3 +219,41 @@ def test_serving_statistics_become_llm_metrics(caplog):
     other = m.model("echo", "")
     other.message(time.monotonic(), 0.0)
     assert 'inference_service_llm_time_to_first_token_seconds_count{model_name="echo"' not in m.render().decode()
+
+
+def test_routing_gauges_under_the_names_the_endpoint_picker_reads():
+    """vllm:num_requests_waiting / _running / kv_cache_usage_perc / cache_config_info, one series per
+    LLM model summed over its versions' running workers; waiting counts the job queue too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = ServerMetrics(hostname="h")
+
+    class Source:
+        def stats(self):
+            return 0, [SimpleNamespace(model_name="llm", model_version=v, queue_depth=q, workers={"READY": 1},
+                                       restarts=0, worker_pids=frozenset({p}))
+                       for v, q, p in (("1.0", 3, 11), ("2.0", 0, 12))] + [
+                SimpleNamespace(model_name="echo", model_version="1.0", queue_depth=9, workers={"READY": 1},
+                                restarts=0, worker_pids=frozenset({13}))]
+
+    m.attach(Source())
+    for version, pid, running, waiting, used in (("1.0", "11", 2, 1, 300), ("2.0", "12", 1, 0, 100)):
+        m.handler_metrics("llm", version, [
+            ("serving:running", "gauge", "", {"pid": pid}, running),
+            ("serving:waiting", "gauge", "", {"pid": pid}, waiting),
+            ("serving:kv_cache_used_tokens", "gauge", "", {"pid": pid}, used),
+            ("serving:kv_cache_capacity_tokens", "gauge", "", {"pid": pid}, 1000),
+        ])
+    families = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    samples = {name: [(s.labels, s.value) for s in families[name].samples]
+               for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                            "vllm:cache_config_info")}
+    assert all(families[name].type == "gauge" for name in samples)
+    assert samples["vllm:num_requests_waiting"] == [({"model_name": "llm"}, 4.0)]  # 1 in an engine + 3 queued
+    assert samples["vllm:num_requests_running"] == [({"model_name": "llm"}, 3.0)]
+    assert samples["vllm:kv_cache_usage_perc"] == [({"model_name": "llm"}, 0.2)]
+    assert samples["vllm:cache_config_info"] == [
+        ({"model_name": "llm", "block_size": "16", "num_gpu_blocks": "125"}, 1.0)]
+    # the names filter (?name[]=) knows them; echo reports no serving statistics: no routing series
+    only = m.render({"vllm:num_requests_waiting"}).decode()
+    assert 'vllm:num_requests_waiting{model_name="llm"} 4.0' in only and "running" not in only

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from inference_service.contracts.stats import StatSpec, VersionStats
+from inference_service.observability import routing_metrics
 
 LLM = "inference_service_llm_"
 # vLLM's buckets for its TTFT, inter-token and end-to-end histograms
@@ -90,11 +91,13 @@ class LLMMetrics:
 
     def gauge_names(self) -> list[str]:
         """The gauge families :meth:`collect` yields."""
-        return [*(LLM + s.family for s in self.stats.values() if not s.counter), LLM + "kv_cache_usage_perc"]
+        return [*(LLM + s.family for s in self.stats.values() if not s.counter), LLM + "kv_cache_usage_perc",
+                *routing_metrics.NAMES]
 
     def collect(self, version_stats: Iterable[VersionStats]) -> Iterator[Metric]:
         """The workers' serving counters, and their gauges summed over each version's running
-        workers (a gone worker's values are forgotten). Runs on the scrape thread."""
+        workers (a gone worker's values are forgotten), and the routing gauges
+        (:mod:`~inference_service.observability.routing_metrics`). Runs on the scrape thread."""
         labels = ["model_name", "model_version"]
         for spec in [spec for spec in self.stats.values() if spec.counter]:
             counter = CounterMetricFamily(LLM + spec.family, spec.help, labels=labels)
@@ -105,7 +108,10 @@ class LLMMetrics:
                   for spec in self.stats.values() if not spec.counter}
         usage = GaugeMetricFamily(LLM + "kv_cache_usage_perc",
                                   "LLM: fraction of the KV cache capacity in use (0 to 1).", labels=labels)
+        version_stats = list(version_stats)
         live = {(v.model_name, v.model_version): {str(pid) for pid in v.worker_pids} for v in version_stats}
+        depth = {(v.model_name, v.model_version): v.queue_depth for v in version_stats}
+        routing = []
         for key, per_worker in list(self._gauges.items()):
             pids = live.get(key)
             if pids is None:  # the version is gone
@@ -121,5 +127,7 @@ class LLMMetrics:
                 gauge.add_metric(list(key), totals[stat])
             capacity = totals["kv_cache_capacity_tokens"]
             usage.add_metric(list(key), totals["kv_cache_used_tokens"] / capacity if capacity else 0.0)
+            routing.append((key[0], totals, depth.get(key, 0)))
         yield from gauges.values()
         yield usage
+        yield from routing_metrics.routing_families(routing)

@@ -42,6 +42,22 @@ class SnapshotModel:
     max_workers: int
 
 
+def snapshot_models(snapshot: dict[str, Any]) -> list[SnapshotModel]:
+    """The model versions of a ``model_snapshot`` JSON object, as startup requests (TorchServe's
+    ``SnapshotManager.restore``). Raises KeyError, TypeError or ValueError when malformed."""
+    out = []
+    for name, versions in snapshot["models"].items():
+        for version, rec in versions.items():
+            req = RegisterRequest(
+                url=str(rec["marName"]), model_name=str(name), handler=str(rec.get("handler", "")),
+                batch_size=int(rec.get("batchSize", 0)), max_batch_delay=int(rec.get("maxBatchDelay", 0)),
+                initial_workers=int(rec.get("minWorkers", 0)), response_timeout=int(rec.get("responseTimeout", 0)),
+                startup_timeout=int(rec.get("startupTimeout", 0)), loaded_at_startup=True)
+            out.append(SnapshotModel(str(name), str(version), bool(rec.get("defaultVersion")), req,
+                                     int(rec.get("maxWorkers", 0))))
+    return out
+
+
 class SnapshotStore:
     """Snapshot files in ``directory`` (``<working dir>/logs/config``)."""
 
@@ -104,19 +120,7 @@ class SnapshotStore:
         try:
             with open(path, encoding="utf-8") as f:
                 props = javaproperties.load(f)
-            snapshot = json.loads(props["model_snapshot"])
-            out = []
-            for name, versions in snapshot["models"].items():
-                for version, rec in versions.items():
-                    req = RegisterRequest(
-                        url=str(rec["marName"]), model_name=str(name), handler=str(rec.get("handler", "")),
-                        batch_size=int(rec.get("batchSize", 0)), max_batch_delay=int(rec.get("maxBatchDelay", 0)),
-                        initial_workers=int(rec.get("minWorkers", 0)),
-                        response_timeout=int(rec.get("responseTimeout", 0)),
-                        startup_timeout=int(rec.get("startupTimeout", 0)), loaded_at_startup=True)
-                    out.append(SnapshotModel(str(name), str(version), bool(rec.get("defaultVersion")), req,
-                                             int(rec.get("maxWorkers", 0))))
-            return out
+            return snapshot_models(json.loads(props["model_snapshot"]))
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SnapshotError(f"snapshot {path} is unreadable: {type(exc).__name__}: {exc}") from exc
 

@@ -1,5 +1,6 @@
-"""The models a server registers at start: the latest config snapshot's, when it is to be
-restored, and the ``--models`` / ``load_models`` entries with their settings from
+"""The models a server registers at start: config.properties' ``model_snapshot`` (as TorchServe,
+``load_models`` and ``--models`` are then ignored), else the latest config snapshot's, when it is
+to be restored, and the ``--models`` / ``load_models`` entries with their settings from
 config.properties' ``models`` JSON. See docs/configuration.md.
 """
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from inference_service.archive.model_archive import MANIFEST
 from inference_service.config import Settings
 from inference_service.serving.registration import RegisterRequest
-from inference_service.serving.snapshot import SnapshotError, SnapshotModel, SnapshotStore
+from inference_service.serving.snapshot import SnapshotError, SnapshotModel, SnapshotStore, snapshot_models
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,13 @@ _MODELS_JSON_KEYS = {
 
 
 def snapshot_to_restore(settings: Settings, snapshots: SnapshotStore) -> list[SnapshotModel] | None:
-    """The models of the latest snapshot, when it is to be restored (see :mod:`.snapshot`): not
-    with ``--ncs``, ``--ts-config`` or ``--models``. A snapshot that cannot be read is set aside."""
+    """config.properties' ``model_snapshot``, or the models of the latest snapshot when it is to be
+    restored (see :mod:`.snapshot`): not with ``--ncs``, ``--ts-config`` or ``--models``. A snapshot
+    file that cannot be read is set aside."""
+    if settings.model_snapshot is not None:  # checked when config.properties was read
+        models = snapshot_models(settings.model_snapshot)
+        log.info("starting the %d model versions of config.properties' model_snapshot", len(models))
+        return models
     latest = snapshots.latest()
     if latest is None:
         return None
@@ -48,8 +54,13 @@ def snapshot_to_restore(settings: Settings, snapshots: SnapshotStore) -> list[Sn
 
 def startup_requests(settings: Settings) -> list[RegisterRequest]:
     """One RegisterModel request per ``load_models`` entry (``"all"``: every archive in the model
-    store), with the settings the ``models`` JSON gives its model."""
+    store), with the settings the ``models`` JSON gives its model; none beside a ``model_snapshot``."""
     entries = list(settings.load_models)
+    if settings.model_snapshot is not None:
+        if entries:
+            log.warning("load_models / --models %s ignored: config.properties' model_snapshot names the startup "
+                        "models (as TorchServe)", ",".join(entries))
+        return []
     if entries == ["all"] or "all" in entries:
         store = settings.model_store
         entries = sorted(

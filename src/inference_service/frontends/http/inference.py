@@ -186,6 +186,7 @@ class HttpInferenceApi:
                      "/predictions/{model_name}/{model_version}/{url_path:.+}"):
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
+        self.app.router.add_post("/v1/models/{model_name}:predict", self.kserve_v1_predict)
         add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         install_access_log(self.app, access_log)  # one line per request, /v1 and /v2 included
@@ -269,11 +270,19 @@ class HttpInferenceApi:
             return web.Response(body=await self.core.predict(name, version, inputs, headers))
         return await self._stream(request, self.core.stream(name, version, inputs, headers))
 
+    async def kserve_v1_predict(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/models/{model_name}:predict``, KServe v1 as TorchServe serves it: the body is the
+        input ``body`` whatever its Content-Type (KServe's sample curl sends it as a form)."""
+        request["raw_body"] = True
+        return await self.predictions(request)
+
     async def _inputs(self, request: web.Request) -> dict[str, bytes]:
         """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``."""
         declared = request.content_length
         if declared is not None and declared > self.max_request_size:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=declared)
+        if request.get("raw_body"):
+            return {"body": await request.read()}
         if request.content_type.startswith("multipart/"):
             return await self._multipart(request)
         if request.content_type == _FORM:
