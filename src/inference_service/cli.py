@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inference_service import __version__
-from inference_service.config import ConfigError, Settings, apply_properties, read_properties
+from inference_service.config import ConfigError, Settings, apply_properties, read_properties, with_environment
 from inference_service.launch.launcher import (
     DEFAULT_WAIT_READY_S,
     pid_file,
@@ -131,7 +131,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     unreadable or malformed config, or TLS settings that do not fit together."""
     settings = Settings()
     if args.ts_config is not None:
-        apply_properties(settings, read_properties(args.ts_config), str(args.ts_config))
+        apply_properties(settings, with_environment(read_properties(args.ts_config), os.environ),
+                         str(args.ts_config))
         settings.ts_config = args.ts_config
     if args.model_store is not None:
         settings.model_store = args.model_store

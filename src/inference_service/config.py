@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class Settings:
         metrics_mode: ``"log"`` (``"legacy"`` the same) logs handler metrics in the worker,
             ``"prometheus"`` forwards them to ``/metrics``.
         grpc_status_codes: ``"torchserve"``: the gRPC refusals carry TorchServe 0.12's codes.
+        decode_input_request: handlers get ``application/json`` inputs decoded and ``text/*``
+            ones as ``str`` (TorchServe's ``decode_input_request``).
     """
 
     inference_address: str = "127.0.0.1"
@@ -130,6 +133,7 @@ class Settings:
     service_envelope: str | None = None
     event_loop: str = "uvloop"
     grpc_status_codes: str = "default"
+    decode_input_request: bool = True
 
     @property
     def instance_dir(self) -> Path:
@@ -209,6 +213,11 @@ def _int(value: str) -> int:
 
 def _bool(value: str) -> bool:
     return value.strip().lower() == "true"
+
+
+def _exactly_true(value: str) -> bool:
+    # TorchServe's worker decodes only when TS_DECODE_INPUT_REQUEST is "true": "True" turns it off
+    return value.strip() == "true"
 
 
 def _path(value: str) -> Path:
@@ -343,8 +352,37 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
+    "decode_input_request": ("decode_input_request", _exactly_true),
     "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),
 }
+
+
+#: The keys TorchServe 0.12 also reads from ``TS_<KEY>`` environment variables when
+#: ``enable_envvars_config=true`` (its ``ConfigManager.setSystemVars``), among those supported here.
+ENV_KEYS = {f"TS_{key.upper()}": key for key in (
+    "certificate_file", "decode_input_request", "default_response_timeout", "default_startup_timeout",
+    "default_workers_per_model", "disable_token_authorization", "enable_grpc_ssl", "enable_metrics_api",
+    "enable_model_api", "grpc_inference_address", "grpc_inference_port", "grpc_management_address",
+    "grpc_management_port", "inference_address", "install_py_dep_per_model", "job_queue_size", "load_models",
+    "management_address", "max_request_size", "max_response_size", "metrics_address", "metrics_mode",
+    "model_store", "number_of_gpu", "private_key_file", "service_envelope", "allowed_urls")}
+ENV_KEYS["TS_TOKEN_EXPIRATION_TIME_MIN"] = "token_expiration_min"
+#: config.properties keys that only say how the others are read.
+META_KEYS = ("enable_envvars_config", "use_env_allowed_urls")
+
+
+def with_environment(props: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``props`` without :data:`META_KEYS` and, with ``enable_envvars_config=true``, each
+    :data:`ENV_KEYS` variable set in ``environ`` in place of its key, as TorchServe reads them
+    (``TS_ALLOWED_URLS`` only with ``use_env_allowed_urls=true``)."""
+    out = {key: value for key, value in props.items() if key not in META_KEYS}
+    if props.get("enable_envvars_config", "").strip().lower() != "true":
+        return out
+    allowed_urls = props.get("use_env_allowed_urls", "").strip().lower() == "true"
+    for variable, key in ENV_KEYS.items():
+        if variable in environ and (key != "allowed_urls" or allowed_urls):
+            out[key] = environ[variable]
+    return out
 
 
 def read_properties(path: Path) -> dict[str, str]:

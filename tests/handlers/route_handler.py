@@ -25,7 +25,7 @@ class RouteHandler:
     def handle(self, data, context):
         out = []
         for idx, row in enumerate(data):
-            body = bytes(row.get("data") or row.get("body") or b"").decode("utf-8", "replace")
+            body = _text(row.get("data") or row.get("body") or b"")
             url_path = context.get_request_header(idx, "url_path")
             pause = re.search(r"sleep:([0-9.]+)", body)
             if pause:
@@ -47,3 +47,11 @@ class RouteHandler:
                 continue
             out.append(json.dumps({"url_path": url_path, "body": body}))
         return out
+
+
+def _text(body):
+    """The body as text: TorchServe hands an HTTP body over as str (text/*), decoded (application/json)
+    or bytes, a gRPC input as bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode("utf-8", "replace")
+    return body if isinstance(body, str) else json.dumps(body)

@@ -32,14 +32,16 @@ from inference_service.serving.registration import ModelEntry, newest_version, v
 
 def test_batch_frame_roundtrip():
     reqs = [wire.Request("a1", {"data": b"\x00\xffxyz", "other": b""}, {"h": "v"}, None),
-            wire.Request("b2", {"body": b"hello"}, {}, "ts-seq-1")]
+            wire.Request("b2", {"body": b"hello", "file": b"{}"}, {}, "ts-seq-1",
+                         {"body": "text/plain", "file": "application/json"})]
     frame = wire.encode_batch(reqs)
     length, kind = wire.HEADER.unpack_from(frame)
     assert kind == wire.BATCH and length == len(frame) - wire.HEADER.size + 1
     decoded = wire.decode_batch(frame[wire.HEADER.size:])
-    assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}),
-                       ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello")})]
-    assert isinstance(decoded[0][3]["data"], bytearray)
+    assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}, {}),
+                       ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello"), "file": bytearray(b"{}")},
+                        {"body": "text/plain", "file": "application/json"})]
+    assert isinstance(decoded[0].inputs["data"], bytearray)
 
 
 def test_malformed_batch_frame_raises():

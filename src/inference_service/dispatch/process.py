@@ -66,6 +66,7 @@ class WorkerProcess:
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
+        spec.decode_input_request = options.decode_input_request
         self.concurrent = spec.mode != wire.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
         spec.stream_window = 0 if spec.mode == wire.MODE_ASYNC else wire.STREAM_WINDOW
@@ -316,7 +317,8 @@ class WorkerProcess:
         if self._closed:
             return False
         frame = wire.encode_batch(
-            [wire.Request(job.request_id, job.inputs, job.headers, job.sequence_id) for job in jobs])
+            [wire.Request(job.request_id, job.inputs, job.headers, job.sequence_id, job.content_types)
+             for job in jobs])
         now = time.monotonic()
         jobs_by_id = self._jobs
         for job in jobs:  # registered only once the frame exists: an encoding error leaves no trace

@@ -50,8 +50,14 @@ _INLINE_BODY_BYTES = 16384
 
 
 def _body_size(row: Any) -> int:
-    """The size of a request's raw body (0 when it is not bytes or text)."""
+    """The size of a request's raw body, or of a decoded JSON body's prompt or message contents."""
     body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    if isinstance(body, dict):  # an application/json body the worker decoded (decode_input_request)
+        messages = body.get("messages")
+        texts = [body.get("prompt")]
+        if isinstance(messages, list):
+            texts += [m.get("content") for m in messages if isinstance(m, dict)]
+        return sum(len(text) for text in texts if isinstance(text, str))
     return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
 
 

@@ -234,7 +234,7 @@ class ModelVersion:
         if load_error is not None:
             raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
                               reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
-        problem = wire.request_problem(job.inputs, job.headers, job.sequence_id)
+        problem = wire.request_problem(job.inputs, job.headers, job.sequence_id, job.content_types)
         if problem is not None:
             raise InvalidArgument(problem)
         if self.queue.remaining_capacity() == 0:
