@@ -222,7 +222,10 @@ class Context:
         self.request_ids = dict(enumerate(request_ids))
         self.request_processor = [RequestProcessor(h) for h in headers]
         self._sequence_ids = {i: s for i, s in enumerate(sequence_ids) if s is not None}
-        self._metrics.request_ids = self.request_ids
+        # metric lines name the id the access line names: the request's x-request-id
+        client_ids = [h.get("x-request-id") for h in headers]
+        self._metrics.request_ids = {i: client if isinstance(client, str) and client else request_ids[i]
+                                     for i, client in enumerate(client_ids)}
 
     def __repr__(self) -> str:
         return f"Context(model_name={self.model_name!r}, model_dir={self.system_properties['model_dir']!r})"

@@ -10,6 +10,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from inference_service.serving.registration import (
 from inference_service.serving.stats import RequestTelemetry, VersionStats, version_stats
 
 log = logging.getLogger(__name__)
+#: The version serving the current task's inference request ("": none), for its access line.
+SERVED_VERSION: ContextVar[str] = ContextVar("served_version", default="")
 
 
 class InferenceCore:
@@ -162,8 +165,9 @@ class InferenceCore:
                          content_types: dict[str, str] | None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The one request lifecycle of :meth:`predict` and :meth:`stream`; unary joins the parts."""
         model = self.get(name, version)
+        SERVED_VERSION.set(model.version)
         telemetry = self.telemetry
-        stats = telemetry.model(name, version) if telemetry is not None else None
+        stats = telemetry.model(name, model.version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
                   deadline=None if time_remaining is None else time.monotonic() + time_remaining,
                   content_types=content_types or {})
