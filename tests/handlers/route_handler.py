@@ -8,6 +8,8 @@ handler's 404 "Unknown API endpoint: <path>" (the vLLM handler's answer). A body
 ``sleep:S`` sleeps S seconds first (keeps the worker busy); one containing ``status:CODE``
 fails with that status and the message "handler says no"; ``parts:N`` sends the intermediate
 responses ``p0 ``, ``p1 ``, ... first, and then ``raise`` fails with "failed mid-stream".
+It declares ``accepts_generation_requests`` (this server's addition), so that OpenAI's ``/v1/models``
+lists it as it lists the bundled LLM handler.
 """
 import json
 import re
@@ -19,6 +21,8 @@ KNOWN = {None, "", "v1/models", "v1/completions", "v1/chat/completions"}
 
 
 class RouteHandler:
+    accepts_generation_requests = True
+
     def initialize(self, context):
         self.initialized = True
 

@@ -72,6 +72,8 @@ class WorkerProcess:
         spec.stream_window = 0 if spec.mode == wire.MODE_ASYNC else wire.STREAM_WINDOW
         self.env = env
         self.pid: int | None = None
+        #: the handler takes the typed LLM request (its READY says so): the OpenAI door lists it
+        self.accepts_generation = False
         self.start_time = time.time()
         self.proc: ChildProcess | None = None
         self._channels: list[FrameChannel] = []
@@ -259,6 +261,7 @@ class WorkerProcess:
             if int(info.get("rank", 0)) == 0:
                 channel.answers = True
                 self.pid = int(info.get("pid", self.pid))
+                self.accepts_generation = info.get("generation") is True
             self._ready_count += 1
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():
