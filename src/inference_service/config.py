@@ -66,6 +66,8 @@ class Settings:
         metrics_mode: ``"log"`` (``"legacy"`` the same) logs handler metrics in the worker,
             ``"prometheus"`` forwards them to ``/metrics``.
         grpc_status_codes: ``"torchserve"``: the gRPC refusals carry TorchServe 0.12's codes.
+        decode_input_request: handlers get ``application/json`` inputs decoded and ``text/*``
+            ones as ``str`` (TorchServe's ``decode_input_request``).
     """
 
     inference_address: str = "127.0.0.1"
@@ -136,6 +138,7 @@ class Settings:
     service_envelope: str | None = None
     event_loop: str = "uvloop"
     grpc_status_codes: str = "default"
+    decode_input_request: bool = True
 
     @property
     def instance_dir(self) -> Path:
@@ -222,6 +225,11 @@ def _int(value: str) -> int:
 
 def _bool(value: str) -> bool:
     return value.strip().lower() == "true"
+
+
+def _exactly_true(value: str) -> bool:
+    # TorchServe's worker decodes only when TS_DECODE_INPUT_REQUEST is "true": "True" turns it off
+    return value.strip() == "true"
 
 
 def _path(value: str) -> Path:
@@ -378,6 +386,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
+    "decode_input_request": ("decode_input_request", _exactly_true),
     "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),
 }
 

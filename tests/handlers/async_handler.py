@@ -21,7 +21,7 @@ class AsyncParts(BaseHandler):
 
     async def handle(self, data, context):
         assert len(data) == 1, "async handlers get one request per call"
-        body = json.loads(bytes(data[0].get("data") or data[0].get("body")))
+        body = _json(data[0].get("data") or data[0].get("body"))
         if "status" in body:
             context.set_response_status(int(body["status"]), "handler says no", 0)
             return ["refused"]
@@ -41,3 +41,8 @@ class AsyncParts(BaseHandler):
             raise
         finally:
             self.running -= 1
+
+
+def _json(body):
+    """The request object: TorchServe hands an application/json HTTP body over decoded, gRPC's as bytes."""
+    return json.loads(body) if isinstance(body, (bytes, bytearray, str)) else body

@@ -25,7 +25,7 @@ class ContinuousSteps(BaseHandler):
         self.max_batch = max(self.max_batch, len(ids))
         for idx, (req_id, row) in enumerate(zip(ids, data, strict=True)):
             if req_id not in self.context.cache:
-                body = json.loads(bytes(row.get("data") or row.get("body")))
+                body = _json(row.get("data") or row.get("body"))
                 self.context.cache[req_id] = {"steps": int(body["steps"]), "done": 0, "body": body}
                 if body.get("reject"):
                     self.context.set_response_status(400, "rejected as asked", idx)
@@ -65,3 +65,8 @@ class ContinuousSteps(BaseHandler):
             if state is not None and state["body"].get("log"):
                 with open(state["body"]["log"], "a") as f:
                     f.write(f"dropped {req_id} after {state['done']}\n")
+
+
+def _json(body):
+    """The request object: TorchServe hands an application/json HTTP body over decoded, gRPC's as bytes."""
+    return json.loads(body) if isinstance(body, (bytes, bytearray, str)) else body

@@ -9,6 +9,7 @@ a torch tensor, ``streamclock:N:SIZE`` sends N intermediate responses of SIZE by
 (``<i>:`` then padding) as fast as it may and answers ``time.monotonic()`` when it has
 sent them; anything else is echoed.
 """
+import json
 import os
 import time
 
@@ -23,8 +24,13 @@ class EchoHandler:
     def handle(self, data, context):
         out = []
         for idx, row in enumerate(data):
-            body = bytes(row.get("data") or row.get("body") or b"")
-            text = body.decode("utf-8", "replace")
+            body = row.get("data") or row.get("body") or b""
+            if isinstance(body, str):  # a text/* HTTP body, as TorchServe decodes it
+                text = body
+            elif isinstance(body, (bytes, bytearray)):
+                text = bytes(body).decode("utf-8", "replace")
+            else:  # an application/json HTTP body, decoded
+                text = json.dumps(body)
             if text.startswith("stream:"):
                 parts = text.split(":")
                 delay = float(parts[2]) if len(parts) > 2 else 0.0

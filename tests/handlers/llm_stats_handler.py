@@ -6,6 +6,8 @@ At load: ``kv_cache_capacity_tokens`` 1000, ``running`` 0. Per request: 1 runnin
 it streams, ``kv_cache_used_tokens`` 10 x N (kept after it ends), then 0 running, 5 prompt
 tokens and N generation tokens.
 """
+import json
+
 from ts.handler_utils.utils import send_intermediate_predict_response
 
 
@@ -17,7 +19,7 @@ def handle(data, context):
         return None
     out = []
     for idx, row in enumerate(data):
-        count = int(bytes(row.get("data") or row.get("body")).decode())
+        count = int(_text(row.get("data") or row.get("body")))
         metrics.add_serving_stat("running", 1)
         metrics.add_serving_stat("kv_cache_used_tokens", 10 * count)
         for i in range(count):
@@ -29,3 +31,11 @@ def handle(data, context):
         metrics.add_serving_stat("generation_tokens", count)
         out.append("")
     return out
+
+
+def _text(body):
+    """The body as text: TorchServe hands an HTTP body over as str (text/*), decoded (application/json)
+    or bytes, a gRPC input as bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode()
+    return body if isinstance(body, str) else json.dumps(body)

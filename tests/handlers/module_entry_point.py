@@ -1,6 +1,7 @@
 """TorchServe's documented "module level entry point" (docs/custom_service.md): a handler class
 used through a module-level ``handle(data, context)``. TorchServe serves the function, not the
 class; the load calls it once with ``data=None``."""
+import json
 
 INIT_CALLS = []
 
@@ -12,7 +13,7 @@ class Reverser:
         self.model_name = context.manifest["model"]["modelName"]
 
     def handle(self, data, context):
-        return [f"class:{bytes(row.get('data') or row.get('body')).decode()}" for row in data]
+        return [f"class:{_text(row.get('data') or row.get('body'))}" for row in data]
 
     def reverse(self, text):
         return text[::-1]
@@ -26,7 +27,7 @@ def handle(data, context):
         INIT_CALLS.append(context.manifest["model"]["modelName"])
         _service.initialize(context)
         return None
-    return [f"module:{len(INIT_CALLS)}:{_service.reverse(bytes(row.get('data') or row.get('body')).decode())}"
+    return [f"module:{len(INIT_CALLS)}:{_service.reverse(_text(row.get('data') or row.get('body')))}"
             for row in data]
 
 
@@ -34,4 +35,12 @@ def shout(data, context):
     """A second entry point, picked with ``module_entry_point:shout``."""
     if data is None:
         return None
-    return [bytes(row.get("data") or row.get("body")).decode().upper() for row in data]
+    return [_text(row.get("data") or row.get("body")).upper() for row in data]
+
+
+def _text(body):
+    """The body as text: TorchServe hands an HTTP body over as str (text/*), decoded (application/json)
+    or bytes, a gRPC input as bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode()
+    return body if isinstance(body, str) else json.dumps(body)

@@ -14,4 +14,4 @@ def handle(data, context):
             pass
         logging.getLogger("transformers.noisy").warning("noisy transformers warning")
         return None
-    return [bytes(row.get("data") or row.get("body") or b"") for row in data]
+    return [row.get("data") or row.get("body") or b"" for row in data]

@@ -8,6 +8,8 @@ handler's 404 "Unknown API endpoint: <path>" (the vLLM handler's answer). A body
 ``sleep:S`` sleeps S seconds first (keeps the worker busy); one containing ``status:CODE``
 fails with that status and the message "handler says no"; ``parts:N`` sends the intermediate
 responses ``p0 ``, ``p1 ``, ... first, and then ``raise`` fails with "failed mid-stream".
+It declares ``accepts_generation_requests`` (this server's addition), so that OpenAI's ``/v1/models``
+lists it as it lists the bundled LLM handler.
 """
 import json
 import re
@@ -19,13 +21,15 @@ KNOWN = {None, "", "v1/models", "v1/completions", "v1/chat/completions"}
 
 
 class RouteHandler:
+    accepts_generation_requests = True
+
     def initialize(self, context):
         self.initialized = True
 
     def handle(self, data, context):
         out = []
         for idx, row in enumerate(data):
-            body = bytes(row.get("data") or row.get("body") or b"").decode("utf-8", "replace")
+            body = _text(row.get("data") or row.get("body") or b"")
             url_path = context.get_request_header(idx, "url_path")
             pause = re.search(r"sleep:([0-9.]+)", body)
             if pause:
@@ -47,3 +51,11 @@ class RouteHandler:
                 continue
             out.append(json.dumps({"url_path": url_path, "body": body}))
         return out
+
+
+def _text(body):
+    """The body as text: TorchServe hands an HTTP body over as str (text/*), decoded (application/json)
+    or bytes, a gRPC input as bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode("utf-8", "replace")
+    return body if isinstance(body, str) else json.dumps(body)

@@ -7,6 +7,7 @@ starts the sum at 0. An even number adds to the sum and answers it once (stoppin
 ``None``); an odd number adds and then streams the sum once per call (0.2 s) until 10 messages
 were sent or a ``-1`` request of the same sequence cancels the stream; ``-1`` answers ``-1``.
 """
+import json
 import time
 
 from ts.torch_handler.base_handler import BaseHandler
@@ -29,7 +30,7 @@ class RunningSum(BaseHandler):
             if req_id not in ctx.cache:
                 if ctx.get_request_header(idx, ctx.header_key_sequence_start):
                     self.sums[seq] = 0
-                number = int(bytes(row.get("data") or row.get("body")).decode())
+                number = int(_text(row.get("data") or row.get("body")))
                 if number == -1:
                     ctx.cache[seq + ":cancel"] = True
                     ctx.cache[req_id] = {"seq": seq, "stream": False, "left": 0}
@@ -63,3 +64,11 @@ class RunningSum(BaseHandler):
             return False
 
         return stop
+
+
+def _text(body):
+    """The body as text: TorchServe hands an HTTP body over as str (text/*), decoded (application/json)
+    or bytes, a gRPC input as bytes."""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode()
+    return body if isinstance(body, str) else json.dumps(body)

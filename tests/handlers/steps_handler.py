@@ -16,7 +16,7 @@ class Steps:
         self.context = context
 
     def handle(self, data, context):
-        req = json.loads(bytes(data[0].get("data") or data[0].get("body")))
+        req = _json(data[0].get("data") or data[0].get("body"))
         for i in range(int(req["steps"])):
             if req.get("swallow"):
                 try:
@@ -32,3 +32,8 @@ class Steps:
             f.write(f"{i}\n")
         send_intermediate_predict_response([f"step{i}"], context.request_ids, "ok", 200, context)
         time.sleep(float(req["delay"]))
+
+
+def _json(body):
+    """The request object: TorchServe hands an application/json HTTP body over decoded, gRPC's as bytes."""
+    return json.loads(body) if isinstance(body, (bytes, bytearray, str)) else body

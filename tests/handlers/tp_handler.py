@@ -21,7 +21,7 @@ class TensorParallelMatmul:
         self.weight = weight[self.rows]
 
     def handle(self, data, context):
-        req = json.loads(bytes(data[0].get("data") or data[0].get("body")))
+        req = _json(data[0].get("data") or data[0].get("body"))
         x = torch.tensor(req["x"], dtype=torch.float32)
         for step in range(int(req["steps"])):
             partial = (x * (step + 1))[:, self.rows] @ self.weight
@@ -34,3 +34,8 @@ class TensorParallelMatmul:
                                        "master_addr": os.environ["MASTER_ADDR"],
                                        "omp": os.environ.get("OMP_NUM_THREADS")})
         return [{"world_size": self.world, "ranks": ranks}]
+
+
+def _json(body):
+    """The request object: TorchServe hands an application/json HTTP body over decoded, gRPC's as bytes."""
+    return json.loads(body) if isinstance(body, (bytes, bytearray, str)) else body

@@ -48,7 +48,7 @@ def test_plain_line_per_rpc(server):
                messages, _, _ in rows if method != "DescribeModel" or model == missing]
     assert by_call == [
         ("Predictions", "echo", "1.0", "OK", "-", "1"),
-        ("StreamPredictions", "echo", "-", "OK", "-", "3"),
+        ("StreamPredictions", "echo", "1.0", "OK", "-", "3"),  # the version that served it, named or not
         ("Predictions", missing, "-", "NOT_FOUND", "MODEL_NOT_FOUND", "0"),
         ("DescribeModel", missing, "-", "NOT_FOUND", "MODEL_NOT_FOUND", "0"),
         ("Ping", "-", "-", "OK", "-", "1"),
@@ -93,7 +93,7 @@ def test_json_format_access_and_worker_lines(json_server):
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
     rows = [r for r in records if r["logger"] == "inference_service.access" and r["method"] == "Predictions"]
     ok, failed = rows[-2:]
-    assert ok["level"] == "INFO" and ok["model"] == "echo" and ok["version"] == "-" and ok["status"] == "OK"
+    assert ok["level"] == "INFO" and ok["model"] == "echo" and ok["version"] == "1.0" and ok["status"] == "OK"
     assert ok["code"] == 0 and ok["messages"] == 1 and ok["reason"] == "-" and isinstance(ok["latency_ms"], float)
     assert ok["peer"].startswith("ipv4:127.0.0.1:") and ok["message"].startswith("Predictions model=echo ")
     assert failed["status"] == "INTERNAL" and failed["code"] == 13 and failed["reason"] == "HANDLER_ERROR"
@@ -181,8 +181,9 @@ def test_http_line_per_request_on_every_front_door(server):
     assert got[("GET", "/models/nope-http")] == ("nope-http", "-", "404", "NOT_FOUND", "0")
     assert got[("GET", "/metrics")] == ("-", "-", "200", "-", "1")
     assert got[("GET", "/elsewhere")] == ("-", "-", "404", "NOT_FOUND", "0")
-    assert [(r[0], r[1], r[4]) for r in rows if r[1] == "/predictions/echo"] == [
-        ("POST", "/predictions/echo", "200"), ("POST", "/predictions/echo", "401")]
+    # the version that served a request, whether or not it named one; none for a refused one
+    assert [(r[0], r[1], r[3], r[4]) for r in rows if r[1] == "/predictions/echo"] == [
+        ("POST", "/predictions/echo", "1.0", "200"), ("POST", "/predictions/echo", "-", "401")]
     assert ("GET", "/v1/models") in got and ("GET", "/v2/health/ready") in got and ("GET", "/models/echo") in got
     assert all(float(r[6]) >= 0 for r in rows)
 
@@ -196,7 +197,7 @@ def test_http_lines_in_json(json_server):
     rows = [r for r in records if r["logger"] == "inference_service.access" and r["method"].startswith("POST ")]
     ok, missing = rows[-2:]
     assert {k: ok[k] for k in ("method", "model", "version", "status", "code", "reason", "messages")} == {
-        "method": "POST /predictions/echo", "model": "echo", "version": "-", "status": "200", "code": 200,
+        "method": "POST /predictions/echo", "model": "echo", "version": "1.0", "status": "200", "code": 200,
         "reason": "-", "messages": 1}
     assert isinstance(ok["latency_ms"], float) and ok["peer"].startswith("ipv4:127.0.0.1:")
     assert ok["message"].startswith("POST /predictions/echo model=echo ")

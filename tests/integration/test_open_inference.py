@@ -72,8 +72,10 @@ def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
 
 def http(srv: ServerProcess, method: str, path: str, body: bytes | None = None,
          headers: dict[str, str] | None = None, key: str | None = "inference") -> tuple[int, Any, bytes]:
-    """One HTTP call to the server's HTTP API: ``(status, headers, body)``."""
-    all_headers = dict(headers or {})
+    """One HTTP call to the server's HTTP API: ``(status, headers, body)``; a body is sent as JSON
+    unless ``headers`` say otherwise (urllib would label it a form)."""
+    all_headers = {"Content-Type": "application/json"} if body is not None else {}
+    all_headers.update(headers or {})
     if key:
         all_headers["Authorization"] = f"Bearer {read_key(srv.key_file, key)}"
     request = urllib.request.Request(f"http://127.0.0.1:{srv.status['http_port']}{path}", data=body,

@@ -32,14 +32,16 @@ from inference_service.serving.registration import ModelEntry, newest_version, v
 
 def test_batch_frame_roundtrip():
     reqs = [wire.Request("a1", {"data": b"\x00\xffxyz", "other": b""}, {"h": "v"}, None),
-            wire.Request("b2", {"body": b"hello"}, {}, "ts-seq-1")]
+            wire.Request("b2", {"body": b"hello", "file": b"{}"}, {}, "ts-seq-1",
+                         {"body": "text/plain", "file": "application/json"})]
     frame = wire.encode_batch(reqs)
     length, kind = wire.HEADER.unpack_from(frame)
     assert kind == wire.BATCH and length == len(frame) - wire.HEADER.size + 1
     decoded = wire.decode_batch(frame[wire.HEADER.size:])
-    assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}),
-                       ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello")})]
-    assert isinstance(decoded[0][3]["data"], bytearray)
+    assert decoded == [("a1", None, {"h": "v"}, {"data": bytearray(b"\x00\xffxyz"), "other": bytearray()}, {}),
+                       ("b2", "ts-seq-1", {}, {"body": bytearray(b"hello"), "file": bytearray(b"{}")},
+                        {"body": "text/plain", "file": "application/json"})]
+    assert isinstance(decoded[0].inputs["data"], bytearray)
 
 
 def test_malformed_batch_frame_raises():
@@ -249,7 +251,7 @@ def test_predict_joins_the_responses_and_records_the_request(tmp_path):
         return await core.predict("m", "", {"data": b"x"})
 
     assert asyncio.run(run()) == b"abc"
-    stats = core.telemetry.model("m", "")
+    stats = core.telemetry.model("m", "1.0")  # recorded for the version that served it, not "default"
     assert (stats.requests, stats.messages, stats.cancellations, core.inflight) == (1, 0, 0, 0)
     assert stats.latency_us > 0 and not model.jobs[0].cancelled and model.jobs[0].stream is False
 
@@ -261,7 +263,7 @@ def test_stream_yields_each_response_and_ends_after_the_final_one(tmp_path):
         return [item async for item in core.stream("m", "", {"data": b"x"}, sequence_id="s1")]
 
     assert asyncio.run(run()) == [(b"a", False), (b"b", True)]
-    stats = core.telemetry.model("m", "")
+    stats = core.telemetry.model("m", "1.0")
     assert (stats.requests, stats.messages, stats.cancellations, core.inflight) == (1, 2, 0, 0)
     assert model.jobs[0].stream is True and model.jobs[0].sequence_id == "s1"
 
@@ -280,7 +282,7 @@ def test_errors_and_oversize_responses_are_raised(tmp_path):
     core, _ = _core(tmp_path, [(Kind.CHUNK, b"12"), (Kind.FINAL, b"34")], max_response_size=3)
     with pytest.raises(ResourceExhausted, match="max_response_size"):  # the joined response counts
         asyncio.run(core.predict("m", "", {"data": b"x"}))
-    assert core.inflight == 0 and core.telemetry.model("m", "").latency_us == 0
+    assert core.inflight == 0 and core.telemetry.model("m", "1.0").latency_us == 0
 
 
 def test_a_cancelled_predict_aborts_the_job_and_propagates(tmp_path):
@@ -297,7 +299,7 @@ def test_a_cancelled_predict_aborts_the_job_and_propagates(tmp_path):
         asyncio.run(run())
     job = model.jobs[0]
     assert job.cancelled and model.runner.cancelled == [job.request_id]
-    assert core.telemetry.model("m", "").cancellations == 1 and core.inflight == 0
+    assert core.telemetry.model("m", "1.0").cancellations == 1 and core.inflight == 0
 
 
 def test_closing_a_stream_early_aborts_the_job(tmp_path):
@@ -310,7 +312,7 @@ def test_closing_a_stream_early_aborts_the_job(tmp_path):
 
     asyncio.run(run())
     assert model.runner.cancelled == [model.jobs[0].request_id]
-    assert core.telemetry.model("m", "").cancellations == 1 and core.inflight == 0
+    assert core.telemetry.model("m", "1.0").cancellations == 1 and core.inflight == 0
 
 
 def test_lookup_errors_and_no_telemetry(tmp_path):

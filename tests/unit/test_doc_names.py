@@ -37,6 +37,7 @@ FOREIGN = {
     "my_handler.py",  # written by docs/own-model.md's own example
     "v2_double.py",  # written by docs/open-inference-protocol.md's own example
     "kserve_handler.py",  # written by docs/scaling-out.md's own example
+    "ts-setup/scaler2_handler.py",  # written by docs/migrating-from-torchserve.md's own example
     "ts_scripts/torchserve_grpc_client.py",  # TorchServe's repository, the client we replace
     "docs/management_api.md",  # TorchServe's docs page, cited
     "docs/request_envelopes.md",  # TorchServe's docs page, cited

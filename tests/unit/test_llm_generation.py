@@ -243,6 +243,12 @@ def test_parse_input_row_keys() -> None:
     assert parse_input_row({"body": {"prompt": "c"}}).prompt == "c"  # already decoded
     with pytest.raises(InvalidRequest, match="no 'data' or 'body'"):
         parse_input_row({"other": b"x"})
+    # curl -d '{"prompt": ...}' without a Content-Type: a form whose one field is named by the JSON
+    with pytest.raises(InvalidRequest, match="only form fields: curl -d sends a body as a form unless given "
+                                             "-H 'Content-Type: application/json'"):
+        parse_input_row({'{"prompt": "x"}': bytearray()})
+    with pytest.raises(InvalidRequest, match="input$"):
+        parse_input_row({})
 
 
 MESSAGES_OK = [{"role": "user", "content": "hi"}]

@@ -69,10 +69,10 @@ def test_metric_frame_roundtrip_and_worker_queue():
 
 def test_exposition_of_frontend_and_handler_metrics(caplog):
     m = ServerMetrics(hostname="h")
-    stats = m.model("echo", "")
+    stats = m.model("echo", "1.0")
     stats.requests += 2
     stats.latency_us += 1500.0
-    assert m.model("echo", "") is stats and m.model("echo", "1.0") is not stats
+    assert m.model("echo", "1.0") is stats and m.model("echo", "2.0") is not stats
     m.error("Predictions", grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND")
     dims = {"ModelName": "m", "Level": "Model"}
     with caplog.at_level(logging.WARNING, logger="inference_service.observability.metrics"):
@@ -90,9 +90,9 @@ def test_exposition_of_frontend_and_handler_metrics(caplog):
     assert len(caplog.records) == 4, [r.getMessage() for r in caplog.records]  # one per name and cause
     text = m.render().decode()
     assert "# TYPE ts_inference_latency_microseconds counter\n" in text  # TorchServe's name, no _total
-    assert 'ts_inference_requests_total{model_name="echo",model_version="default",hostname="h"} 2.0\n' in text
-    assert 'ts_inference_latency_microseconds{model_name="echo",model_version="default",hostname="h"} 1500.0' in text
-    assert 'ts_inference_requests_total{model_name="echo",model_version="1.0",hostname="h"} 0.0' in text
+    assert 'ts_inference_requests_total{model_name="echo",model_version="1.0",hostname="h"} 2.0\n' in text
+    assert 'ts_inference_latency_microseconds{model_name="echo",model_version="1.0",hostname="h"} 1500.0' in text
+    assert 'ts_inference_requests_total{model_name="echo",model_version="2.0",hostname="h"} 0.0' in text
     assert ('inference_service_errors_total{code="NOT_FOUND",method="Predictions",reason="MODEL_NOT_FOUND"} 1.0'
             in text)
     # prometheus_client objects: counters as <name>_total, labels in name order
@@ -174,7 +174,7 @@ def test_serving_statistics_become_llm_metrics(caplog):
     m = ServerMetrics(hostname="h")
     source = _LlmSource()
     m.attach(source)
-    before = m.model("llm", "")  # created before the model was known as an LLM
+    before = m.model("llm", "1.0")  # created before the model was known as an LLM
     m.handler_metrics("llm", "1.0", [
         ("serving:prompt_tokens", "counter", "", {"pid": "11"}, 12.0),
         ("serving:generation_tokens", "counter", "", {"pid": "11"}, 30.0),
@@ -210,13 +210,13 @@ def test_serving_statistics_become_llm_metrics(caplog):
         stats.message(0.0, last, final=True)
         stats.finish(time.monotonic() - 1.0, 0.0, ok=True)
     text = m.render().decode()
-    for version in ("default", "2.0"):
+    for version in ("1.0", "2.0"):
         labels = f'model_name="llm",model_version="{version}"'
         assert f"inference_service_llm_time_to_first_token_seconds_count{{{labels}}} 1.0\n" in text
         assert f"inference_service_llm_inter_token_latency_seconds_count{{{labels}}} 1.0\n" in text
         assert f"inference_service_llm_e2e_request_latency_seconds_count{{{labels}}} 1.0\n" in text
     # a model that never reported serving statistics has no LLM series
-    other = m.model("echo", "")
+    other = m.model("echo", "1.0")
     other.message(time.monotonic(), 0.0)
     assert 'inference_service_llm_time_to_first_token_seconds_count{model_name="echo"' not in m.render().decode()
 

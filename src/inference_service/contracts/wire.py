@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # frontend -> worker
 INIT = 1
@@ -65,13 +65,27 @@ def frame(kind: int, body: bytes = b"") -> bytes:
 
 @dataclass
 class Request:
-    """One request of a batch as the worker sees it: ``inputs`` the gRPC input map, ``headers`` for
-    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``."""
+    """One request of a batch as the frontend sends it: ``inputs`` the input map, ``headers`` for
+    ``context.get_request_header``, ``sequence_id`` StreamPredictions2's or ``None``,
+    ``content_types`` the content type of some inputs (TorchServe's ``InputParameter``
+    content type: an HTTP body's, a multipart file's; absent for form fields and gRPC inputs)."""
 
     request_id: str
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
     sequence_id: str | None = None
+    content_types: dict[str, str] = field(default_factory=dict)
+
+
+class Received(NamedTuple):
+    """One request of a ``BATCH`` frame as the worker reads it (inputs as ``bytearray``, as
+    TorchServe hands them; ``content_types`` "" or absent: none)."""
+
+    request_id: str
+    sequence_id: str | None
+    headers: dict[str, str]
+    inputs: dict[str, bytearray]
+    content_types: dict[str, str]
 
 
 def _text(value: str) -> bytes:
@@ -92,9 +106,13 @@ def _too_long(text: str) -> bool:
     return len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
 
 
-def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None) -> str | None:
+def request_problem(inputs: dict[str, bytes], headers: dict[str, str], sequence_id: str | None,
+                    content_types: dict[str, str] | None = None) -> str | None:
     """Why a request cannot be framed for a worker (naming the limit), or ``None``: checked before
     queueing, so it is refused with INVALID_ARGUMENT instead of failing on its way."""
+    for content_type in (content_types or {}).values():
+        if _too_long(content_type):
+            return f"a content type is longer than {MAX_NAME_BYTES} bytes"
     if len(inputs) > MAX_ENTRIES:
         return f"the input map has {len(inputs)} entries; at most {MAX_ENTRIES} are allowed"
     if len(headers) > MAX_ENTRIES:
@@ -116,10 +134,10 @@ def encode_batch(requests: list[Request]) -> bytes:
         u16 count, then per request:
           u16 len | request id | u16 len (0xFFFF: none) | sequence id
           u16 headers, each: u16 len | name | u32 len | value  (UTF-8)
-          u16 inputs, each: u16 len | name | u32 len | bytes
+          u16 inputs, each: u16 len | name | u16 len | content type ("": none) | u32 len | bytes
 
     Raises:
-        ValueError: an id, name or header longer than 65534 bytes.
+        ValueError: an id, name, content type or header longer than 65534 bytes.
     """
     parts: list[bytes] = [_U16.pack(len(requests))]
     append = parts.append
@@ -142,18 +160,26 @@ def encode_batch(requests: list[Request]) -> bytes:
             append(u32(len(val)))
             append(val)
         append(u16(len(req.inputs)))
+        content_types = req.content_types
         for name, blob in req.inputs.items():
             key = _text(name)
             append(u16(len(key)))
             append(key)
+            content_type = content_types.get(name)
+            if content_type:
+                ctype = _text(content_type)
+                append(u16(len(ctype)))
+                append(ctype)
+            else:
+                append(b"\x00\x00")
             append(u32(len(blob)))
             append(blob)
     body = b"".join(parts)
     return HEADER.pack(len(body) + 1, BATCH) + body
 
 
-def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dict[str, bytearray]]]:
-    """Inverse of :func:`encode_batch`; inputs come back as ``bytearray``, as TorchServe hands them.
+def decode_batch(body: bytes) -> list[Received]:
+    """Inverse of :func:`encode_batch`.
 
     Raises:
         ProtocolError: the body is malformed.
@@ -171,15 +197,19 @@ def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dic
         (n,) = u16(body, pos)
         return take(pos + 2, n).decode("utf-8", "surrogatepass"), pos + 2 + n
 
-    def pairs(pos: int) -> tuple[list[tuple[str, bytes]], int]:
-        """u16 count, then count times: u16 len | UTF-8 name | u32 len | value."""
+    def pairs(pos: int, typed: bool) -> tuple[list[tuple[str, str, bytes]], int]:
+        """u16 count, then count times: u16 len | UTF-8 name | (``typed``: u16 len | UTF-8 content
+        type) | u32 len | value."""
         (n,) = u16(body, pos)
         pos += 2
         items = []
+        content_type = ""
         for _ in range(n):
             key, pos = text(pos)
+            if typed:
+                content_type, pos = text(pos)
             (v,) = u32(body, pos)
-            items.append((key, take(pos + 4, v)))
+            items.append((key, content_type, take(pos + 4, v)))
             pos += 4 + v
         return items, pos
 
@@ -194,11 +224,12 @@ def decode_batch(body: bytes) -> list[tuple[str, str | None, dict[str, str], dic
                 pos += 2
             else:
                 seq, pos = text(pos)
-            header_items, pos = pairs(pos)
-            headers = {key: value.decode("utf-8", "surrogatepass") for key, value in header_items}
-            input_items, pos = pairs(pos)
-            inputs = {key: bytearray(value) for key, value in input_items}
-            out.append((rid, seq, headers, inputs))
+            header_items, pos = pairs(pos, False)
+            headers = {key: value.decode("utf-8", "surrogatepass") for key, _, value in header_items}
+            input_items, pos = pairs(pos, True)
+            inputs = {key: bytearray(value) for key, _, value in input_items}
+            content_types = {key: content_type for key, content_type, _ in input_items if content_type}
+            out.append(Received(rid, seq, headers, inputs, content_types))
     except (ValueError, struct.error) as exc:
         raise ProtocolError(f"malformed batch frame: {exc}") from exc
     if pos != end:
@@ -285,6 +316,8 @@ class WorkerSpec:
             each request ends with its own ``FINAL``/``ERROR``, no ``DONE``) or ``async``.
         max_running: most requests run at once in ``continuous`` and ``async`` mode.
         envelope: the ``service_envelope`` to wrap the handler in, or ``None``.
+        decode_input_request: JSON and text inputs reach the handler decoded
+            (:mod:`inference_service.worker.inputs`).
     """
 
     model_name: str
@@ -306,6 +339,7 @@ class WorkerSpec:
     mode: str = MODE_BATCH
     max_running: int = 1
     envelope: str | None = None
+    decode_input_request: bool = True
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""

@@ -134,7 +134,8 @@ class Mailbox:
 class Job:
     """One inference request. Times are ``time.monotonic()``: ``deadline`` (dropped after; ``None``:
     none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
-    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value."""
+    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value;
+    ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -149,6 +150,7 @@ class Job:
     worker: Runner | None = None
     dispatched: float = 0.0
     taken: int = 0  # intermediate responses taken since the last credit
+    content_types: dict[str, str] = field(default_factory=dict)
 
     def took_chunk(self) -> None:
         """The RPC took one intermediate response: credit the worker every :data:`CREDIT_BATCH`."""

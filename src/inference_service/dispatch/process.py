@@ -66,11 +66,14 @@ class WorkerProcess:
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
+        spec.decode_input_request = options.decode_input_request
         self.concurrent = spec.mode != wire.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
         spec.stream_window = 0 if spec.mode == wire.MODE_ASYNC else wire.STREAM_WINDOW
         self.env = env
         self.pid: int | None = None
+        #: the handler takes the typed LLM request (its READY says so): the OpenAI door lists it
+        self.accepts_generation = False
         self.start_time = time.time()
         self.proc: ChildProcess | None = None
         self._channels: list[FrameChannel] = []
@@ -258,6 +261,7 @@ class WorkerProcess:
             if int(info.get("rank", 0)) == 0:
                 channel.answers = True
                 self.pid = int(info.get("pid", self.pid))
+                self.accepts_generation = info.get("generation") is True
             self._ready_count += 1
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():
@@ -316,7 +320,8 @@ class WorkerProcess:
         if self._closed:
             return False
         frame = wire.encode_batch(
-            [wire.Request(job.request_id, job.inputs, job.headers, job.sequence_id) for job in jobs])
+            [wire.Request(job.request_id, job.inputs, job.headers, job.sequence_id, job.content_types)
+             for job in jobs])
         now = time.monotonic()
         jobs_by_id = self._jobs
         for job in jobs:  # registered only once the frame exists: an encoding error leaves no trace

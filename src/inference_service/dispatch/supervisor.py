@@ -40,6 +40,7 @@ class SlotOwner(Protocol):
     restarts_total: int
     queue: JobQueue
     worker_options: WorkerOptions
+    accepts_generation: bool
 
     @property
     def config(self) -> WorkerTimings:
@@ -126,6 +127,7 @@ class WorkerSlot:
                 self.model.on_load_failed(self)
             else:
                 self.start_time = process.start_time
+                self.model.accepts_generation |= process.accepts_generation
                 failures, first_failure = 0, None
                 self.load_error = None
                 self._set_state(WorkerState.READY)

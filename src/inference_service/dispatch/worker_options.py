@@ -23,9 +23,11 @@ class WorkerOptions:
             (``metrics_mode=prometheus``) instead of logging them in TorchServe's format.
         service_envelope: the request envelope wrapped around every handler
             (``service_envelope``; ``None``: none).
+        decode_input_request: handlers get JSON and text inputs decoded (TorchServe's rule).
     """
 
     log_level: str = "INFO"
     metrics_sink: MetricsSink | None = None
     forward_handler_metrics: bool = False
     service_envelope: str | None = None
+    decode_input_request: bool = True

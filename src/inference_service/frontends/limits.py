@@ -169,6 +169,19 @@ def _noun(what: str) -> str:
     return "fields" if "form" in what else "parts"
 
 
+#: What curl sends with ``-d`` (unless told otherwise) and with ``-F``.
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def refuse_form(content_type: str) -> None:
+    """InvalidArgument (reason ``FORM_BODY``) for a form body at a door that reads JSON (``/v1``,
+    ``/v2``); ``content_type`` as aiohttp's ``request.content_type``."""
+    if content_type in FORM_TYPES:
+        raise InvalidArgument(f"the body was sent as a form (Content-Type: {content_type}, what curl -d sends "
+                              "unless told otherwise); this API reads JSON: send it with "
+                              "-H 'Content-Type: application/json'", reason="FORM_BODY")
+
+
 class JsonWriter:
     """JSON text written piece by piece; :meth:`write` / :meth:`values` raise ResourceExhausted
     (``REQUEST_TOO_LARGE``, 413) once it passes ``limit`` bytes (``max_request_size``)."""

@@ -24,20 +24,21 @@ class RequestProcessor:
     """Headers in and status/headers out of one request of a batch (TorchServe's name).
 
     Args:
-        request_header: the request's headers (``str`` keys and values).
+        request_header: the request's headers, and each input's ``{"content-type": ...}`` by its
+            name (as TorchServe's ``retrieve_data_for_inference``).
     """
 
-    def __init__(self, request_header: dict[str, str]) -> None:
+    def __init__(self, request_header: dict[str, Any]) -> None:
         self._request_header = request_header
         self._status_code = 200
         self._reason_phrase: str | None = None
         self._response_header: dict[str, str] = {}
 
-    def get_request_property(self, key: str) -> str | None:
+    def get_request_property(self, key: str) -> Any:
         """One request header, or ``None``."""
         return self._request_header.get(key)
 
-    def get_request_properties(self) -> dict[str, str]:
+    def get_request_properties(self) -> dict[str, Any]:
         """All request headers."""
         return self._request_header
 
@@ -148,12 +149,12 @@ class Context:
         """The request id of batch entry ``idx``."""
         return self.request_ids.get(idx)
 
-    def get_request_header(self, idx: int, key: str) -> str | None:
-        """One header of batch entry ``idx`` (TorchServe passes the input map's
-        non-body entries and gRPC metadata as headers)."""
+    def get_request_header(self, idx: int, key: str) -> Any:
+        """One header of batch entry ``idx``: the HTTP headers or gRPC metadata, or an input's
+        ``{"content-type": ...}`` by the input's name."""
         return self.request_processor[idx].get_request_property(key)
 
-    def get_all_request_header(self, idx: int) -> dict[str, str]:
+    def get_all_request_header(self, idx: int) -> dict[str, Any]:
         """All headers of batch entry ``idx``."""
         return self.request_processor[idx].get_request_properties()
 
@@ -204,7 +205,8 @@ class Context:
         ``header_key_sequence_id`` header as TorchServe reads it), else ``None``."""
         seq = self._sequence_ids.get(idx)
         if seq is None and idx < len(self.request_processor):
-            seq = self.request_processor[idx].get_request_property(self.header_key_sequence_id)
+            header = self.request_processor[idx].get_request_property(self.header_key_sequence_id)
+            seq = header if isinstance(header, str) else None  # not an input's {"content-type": ...}
         return seq
 
     # --- added by inference-service ----------------------------------------------
@@ -226,7 +228,7 @@ class Context:
     def begin_batch(
         self,
         request_ids: list[str],
-        headers: list[dict[str, str]],
+        headers: list[dict[str, Any]],
         sequence_ids: list[str | None],
     ) -> None:
         """Reset the per-batch state before a handler call: ``request_ids[i]``, ``headers[i]`` and
@@ -234,7 +236,10 @@ class Context:
         self.request_ids = dict(enumerate(request_ids))
         self.request_processor = [RequestProcessor(h) for h in headers]
         self._sequence_ids = {i: s for i, s in enumerate(sequence_ids) if s is not None}
-        self._metrics.request_ids = self.request_ids
+        # metric lines name the id the access line names: the request's x-request-id
+        client_ids = [h.get("x-request-id") for h in headers]
+        self._metrics.request_ids = {i: client if isinstance(client, str) and client else request_ids[i]
+                                     for i, client in enumerate(client_ids)}
 
     def __repr__(self) -> str:
         return f"Context(model_name={self.model_name!r}, model_dir={self.system_properties['model_dir']!r})"

@@ -25,7 +25,7 @@ _NUMPY_TO_DATATYPE = {
 
 
 def _body(row: Any) -> Any:
-    """A request's ``data`` or ``body`` input, JSON bodies decoded (bytes here, dicts in TorchServe)."""
+    """A request's ``data`` or ``body`` input, JSON decoded (a gRPC input or ``decode_input_request=false``: bytes)."""
     body = row.get("data") or row.get("body") if isinstance(row, dict) else row
     if isinstance(body, bytes | bytearray):
         return json.loads(bytes(body).decode("utf-8"))

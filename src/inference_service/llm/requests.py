@@ -47,7 +47,9 @@ def parse_input_row(row: Any, defaults: GenerationParams = GenerationParams()) -
         if body is None:
             body = row.get("body")
         if body is None:
-            raise InvalidRequest("request has no 'data' or 'body' input")
+            raise InvalidRequest("request has no 'data' or 'body' input" + (
+                ", only form fields: curl -d sends a body as a form unless given "
+                "-H 'Content-Type: application/json'" if row else ""))
     else:
         body = row
     return parse_request(body, defaults)

@@ -100,14 +100,14 @@ class AccessLog:
         self.logger.setLevel(logging.INFO)
 
     def record(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
-               start: float, messages: int, request_id: str = "") -> None:
+               start: float, messages: int, request_id: str = "", version: str = "") -> None:
         """Log one RPC (arguments as :meth:`inference_service.observability.metrics.Telemetry.rpc_done`)."""
         logger = self.logger
         if not logger.isEnabledFor(logging.INFO):
             return
         latency_ms = round((time.perf_counter() - start) * 1000.0, 3)
         model = getattr(request, "model_name", "")
-        version = getattr(request, "model_version", "")
+        version = version or getattr(request, "model_version", "")
         model = model[:MAX_FIELD] if isinstance(model, str) and model else "-"
         version = version[:MAX_FIELD] if isinstance(version, str) and version else "-"
         self._write(method, model, version, code.name, code.value[0], reason, latency_ms, messages, peer,

@@ -143,16 +143,15 @@ class ServerMetrics:
 
     # ------------------------------------------------------------- recording
     def model(self, name: str, version: str) -> ModelStats:
-        """The cached :class:`ModelStats` of a model and the request's version (``""``: "default")."""
+        """The cached :class:`ModelStats` of a model version (the one serving, never "default")."""
         versions = self._models.get(name)
         if versions is not None:
             stats = versions.get(version)
             if stats is not None:
                 return stats
-        label = version or "default"
-        stats = ModelStats(self._ttfr.labels(name, label), self._gap.labels(name, label))
+        stats = ModelStats(self._ttfr.labels(name, version), self._gap.labels(name, version))
         if name in self.llm.models:
-            stats.llm = self.llm.children(name, label)
+            stats.llm = self.llm.children(name, version)
         self._models.setdefault(name, {})[version] = stats
         return stats
 
@@ -161,7 +160,7 @@ class ServerMetrics:
         self.llm.models.add(name)
         for version, stats in self._models.get(name, {}).items():
             if stats.llm is None:
-                stats.llm = self.llm.children(name, version or "default")
+                stats.llm = self.llm.children(name, version)
 
     def serving_stat(self, model_name: str, model_version: str, name: str, metric_type: str,
                      dims: Mapping[str, str], value: float) -> None:
@@ -206,8 +205,7 @@ class ServerMetrics:
             out.append(f"# HELP {metric} {help_text}\n# TYPE {metric} counter\n")
             for name, versions in models:
                 for version, stats in versions:
-                    labels = _labels(("model_name", "model_version", "hostname"),
-                                     (name, version or "default", self.hostname))
+                    labels = _labels(("model_name", "model_version", "hostname"), (name, version, self.hostname))
                     out.append(f"{metric}{{{labels}}} {floatToGoString(getattr(stats, attr))}\n")
         registry = self.registry if names is None else self.registry.restricted_registry(
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
@@ -251,8 +249,8 @@ class _Collector:
                                       "queued or running.", labels=labels)
         for name, versions in list(m._models.items()):
             for version, stats in list(versions.items()):
-                messages.add_metric([name, version or "default"], stats.messages)
-                cancels.add_metric([name, version or "default"], stats.cancellations)
+                messages.add_metric([name, version], stats.messages)
+                cancels.add_metric([name, version], stats.cancellations)
         yield messages
         yield cancels
         errors = CounterMetricFamily("inference_service_errors", "RPCs that ended with an error status.",
@@ -305,12 +303,13 @@ class Telemetry:
         return context.peer() if self.access_log is not None else ""
 
     def rpc_done(self, method: str, request: Any, peer: str, code: grpc.StatusCode, reason: str,
-                 start: float, messages: int, request_id: str = "") -> None:
+                 start: float, messages: int, request_id: str = "", version: str = "") -> None:
         """One RPC ended: count an error status; write its access-log line.
 
-        ``start`` is the ``time.perf_counter()`` of the RPC's beginning; ``reason`` is "" when OK.
+        ``start`` is the ``time.perf_counter()`` of the RPC's beginning; ``reason`` is "" when OK;
+        ``version``: the model version that served it ("": the request's).
         """
         if code is not _OK and self.metrics is not None:
             self.metrics.error(method, code, reason)
         if self.access_log is not None:
-            self.access_log.record(method, request, peer, code, reason, start, messages, request_id)
+            self.access_log.record(method, request, peer, code, reason, start, messages, request_id, version)

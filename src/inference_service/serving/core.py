@@ -10,6 +10,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from inference_service.serving.registration import (
 from inference_service.serving.stats import RequestTelemetry, VersionStats, version_stats
 
 log = logging.getLogger(__name__)
+#: The version serving the current task's inference request ("": none), for its access line.
+SERVED_VERSION: ContextVar[str] = ContextVar("served_version", default="")
 
 
 class InferenceCore:
@@ -126,41 +129,48 @@ class InferenceCore:
 
     async def predict(self, name: str, version: str, inputs: dict[str, bytes],
                       headers: dict[str, str] | None = None,
-                      time_remaining: float | None = None) -> bytes:
+                      time_remaining: float | None = None, *,
+                      content_types: dict[str, str] | None = None) -> bytes:
         """Unary inference: the final response, preceded by any intermediate ones, concatenated.
 
-        ``version`` "" is the default; ``time_remaining``: seconds left of the client's deadline.
+        ``version`` "" is the default; ``time_remaining``: seconds left of the client's deadline;
+        ``content_types``: of the inputs that have one (the worker decodes JSON and text ones).
 
         Raises:
             InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the handler's error.
         """
         result = b""
         # runs the lifecycle to its end (it returns after its one item), so its cleanup has run
-        async for data, _final in self._lifecycle(name, version, inputs, headers, time_remaining, False, None):
+        async for data, _final in self._lifecycle(name, version, inputs, headers, time_remaining, False, None,
+                                                  content_types):
             result = data
         return result
 
     def stream(self, name: str, version: str, inputs: dict[str, bytes],
                headers: dict[str, str] | None = None,
                time_remaining: float | None = None,
-               sequence_id: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
+               sequence_id: str | None = None, *,
+               content_types: dict[str, str] | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
         response, then for the final one (``is_final`` True).
 
         Nothing happens (lookup errors included) until the first item is asked for. Closing the
         iterator early aborts the request in the worker. Raises as :meth:`predict`.
         """
-        return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id)
+        return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id, content_types)
 
     async def _lifecycle(self, name: str, version: str, inputs: dict[str, bytes],
                          headers: dict[str, str] | None, time_remaining: float | None, stream: bool,
-                         sequence_id: str | None) -> AsyncGenerator[tuple[bytes, bool], None]:
+                         sequence_id: str | None,
+                         content_types: dict[str, str] | None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The one request lifecycle of :meth:`predict` and :meth:`stream`; unary joins the parts."""
         model = self.get(name, version)
+        SERVED_VERSION.set(model.version)
         telemetry = self.telemetry
-        stats = telemetry.model(name, version) if telemetry is not None else None
+        stats = telemetry.model(name, model.version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
-                  deadline=None if time_remaining is None else time.monotonic() + time_remaining)
+                  deadline=None if time_remaining is None else time.monotonic() + time_remaining,
+                  content_types=content_types or {})
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)

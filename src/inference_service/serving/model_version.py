@@ -57,6 +57,7 @@ class ModelVersion:
         self.sequences: dict[str, int] = {}
         self.sequence_last_used: dict[str, float] = {}
         self.restarts_total = 0  # worker restarts of this version, kept when workers are removed
+        self.accepts_generation = False  # a worker's handler took the typed LLM request: /v1/models lists it
         self.gpus = gpus or GpuAllocator(0)
         # workers placed on GPUs: all of them where there are GPUs, unless deviceType is cpu
         self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0
@@ -233,7 +234,7 @@ class ModelVersion:
         if load_error is not None:
             raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
                               reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
-        problem = wire.request_problem(job.inputs, job.headers, job.sequence_id)
+        problem = wire.request_problem(job.inputs, job.headers, job.sequence_id, job.content_types)
         if problem is not None:
             raise InvalidArgument(problem)
         if self.queue.remaining_capacity() == 0:

@@ -20,6 +20,7 @@ from inference_service.handler.context import Context
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.worker import answers
+from inference_service.worker.inputs import handler_request
 from inference_service.worker.runtime import Worker
 
 
@@ -72,8 +73,11 @@ class AsyncRunner:
             return
         kind, body = item
         if kind == wire.BATCH:
-            for rid, seq, headers, inputs in wire.decode_batch(body):
-                self.tasks[rid] = asyncio.ensure_future(self._run(rid, seq, headers, inputs))
+            decode = self.worker.spec.decode_input_request
+            for request in wire.decode_batch(body):
+                headers, inputs = handler_request(request, decode)
+                rid = request.request_id
+                self.tasks[rid] = asyncio.ensure_future(self._run(rid, request.sequence_id, headers, inputs))
         elif kind == wire.CANCEL:
             rid = body.decode()
             task = self.tasks.get(rid)
@@ -81,7 +85,7 @@ class AsyncRunner:
                 self.channel.cancelled.add(rid)
                 task.cancel()
 
-    async def _run(self, rid: str, seq: str | None, headers: dict[str, str], inputs: dict[str, Any]) -> None:
+    async def _run(self, rid: str, seq: str | None, headers: dict[str, Any], inputs: dict[str, Any]) -> None:
         """One request: call the handler, answer, forget the request."""
         worker = self.worker
         context: Context = copy.copy(worker.context)

@@ -20,6 +20,7 @@ from inference_service.contracts import wire
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.worker import answers
+from inference_service.worker.inputs import handler_request
 
 if TYPE_CHECKING:
     from inference_service.worker.runtime import Worker
@@ -42,7 +43,7 @@ class _Running:
 
     request_id: str
     sequence_id: str | None
-    headers: dict[str, str]
+    headers: dict[str, Any]
     inputs: dict[str, Any] | None = field(default=None)
     resumed: bool = False  # preempted earlier: its flow-control credit is kept, not reset
 
@@ -145,8 +146,10 @@ class ContinuousRunner:
         """Handle one frame; False on ``STOP`` or the end of the channel."""
         kind, body = item
         if kind == wire.BATCH:
-            for rid, seq, headers, inputs in wire.decode_batch(body):
-                self.waiting.append(_Running(rid, seq, headers, inputs))
+            decode = self.worker.spec.decode_input_request
+            for request in wire.decode_batch(body):
+                headers, inputs = handler_request(request, decode)
+                self.waiting.append(_Running(request.request_id, request.sequence_id, headers, inputs))
         elif kind == wire.CANCEL:
             self.channel.cancelled.add(body.decode())
         elif kind == wire.STOP or kind == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import logging
 import os
 import socket
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
     rank = int(os.environ.get("RANK", "0"))
-    ready = wire.frame(wire.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode())
+    generation = bool(getattr(worker.handler_object, "accepts_generation_requests", False))
+    ready = wire.frame(wire.READY, json.dumps({"pid": os.getpid(), "rank": rank, "generation": generation}).encode())
     channel.send(b"".join(channel.pending_metrics() + [ready]))  # metrics recorded by initialize() first
     if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()

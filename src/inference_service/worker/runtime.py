@@ -17,6 +17,7 @@ from inference_service.handler.metrics import Metrics
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.worker import answers
 from inference_service.worker.channel import WorkerChannel
+from inference_service.worker.inputs import handler_request
 from inference_service.worker.loader import Service, load_service
 
 
@@ -83,10 +84,12 @@ class Worker:
     def run_batch(self, body: bytes) -> None:
         """Run one batch through the handler and answer every request in it, then ``DONE``."""
         batch = wire.decode_batch(body)
-        ids = [rid for rid, _, _, _ in batch]
-        self.context.begin_batch(ids, [h for _, _, h, _ in batch], [s for _, s, _, _ in batch])
+        ids = [request.request_id for request in batch]
+        decode = self.spec.decode_input_request
+        requests = [handler_request(request, decode) for request in batch]
+        self.context.begin_batch(ids, [headers for headers, _ in requests], [r.sequence_id for r in batch])
         self.channel.begin(ids)
-        data: list[dict[str, Any]] = [inputs for _, _, _, inputs in batch]
+        data: list[dict[str, Any]] = [inputs for _, inputs in requests]
         out: list[bytes] = []
         cancelled = self.channel.cancelled
         try:

@@ -42,6 +42,7 @@ from inference_service.frontends.grpc.registration import Malformed
 from inference_service.frontends.grpc.send_budget import CallBudget, SendBudget
 from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current, request_id
 from inference_service.observability.metrics import Telemetry
+from inference_service.serving.core import SERVED_VERSION
 
 log = logging.getLogger("inference_service.rpc")
 
@@ -202,7 +203,8 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             return None  # type: ignore[return-value] # gRPC sends no message with a non-OK status
         finally:
             if telemetry is not None:
-                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0, rid)
+                telemetry.rpc_done(name, request, peer, code, reason, start, 1 if code is _OK else 0, rid,
+                                   SERVED_VERSION.get())
 
     return wrapper
 
@@ -240,7 +242,9 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
                 _end_with(context, status)
         finally:
             if telemetry is not None:
-                telemetry.rpc_done(name, request, peer, code, reason, start, messages, rid)
+                # a bidirectional stream's requests may name several versions: its line names none
+                telemetry.rpc_done(name, request, peer, code, reason, start, messages, rid,
+                                   SERVED_VERSION.get() if parsed else "")
 
     return wrapper
 

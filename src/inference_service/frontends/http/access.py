@@ -15,6 +15,7 @@ from aiohttp.typedefs import Middleware
 from inference_service.errors import shorten
 from inference_service.frontends.request_ids import ACCESS_MODEL, REQUEST_ID_HEADER, request_id
 from inference_service.observability.accesslog import AccessLog
+from inference_service.serving.core import SERVED_VERSION
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: The status logged for a request whose client went away before the answer (nginx's).
@@ -90,8 +91,8 @@ def _log_requests(access_log: AccessLog) -> Middleware:
                 messages = 1 if status < 400 else 0
             match = request.match_info
             model = request.get(ACCESS_MODEL) or match.get("model_name", "")  # /v1: the body's model
+            version = SERVED_VERSION.get() or match.get("model_version", "")  # the version that served it
             access_log.record_http(request.method, shorten(request.rel_url.raw_path), shorten(model),
-                                   shorten(match.get("model_version", "")), status, start, messages, peer,
-                                   request["request_id"])
+                                   shorten(version), status, start, messages, peer, request["request_id"])
 
     return log_request

@@ -262,36 +262,44 @@ class HttpInferenceApi:
         name = request.match_info["model_name"]
         version = request.match_info.get("model_version", "")
         model = self.core.get(name, version)
-        inputs = await self._inputs(request)
+        inputs, content_types = await self._inputs(request)
         headers = handler_headers(request.headers.items(), request["request_id"])
         headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
         if model.config.batch_size > 1 and not model.config.streams_in_batches:
             # batch mode: a stream would be a batch of one, so the request is batched dynamically
-            return web.Response(body=await self.core.predict(name, version, inputs, headers))
-        return await self._stream(request, self.core.stream(name, version, inputs, headers))
+            return web.Response(body=await self.core.predict(name, version, inputs, headers,
+                                                             content_types=content_types))
+        return await self._stream(request, self.core.stream(name, version, inputs, headers,
+                                                            content_types=content_types))
 
     async def kserve_v1_predict(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/models/{model_name}:predict``, KServe v1 as TorchServe serves it: the body is the
-        input ``body`` whatever its Content-Type (KServe's sample curl sends it as a form)."""
+        input ``body`` whatever its Content-Type (KServe's sample curl sends it as a form), as bytes."""
         request["raw_body"] = True
         return await self.predictions(request)
 
-    async def _inputs(self, request: web.Request) -> dict[str, bytes]:
-        """The input map, as TorchServe builds it: form fields by name, else the raw body as ``body``."""
+    async def _inputs(self, request: web.Request) -> tuple[dict[str, bytes], dict[str, str]]:
+        """The input map and its inputs' content types, as TorchServe 0.12's ``InferenceRequestHandler``
+        builds them: a form's fields by name (no content type, but a multipart file's), else the
+        raw body as ``body`` with the request's media type (``Content-Type`` before any ``;``)."""
         declared = request.content_length
         if declared is not None and declared > self.max_request_size:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=declared)
         if request.get("raw_body"):
-            return {"body": await request.read()}
-        if request.content_type.startswith("multipart/"):
+            return {"body": await request.read()}, {}
+        if request.content_type == "multipart/form-data":  # only this one, as Netty's isMultipart
             return await self._multipart(request)
         if request.content_type == _FORM:
-            return await form_fields(request, self.core.settings.max_request_parts)
-        return {"body": await request.read()}
+            return await form_fields(request, self.core.settings.max_request_parts), {}
+        media_type = request.headers.get("Content-Type", "").split(";", 1)[0]
+        return {"body": await request.read()}, {"body": media_type} if media_type else {}
 
-    async def _multipart(self, request: web.Request) -> dict[str, bytes]:
-        """The parts of a ``multipart/*`` body by name (``body`` for an unnamed part); 400 if malformed."""
+    async def _multipart(self, request: web.Request) -> tuple[dict[str, bytes], dict[str, str]]:
+        """The parts of a ``multipart/form-data`` body by name (``body`` for an unnamed part) and the content
+        types of its files (parts with a ``filename``: their media type, ``application/octet-stream``
+        when they name none, as Netty's ``FileUpload``); 400 if malformed."""
         inputs: dict[str, bytes] = {}
+        content_types: dict[str, str] = {}
         total = 0
         parts = PartCounter(self.core.settings.max_request_parts)
         try:
@@ -306,11 +314,17 @@ class HttpInferenceApi:
                     if total > self.max_request_size:
                         raise web.HTTPRequestEntityTooLarge(max_size=self.max_request_size, actual_size=total)
                     data += chunk
-                inputs[part.name or "body"] = bytes(data)
+                name = part.name or "body"
+                inputs[name] = bytes(data)
+                if part.filename is not None:
+                    media_type = part.headers.get("Content-Type", "").split(";", 1)[0].strip()
+                    content_types[name] = media_type or "application/octet-stream"
+                else:
+                    content_types.pop(name, None)  # a field: no content type, as Netty's Attribute
         except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
             # aiohttp's multipart reader raises these for bodies that break the format
             raise InvalidArgument(f"malformed multipart body: {exc or type(exc).__name__}") from exc
-        return inputs
+        return inputs, content_types
 
     async def _stream(self, request: web.Request,
                       messages: AsyncIterator[tuple[bytes, bool]]) -> web.StreamResponse:

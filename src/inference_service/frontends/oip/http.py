@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from inference_service.errors import HandlerError, InvalidArgument
-from inference_service.frontends.limits import JsonWriter, parse_json
+from inference_service.frontends.limits import JsonWriter, parse_json, refuse_form
 from inference_service.frontends.oip.protocol import (
     InferRequest,
     InferResponse,
@@ -258,6 +258,7 @@ class OpenInferenceRoutes:
         """
         name, version = request.match_info["model_name"], _version(request)
         self.core.get(name, version)
+        refuse_form(request.content_type)
         body = await request.read()
         infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
                                       self.core.settings.max_json_depth, self.core.settings.max_json_nodes,

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
 from inference_service.contracts.sampling import InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
-from inference_service.frontends.limits import check_json_nodes, off_loop
+from inference_service.frontends.limits import check_json_nodes, off_loop, refuse_form
 from inference_service.frontends.openai.embeddings import NotAnObject, handler_refusal_param, parse_embedding_body
 from inference_service.frontends.openai.format import (
     AnswerFormat,
@@ -177,22 +177,28 @@ class OpenAIApi:
             return name, version
         raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
 
-    def _cards(self) -> list[ModelCard]:
-        cards = []
+    def _ids(self) -> list[str]:
+        """The LLM models' ids: a name whose default version is one, then its versions that are."""
+        ids = []
         for name in sorted(self.core.models):
-            cards.append(ModelCard(id=name, created=self.started))
-            cards += [ModelCard(id=f"{name}/{version}", created=self.started)
-                      for version in sorted(self.core.models[name].versions)]
-        return cards
+            entry = self.core.models[name]
+            default = entry.versions.get(entry.default_version)
+            if default is not None and default.accepts_generation:
+                ids.append(name)
+            ids += [f"{name}/{version}" for version in sorted(entry.versions)
+                    if entry.versions[version].accepts_generation]
+        return ids
 
     async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: each name followed by its ``name/version`` ids (``created``: server start)."""
-        return web.Response(text=ModelList(data=self._cards()).model_dump_json(), content_type="application/json")
+        """``GET /v1/models``: the models whose handler takes the LLM request (``created``: server start)."""
+        cards = [ModelCard(id=model_id, created=self.started) for model_id in self._ids()]
+        return web.Response(text=ModelList(data=cards).model_dump_json(), content_type="application/json")
 
     async def retrieve_model(self, request: web.Request) -> web.Response:
-        """``GET /v1/models/{id}``: one model card; 404 ``model_not_found`` when unknown."""
+        """``GET /v1/models/{id}``: one model card of :meth:`list_models`; 404 ``model_not_found`` else."""
         model_id = request.match_info["model_id"]
-        self._resolve(model_id)
+        if model_id not in self._ids():
+            raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
         return web.Response(text=ModelCard(id=model_id, created=self.started).model_dump_json(),
                             content_type="application/json")
 
@@ -234,6 +240,10 @@ class OpenAIApi:
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""
+        try:
+            refuse_form(request.content_type)
+        except InvalidArgument as exc:
+            raise OpenAIError(400, exc.message, code=exc.reason.lower()) from None
         raw = await request.read()
         try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
             check_json_nodes(raw, self.core.settings.max_json_nodes)  # nor one long call: bounded first
