@@ -69,7 +69,7 @@ def eager() -> dict[str, Any]:
     from inference_service.llm.params import GenerationParams
     from inference_service.llm.requests import parse_request
 
-    model, tokenizer = load_model(resolve_model_dir())
+    model, tokenizer = load_model(resolve_model_dir({}))
     ids = torch.tensor([tokenizer(TEXT_FILE.read_text(encoding="utf-8"))["input_ids"]])
     assert ids.shape[1] >= 2000
     bodies = json.loads(PROMPTS_FILE.read_text())
@@ -133,7 +133,7 @@ def test_openvino_format_holds_the_quality_bar(eager: dict[str, Any], torch_fact
     from inference_service.llm.openvino_engine import QUALITY_PROPERTIES
     from inference_service.llm.openvino_ir import prepare_ir
 
-    ir_dir, _ = prepare_ir(resolve_model_dir(), weight_format)
+    ir_dir, _ = prepare_ir(resolve_model_dir({}), weight_format)
     config = {key: str(value) for key, value in QUALITY_PROPERTIES[weight_format].items()}
     model = OVModelForCausalLM.from_pretrained(str(ir_dir), ov_config={**config, "INFERENCE_NUM_THREADS": "2"})
     ids = eager["ids"]
@@ -152,55 +152,3 @@ def test_openvino_format_holds_the_quality_bar(eager: dict[str, Any], torch_fact
         got = _ov_greedy(ir_dir, tokenizer, eager["prompts"], weight_format, OV_NEW_TOKENS)
         for index, (tokens, expected) in enumerate(zip(got, want, strict=True)):
             assert tokens == expected, f"fp32 IR: prompt {index} diverges from torch fp32 eager"
-
-
-def test_the_gguf_read_as_it_is_holds_the_quality_bar(eager: dict[str, Any], torch_facts: dict[str, Any],
-                                                       tmp_path: Path) -> None:
-    """``weight_format: gguf``: the perplexity of the model OpenVINO GenAI builds from the GGUF (saved
-    as IR by its ``enable_save_ov_model``, run teacher-forced with the engine's CPU properties), the
-    fact prompts through the serving engine with the GGUF's own tokenizer, and that tokenizer giving
-    the converted tokenizer's ids."""
-    import shutil
-
-    import numpy as np
-    import openvino
-    import openvino_genai
-    import torch
-
-    from inference_service.llm.model import find_default_gguf
-    from inference_service.llm.openvino_engine import QUALITY_PROPERTIES, OpenVINOEngine
-    from inference_service.llm.params import GenerationParams
-
-    gguf = tmp_path / find_default_gguf().name
-    shutil.copy(find_default_gguf(), gguf)
-    scheduler = openvino_genai.SchedulerConfig()
-    scheduler.cache_size = 1
-    openvino_genai.ContinuousBatchingPipeline(str(gguf), scheduler, "CPU", {"enable_save_ov_model": True})
-    config = {key: str(value) for key, value in QUALITY_PROPERTIES["gguf"].items()}
-    compiled = openvino.Core().compile_model(str(tmp_path / "openvino_model.xml"), "CPU",
-                                             {**config, "INFERENCE_NUM_THREADS": "2"})
-    ids = eager["ids"].numpy()
-    request = compiled.create_infer_request()
-    request.reset_state()
-    request.infer({"input_ids": ids, "attention_mask": np.ones_like(ids),
-                   "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None, :],
-                   "beam_idx": np.zeros(1, dtype=np.int32)})
-    logits = torch.from_numpy(request.get_tensor("logits").data[0, :-1].astype(np.float32))
-    ppl = math.exp(float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(ids[0, 1:]))))
-    assert abs(ppl / eager["ppl"] - 1) <= PPL_TOLERANCE, f"gguf: perplexity {ppl:.3f} vs {eager['ppl']:.3f}"
-    engine = OpenVINOEngine(gguf, max_num_seqs=8, max_model_len=8192, weight_format="gguf", threads=2)
-    tokenizer = engine.tokenizer
-    hf = eager["tokenizer"]
-    for text in (TEXT_FILE.read_text(encoding="utf-8")[:3000], "naïve café — 東京 🚀\n\tx", " 12345 + 6"):
-        assert tokenizer(text)["input_ids"] == hf(text)["input_ids"]
-    params = GenerationParams(max_new_tokens=48, temperature=0.0)
-    for index, ids_ in enumerate(torch_facts["prompts"]):
-        engine.add(str(index), ids_, params)
-    done: dict[str, str] = {}
-    for _ in range(500):
-        for key, out in engine.step().items():
-            done[key] = done.get(key, "") + out.piece + (out.result.remaining_text if out.result else "")
-        if not len(engine):
-            break
-    for index, (word, fp32) in enumerate(zip(FACTS.values(), torch_facts["answers"], strict=True)):
-        assert word.lower() in done[str(index)].lower(), f"gguf answers {done[str(index)]!r}; fp32 eager: {fp32!r}"

@@ -120,8 +120,6 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     from inference_service.llm.request_state import eos_token_ids
 
     weight_format = config.weight_format or DEFAULT_WEIGHT_FORMAT
-    if weight_format == "gguf":
-        return _build_gguf(config, max_num_seqs)
     model_path = config.model_path
     if model_path and is_ir_dir(Path(model_path).expanduser()):
         ir_dir = Path(model_path).expanduser()
@@ -148,31 +146,6 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
              time.perf_counter() - start)
     return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir))
-
-
-def _build_gguf(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
-    """The OpenVINO engine on a GGUF file as it is (``weight_format: gguf``): ``gguf_file``, else the
-    bundled SmolLM2 GGUF; no conversion, and the pipeline's own tokenizer."""
-    from inference_service.llm.gguf import gguf_shape
-    from inference_service.llm.model import find_default_gguf
-    from inference_service.llm.openvino_engine import QUALITY_PROPERTIES, kv_element_bytes
-
-    if config.model_path:
-        raise EngineConfigError("handler config: 'weight_format: gguf' serves a GGUF file ('gguf_file'); "
-                                "'model_path' names a model directory: set one of them")
-    gguf = Path(config.gguf_file).expanduser() if config.gguf_file else find_default_gguf()
-    shape = gguf_shape(gguf, config.cache_dir)
-    start = time.perf_counter()
-    engine = OpenVINOEngine(
-        gguf, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
-        max_model_len=shape.context_length, weight_format="gguf",
-        kv_cache_gb=config.cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
-        kv_bytes_per_token=shape.kv_bytes_per_token(kv_element_bytes(QUALITY_PROPERTIES["gguf"]["KV_CACHE_PRECISION"])),
-        enable_prefix_caching=config.enable_prefix_caching)
-    log.info("loaded %s (GGUF as it is, %.0f MB) in %.1f s", gguf, gguf.stat().st_size / 1e6,
-             time.perf_counter() - start)
-    return BuiltEngine(engine, engine.tokenizer, shape.context_length, "openvino", str(gguf))
 
 
 def ir_weight_format(ir_dir: Path, configured: str) -> str:

@@ -47,11 +47,9 @@ log = logging.getLogger(__name__)
 #: compute where the CPU has it and a u8 KV cache, changed 1 of 10 committed prompts at token 13).
 #: int8: a u8 KV cache and activations quantized in groups of 32 (OpenVINO's CPU defaults;
 #: perplexity +0.9 % over torch fp32, measured), compute in bf16 where the CPU has it.
-#: gguf: the GGUF's own weights (Q4_1 for SmolLM2) as OpenVINO GenAI reads them, with int8's settings.
 QUALITY_PROPERTIES: dict[str, dict[str, Any]] = {
     "fp32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
     "int8": {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
-    "gguf": {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
 }
 
 
@@ -71,18 +69,16 @@ class OpenVINOEngine:
     optimum-intel's exporter writes them).
 
     Args:
-        model: the IR directory, or a ``.gguf`` file (read as it is, with its own tokenizer).
-        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding);
-            ``None``: the pipeline's own (:class:`~inference_service.llm.genai_tokenizer.GenAITokenizer`).
-        eos_ids: end-of-sequence token ids (``None``: the tokenizer's).
+        ir_dir: the IR directory.
+        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding).
+        eos_ids: end-of-sequence token ids.
         max_num_seqs: most requests the pipeline runs at once (the worker's ``batchSize``).
         max_num_batched_tokens: most tokens per step (prompt chunks plus one per decoding
             request; with ``dynamic_split_fuse`` a long prompt is split over steps).
         max_model_len: most tokens (prompt + generated) of one request; sizes
             :meth:`stats`' capacity together with ``max_num_seqs``.
-        weight_format: the model's weight format (``fp32``, ``int8``, ``gguf``): picks
+        weight_format: the IR's weight format (``fp32`` or ``int8``): picks
             :data:`QUALITY_PROPERTIES`.
-        kv_bytes_per_token: the KV cache's bytes per token (``None``: from the IR's config.json).
         kv_cache_gb: size of the paged KV cache in GB (OpenVINO's ``cache_size``).
         threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's choice, every core).
         enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
@@ -99,10 +95,10 @@ class OpenVINOEngine:
         "frequency_penalty": "its rule differs from OpenAI's",
     }), default_batched_tokens=256)
 
-    def __init__(self, model: str | Path, tokenizer: Any = None, eos_ids: Collection[int] | None = None, *,
+    def __init__(self, ir_dir: str | Path, tokenizer: Any, eos_ids: Collection[int], *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float = 1.0,
-                 threads: int | None = None, kv_bytes_per_token: int | None = None,
+                 threads: int | None = None,
                  enable_prefix_caching: bool = True, properties: dict[str, Any] | None = None) -> None:
         import openvino_genai
 
@@ -116,14 +112,8 @@ class OpenVINOEngine:
         if threads is not None:
             config["INFERENCE_NUM_THREADS"] = threads
         config.update(properties or {})
-        self.pipeline = openvino_genai.ContinuousBatchingPipeline(str(model), scheduler, "CPU", config)
-        if tokenizer is None:
-            from inference_service.llm.genai_tokenizer import GenAITokenizer
-
-            tokenizer = GenAITokenizer(self.pipeline.get_tokenizer())
+        self.pipeline = openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", config)
         self.tokenizer = tokenizer
-        if eos_ids is None:
-            eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.eos: frozenset[int] = frozenset(eos_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -131,7 +121,7 @@ class OpenVINOEngine:
         self._requests: dict[str, _Live] = {}
         self._next_id = 0
         self._preempted_total = 0
-        self._token_bytes = kv_bytes_per_token or _kv_bytes_per_token(Path(model), config.get("KV_CACHE_PRECISION"))
+        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
