@@ -805,3 +805,19 @@ def test_handler_mode_follows_continuous_batching_key() -> None:
     assert continuous_batching(ctx(True)) and continuous_batching(ctx("true"))
     assert not continuous_batching(ctx(None)) and not continuous_batching(ctx(False))
     assert not continuous_batching(ctx("false"))
+
+
+def test_a_conversion_reads_the_gguf_once_and_restores_the_reader() -> None:
+    import gguf
+
+    from inference_service.llm.model import _gguf_read_once, find_default_gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    path = str(find_default_gguf())
+    with _gguf_read_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is first and isinstance(first, real_reader)
+        assert first.fields["general.architecture"].contents() == "llama"
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_map
