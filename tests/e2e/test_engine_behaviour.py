@@ -196,3 +196,33 @@ def test_a_request_the_engine_fails_on_ends_alone(make_engine, monkeypatch: pyte
     assert not engine.has("bad")
     for key in ("a", "b"):
         assert outputs[key][-1].result is not None and outputs[key][-1].result.completion_tokens == 10
+
+
+def test_the_openvino_kv_gauges_are_the_pipelines_own_cache(tiny: dict[str, Any], caplog: pytest.LogCaptureFixture):
+    """Capacity: the paged cache the pipeline holds (by default batchSize x context, in blocks of 32); used:
+    its blocks in use; a cache_size below batchSize x context is warned of at load."""
+    from inference_service.llm.engine_protocol import refusal
+    from inference_service.llm.engines import CAPABILITIES
+    from inference_service.llm.openvino_engine import OpenVINOEngine
+
+    tokenizer = tiny["tokenizer"]
+    engine = OpenVINOEngine(Path(tiny["ir_dir"]), tokenizer, {tokenizer.eos_token_id}, max_num_seqs=3,
+                            max_model_len=2000, weight_format="fp32", threads=1)
+    assert engine.stats().kv_cache_capacity_tokens == 3 * 2016  # 63 blocks of 32 per request
+    ids = list(tokenizer("word " * 100)["input_ids"])
+    engine.add("a", ids, _params(max_new_tokens=40))
+    for _ in range(3):
+        engine.step()
+    stats = engine.stats()
+    assert stats.kv_cache_used_tokens % 32 == 0 and len(ids) <= stats.kv_cache_used_tokens <= len(ids) + 3 + 32
+    every = tuple(CAPABILITIES.values())
+    salted = _params(cache_salt="tenant-1")
+    assert "'cache_salt'" in (refusal(engine.capabilities, salted, every) or "")
+    assert refusal(CAPABILITIES["torch"], salted, every) is None
+    with caplog.at_level("WARNING"):
+        small = OpenVINOEngine(Path(tiny["ir_dir"]), tokenizer, {tokenizer.eos_token_id}, max_num_seqs=3,
+                               max_model_len=2000, weight_format="fp32", threads=1, kv_cache_gb=0.0001,
+                               enable_prefix_caching=False)
+    assert "OpenVINO preempts requests on its own" in caplog.text
+    assert small.stats().kv_cache_capacity_tokens < 3 * 2000
+    assert refusal(small.capabilities, salted, every) is None  # nothing shared without prefix caching

@@ -135,6 +135,12 @@ def _check_token_ids(name: str, value: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(_check_int(f"{name}[]", item, 0, 2**31 - 1) for item in value))
 
 
+def _check_salt(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_STOP_LENGTH:
+        raise InvalidRequest(f"'{name}' must be a string of 1 to {MAX_STOP_LENGTH} characters")
+    return value
+
+
 def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"'{name}' must be true or false, got {type(value).__name__}")
@@ -168,6 +174,7 @@ class GenerationParams:
     presence_penalty: float = param(0.0, _check_penalty)
     frequency_penalty: float = param(0.0, _check_penalty)
     stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
+    cache_salt: str | None = param(None, _check_salt)  # vLLM's: prefix caching shared per salt only
 
     def updated(self, values: Mapping[str, Any]) -> GenerationParams:
         """These parameters with the set values of ``values`` (``None``: absent) checked in declaration

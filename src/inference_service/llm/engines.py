@@ -24,9 +24,6 @@ log = logging.getLogger(__name__)
 CAPABILITIES: dict[str, EngineCapabilities] = {
     engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine)
 }
-#: KV cache of the OpenVINO engine by default (GB): 8 SmolLM2 requests of 8,192 tokens in f32
-#: take about 3 GB; the pipeline preempts past what it holds.
-DEFAULT_CACHE_SIZE_GB = 1
 #: Newly arrived requests the torch engine prefills per step by default: a burst of 8 gets its
 #: first tokens about twice as early at the median than with all 8 prefilled in one step, at the
 #: same throughput (benchmarks/README.md, "LLM concurrency").
@@ -140,7 +137,7 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
         ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
         max_model_len=context_length, weight_format=weight_format,
-        kv_cache_gb=config.cache_size or DEFAULT_CACHE_SIZE_GB, threads=worker_threads(config),
+        kv_cache_gb=config.cache_size, threads=worker_threads(config),
         enable_prefix_caching=config.enable_prefix_caching)
     size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,

@@ -29,7 +29,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -90,29 +90,37 @@ class OpenVINOEngine:
 
     #: OpenVINO GenAI's presence and frequency penalties move a logit towards zero (a negative logit
     #: goes up), where OpenAI's rule, which the torch engine follows, always lowers it.
+    #: Its prefix cache is one for every request: no per-request salt (without prefix caching, there
+    #: is nothing to share, and ``cache_salt`` is honoured).
     capabilities = EngineCapabilities("openvino", MappingProxyType({
         "presence_penalty": "its rule differs from OpenAI's",
         "frequency_penalty": "its rule differs from OpenAI's",
+        "cache_salt": "its prefix cache is shared by every request; set 'enable_prefix_caching: false'",
     }), default_batched_tokens=256)
 
     def __init__(self, ir_dir: str | Path, tokenizer: Any, eos_ids: Collection[int], *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float = 1.0,
+                 max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float | None = None,
                  threads: int | None = None,
                  enable_prefix_caching: bool = True, properties: dict[str, Any] | None = None) -> None:
         import openvino_genai
 
-        scheduler = openvino_genai.SchedulerConfig()
-        scheduler.cache_size = max(1, round(kv_cache_gb))
-        scheduler.max_num_seqs = max_num_seqs or 256
-        scheduler.max_num_batched_tokens = max(max_num_batched_tokens or 256, max_num_seqs or 1)
-        scheduler.dynamic_split_fuse = True
-        scheduler.enable_prefix_caching = enable_prefix_caching
         config: dict[str, Any] = dict(QUALITY_PROPERTIES.get(weight_format, {}))
         if threads is not None:
             config["INFERENCE_NUM_THREADS"] = threads
         config.update(properties or {})
+        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.cache_size = 0
+        scheduler.num_kv_blocks = kv_cache_blocks(kv_cache_gb, self._token_bytes, max_num_seqs, max_model_len)
+        scheduler.max_num_seqs = max_num_seqs or 256
+        scheduler.max_num_batched_tokens = max(max_num_batched_tokens or 256, max_num_seqs or 1)
+        scheduler.dynamic_split_fuse = True
+        scheduler.enable_prefix_caching = enable_prefix_caching
         self.pipeline = openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", config)
+        if not enable_prefix_caching:  # nothing shared: a salt is honoured
+            unsupported = {k: v for k, v in self.capabilities.unsupported.items() if k != "cache_salt"}
+            self.capabilities = replace(self.capabilities, unsupported=MappingProxyType(unsupported))
         self.tokenizer = tokenizer
         self.eos: frozenset[int] = frozenset(eos_ids)
         self.max_num_seqs = max_num_seqs
@@ -121,7 +129,13 @@ class OpenVINOEngine:
         self._requests: dict[str, _Live] = {}
         self._next_id = 0
         self._preempted_total = 0
-        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
+        self.capacity_tokens = scheduler.num_kv_blocks * KV_BLOCK_TOKENS
+        needed = (max_num_seqs or 0) * (max_model_len or 0)
+        if needed > self.capacity_tokens:
+            log.warning("the KV cache holds %d tokens, less than batchSize x context (%d): OpenVINO preempts "
+                        "requests on its own when it fills; those preemptions are not counted, and a seeded "
+                        "sampled request preempted so may give another text (docs/llm.md, 'Engines')",
+                        self.capacity_tokens, needed)
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -144,15 +158,14 @@ class OpenVINOEngine:
         metrics = self.pipeline.get_metrics()
         submitted = sum(1 for live in self._requests.values() if live.handle is not None)
         running = min(int(metrics.scheduled_requests), submitted)  # a preempted request is not
-        cache_tokens = int(metrics.kv_cache_size_in_bytes) // self._token_bytes if self._token_bytes else 0
-        used = int(round(float(metrics.cache_usage) / 100.0 * cache_tokens))
+        used = int(round(float(metrics.cache_usage) / 100.0 * self.capacity_tokens))
         return SchedulerStats(
             running=running,
             waiting=len(self._requests) - running,
             preempted_total=self._preempted_total,
             kv_cache_used_tokens=used,
             kv_cache_allocated_tokens=used,  # paged: blocks, no padding
-            kv_cache_capacity_tokens=(self.max_num_seqs or 0) * (self.max_model_len or 0),
+            kv_cache_capacity_tokens=self.capacity_tokens,
         )
 
     # --- requests --------------------------------------------------------------------
@@ -358,6 +371,23 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     else:
         config.do_sample = False
     return config
+
+
+#: Tokens per KV cache block of OpenVINO GenAI's CPU pipeline (measured: 100 blocks allocate 3,200
+#: tokens' bytes).
+KV_BLOCK_TOKENS = 32
+
+
+def kv_cache_blocks(cache_gb: float | None, token_bytes: int, max_num_seqs: int | None,
+                    max_model_len: int | None) -> int:
+    """The KV cache's blocks: ``cache_gb`` GiB's worth, else enough for ``max_num_seqs`` requests at
+    ``max_model_len`` tokens each (so the pipeline never preempts on its own; the memory is taken as
+    it is used), else 1 GiB's worth. At least one block per request."""
+    if cache_gb is None and max_num_seqs and max_model_len:
+        blocks = max_num_seqs * -(-max_model_len // KV_BLOCK_TOKENS)
+    else:
+        blocks = int((cache_gb or 1.0) * 2**30) // max(1, token_bytes * KV_BLOCK_TOKENS)
+    return max(blocks, max_num_seqs or 1)
 
 
 def _kv_bytes_per_token(ir_dir: Path, precision: Any) -> int:

@@ -134,6 +134,7 @@ class _SamplingRequest(_Request):
     stop_token_ids: list[int] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    cache_salt: str | None = None  # vLLM's: requests share cached prompt prefixes only with the same salt
     # accepted only at its neutral value
     logit_bias: dict[str, float] | None = None
 
@@ -168,7 +169,7 @@ class _SamplingRequest(_Request):
                 "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "top_k": self.top_k,
                 "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "stop_token_ids": self.stop_token_ids,
-                "include_usage": True}
+                "cache_salt": self.cache_salt, "include_usage": True}
 
 
 class ChatCompletionRequest(_SamplingRequest):
