@@ -80,14 +80,23 @@ def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> Built
     converted once to ``weight_format``.
 
     Raises:
-        EngineConfigError: a bad ``weight_format``, ``cache_size`` or ``enable_prefix_caching``.
-        ModelPreparationError: the model cannot be located or converted.
+        EngineConfigError: a bad ``weight_format``, ``cache_size``, ``ir_cache_limit_gb`` or
+            ``enable_prefix_caching``.
+        ModelPreparationError: the model cannot be located or converted, or the IR directory
+            lacks a file or holds a config value out of range.
     """
     from transformers import AutoTokenizer
 
-    from inference_service.llm.model import resolve_model_dir
+    from inference_service.llm.model import ModelPreparationError, resolve_model_dir
     from inference_service.llm.openvino_engine import OpenVINOEngine
-    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS, is_ir_dir, prepare_ir
+    from inference_service.llm.openvino_ir import (
+        DEFAULT_IR_CACHE_LIMIT_GB,
+        DEFAULT_WEIGHT_FORMAT,
+        WEIGHT_FORMATS,
+        looks_like_ir,
+        prepare_ir,
+        read_ir_config,
+    )
     from inference_service.llm.request_state import eos_token_ids
 
     weight_format = config.get("weight_format", DEFAULT_WEIGHT_FORMAT)
@@ -97,21 +106,24 @@ def build_openvino(config: Mapping[str, Any], max_num_seqs: int | None) -> Built
     cache_size = positive_int(config, "cache_size", DEFAULT_CACHE_SIZE_GB)
     budget = positive_int(config, "max_num_batched_tokens", DEFAULT_OPENVINO_BATCHED_TOKENS)
     prefix_caching = _flag(config, "enable_prefix_caching", True)
+    cache_limit = positive_int(config, "ir_cache_limit_gb", DEFAULT_IR_CACHE_LIMIT_GB)
     model_path = config.get("model_path")
-    if model_path and is_ir_dir(Path(str(model_path)).expanduser()):
+    if model_path and looks_like_ir(Path(str(model_path)).expanduser()):
         ir_dir = Path(str(model_path)).expanduser()
     else:
         cache_dir = config.get("cache_dir")
         ir_dir, seconds = prepare_ir(resolve_model_dir(config), str(weight_format),
-                                     str(cache_dir) if cache_dir else None)
+                                     str(cache_dir) if cache_dir else None, cache_limit or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+    model_config = read_ir_config(ir_dir)
     weight_format = ir_weight_format(ir_dir, str(weight_format))
-    tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
-    model_config = _read_json(ir_dir / "config.json")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+    except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
+        raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
     generation = _read_json(ir_dir / "generation_config.json")
-    context_length = model_config.get("max_position_embeddings")
-    context_length = context_length if isinstance(context_length, int) and context_length > 0 else None
+    context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
     model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
                                  generation_config=SimpleNamespace(**generation))
     start = time.perf_counter()
