@@ -92,6 +92,7 @@ class WorkerProcess:
         self._log = logging.getLogger(log_name)
         self.exit_code: int | None = None
         self.on_exit: Callable[[WorkerProcess], None] | None = None
+        self.uses_threads: bool | None = None  # READY: its handler loaded a library with a thread pool
 
     @property
     def alive(self) -> bool:
@@ -258,6 +259,7 @@ class WorkerProcess:
             if int(info.get("rank", 0)) == 0:
                 channel.answers = True
                 self.pid = int(info.get("pid", self.pid))
+                self.uses_threads = bool(info.get("threads", True))
             self._ready_count += 1
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():

@@ -105,8 +105,10 @@ class ModelVersion:
         )
 
     def cpu_demand(self) -> tuple[int, int]:
-        """``(worker processes, torch threads each)`` of its running workers (torchrun: ranks)."""
-        live = sum(1 for slot in self.slots.values() if not slot.stopping) * max(1, self.world_size)
+        """``(worker processes, threads each)`` of its workers that are ready and use a thread
+        pool (torchrun: ranks)."""
+        live = sum(1 for slot in self.slots.values() if not slot.stopping and slot.process is not None
+                   and slot.process.uses_threads) * max(1, self.world_size)
         handler = (self.archive.config or {}).get("handler")
         threads = handler.get("torch_threads") if isinstance(handler, dict) else None
         if not isinstance(threads, int) or threads < 1:

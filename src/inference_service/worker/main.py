@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import logging
 import os
 import socket
@@ -26,6 +27,9 @@ log = logging.getLogger("inference_service.worker")
 COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compat")
 
 
+#: Libraries that keep a pool of compute threads (sized by ``OMP_NUM_THREADS``): a worker whose
+#: handler has loaded one when it is ready counts in the server's CPU budget.
+THREADED_LIBRARIES = ("torch", "openvino", "onnxruntime", "tensorflow", "numpy")
 #: Libraries whose own warnings reach the log only at DEBUG.
 LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "optimum", "nncf", "openvino", "accelerate")
 
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
         return 1
     rank = int(os.environ.get("RANK", "0"))
-    ready = wire.frame(wire.READY, f'{{"pid": {os.getpid()}, "rank": {rank}}}'.encode())
+    threads = any(name in sys.modules for name in THREADED_LIBRARIES)
+    ready = wire.frame(wire.READY, json.dumps({"pid": os.getpid(), "rank": rank, "threads": threads}).encode())
     channel.send(b"".join(channel.pending_metrics() + [ready]))  # metrics recorded by initialize() first
     if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()
