@@ -42,6 +42,7 @@ from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
+from inference_service.frontends.openai.mount import preload_openai_api
 from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.observability.accesslog import AccessLog
 from inference_service.observability.loop_lag import LoopLagMonitor
@@ -202,6 +203,8 @@ class Server:
             self.auth.start()  # key_file.json exists before the ports accept
         cancelled_writes.install()  # a cancel during a blocked write is no error (cancelled_writes.py)
         http_limits.install_log_filter()  # nor is a request that breaks HTTP (logged without traceback)
+        if self.settings.http_port is not None:  # /v1's API, imported before anything is served
+            await preload_openai_api()
         self.loop_lag.start()
         await self.health.start(self.core)
         return credentials

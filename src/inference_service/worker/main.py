@@ -37,9 +37,12 @@ LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "optimum", "nncf"
 def quiet_libraries(level: str) -> None:
     """Keep progress bars and library warnings out of the server's log: no tqdm bars, Python
     warnings once each at DEBUG (logger ``py.warnings``), the libraries' own loggers at ERROR
-    unless ``level`` is DEBUG. Call before the handler imports them (tqdm reads its switch then)."""
+    unless ``level`` is DEBUG. Call before the handler imports them (tqdm reads its switch then,
+    and transformers sets its logger's level from ``TRANSFORMERS_VERBOSITY`` at import)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if level != "DEBUG":
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warned = logging.getLogger("py.warnings")
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
