@@ -198,8 +198,8 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
         returncode, output = _run_exporter(source, tmp, weight_format)
         if returncode != 0 or not is_ir_dir(tmp):
             tail = "\n".join(output.splitlines()[-30:])
-            log.warning("the OpenVINO exporter failed on %s (exit status %d); its last lines:\n%s",
-                        source, returncode, tail)
+            log.debug("the OpenVINO exporter failed on %s (exit status %d); its last lines:\n%s",
+                      source, returncode, tail)
             reason = failure_reason(output, returncode) if returncode != 0 else \
                 "the exporter wrote no openvino_model.xml/.bin and config.json"
             fallback = ("; set 'engine: torch' in the handler config to serve it with the torch engine"
