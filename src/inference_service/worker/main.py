@@ -5,6 +5,7 @@ the main thread reads the socket itself (no thread hand-off per request)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -55,6 +56,13 @@ def quiet_libraries(level: str) -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def _report_load_failure(channel: WorkerChannel, message: str) -> None:
+    """Tell the server why loading failed; a server that has already let this worker go (the
+    model unregistered, its load given up) closed the channel, and then there is no one to tell."""
+    with contextlib.suppress(OSError):
+        channel.send(wire.frame(wire.LOAD_FAILED, message.encode()))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a worker on the socket inherited as ``--fd``. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="inference_service.worker.main")
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = apply_cpu_settings(handler_config if isinstance(handler_config, dict) else {})
     except ValueError as exc:  # a refused setting is one line, not a traceback
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
+        _report_load_failure(channel, str(exc))
         return 1
     try:
         log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
@@ -100,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
+        _report_load_failure(channel, str(exc))
         return 1
     except BaseException as exc:  # noqa: BLE001 - report any load failure, even SystemExit
         log.error("model %s failed to load:\n%s", spec.model_name, traceback.format_exc())
-        channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
+        _report_load_failure(channel, f"{type(exc).__name__}: {exc}")
         return 1
     rank = int(os.environ.get("RANK", "0"))
     threads = any(name in sys.modules for name in THREADED_LIBRARIES)
