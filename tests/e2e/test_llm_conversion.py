@@ -149,3 +149,47 @@ def test_unregistering_during_the_conversion_leaves_no_exporter_and_no_temporary
         assert gone.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+def _ir_archive(store: Path, name: str, config: dict | None, tokenizer: bool = True) -> str:
+    """A model directory in ``store`` whose handler config names a made-up IR directory."""
+    ir = store / f"{name}-ir"
+    ir.mkdir(parents=True)
+    (ir / "openvino_model.xml").write_text("<net/>")  # never read: the checks come first
+    (ir / "openvino_model.bin").write_bytes(b"\0" * 64)
+    if config is not None:
+        (ir / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        (ir / "tokenizer.json").write_text("{}")
+    target = store / name
+    (target / "MAR-INF").mkdir(parents=True)
+    (target / "llm_handler.py").write_text("from inference_service.llm.handler import LLMHandler\n\n\n"
+                                           "class IRHandler(LLMHandler):\n    pass\n")
+    (target / "model-config.yaml").write_text(f"handler:\n  engine: openvino\n  model_path: {json.dumps(str(ir))}\n")
+    (target / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"runtime": "python", "model": {
+        "modelName": name, "handler": "llm_handler.py", "modelVersion": "1.0", "configFile": "model-config.yaml"}}))
+    return name
+
+
+def test_an_ir_directory_with_a_bad_value_or_no_tokenizer_fails_its_load_by_name(tmp_path):
+    store = tmp_path / "store"
+    config = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
+    cases = {
+        _ir_archive(store, "bad_context", {**config, "max_position_embeddings": -5}):
+            "config.json: 'max_position_embeddings' must be a positive integer up to 16,777,216, got -5",
+        _ir_archive(store, "bad_layers", {**config, "num_hidden_layers": 2.5}):
+            "config.json: 'num_hidden_layers' must be a positive integer, got 2.5",
+        _ir_archive(store, "no_tokenizer", config, tokenizer=False):
+            "has no tokenizer (tokenizer.json or tokenizer_config.json)",
+        _ir_archive(store, "no_config", None): "has no config.json",
+    }
+    srv = ServerProcess(tmp_path / "work", store, ["--enable-model-api"])
+    try:
+        for name, message in cases.items():
+            with pytest.raises(grpc.RpcError) as failed:
+                srv.register(name, timeout=120)
+            details = failed.value.details() or ""
+            assert message in details and str(store / f"{name}-ir") in details, details
+        assert "AttributeError" not in srv.log() and "Traceback" not in srv.log()
+    finally:
+        assert srv.stop() == 0, srv.log()
