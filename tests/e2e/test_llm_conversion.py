@@ -105,7 +105,7 @@ def test_an_archive_without_an_ir_is_converted_at_load_and_answers(tmp_path):
         assert log.count(CONVERTING) == 1, log
         assert "None of PyTorch" not in log and "Traceback" not in log, log
         irs, temporary = _cache_entries(cache)
-        assert len(irs) == 1 and irs[0].startswith("llama-fp32-") and not temporary
+        assert len(irs) == 1 and irs[0].startswith("SmolLM2-135M-Instruct-fp32-") and not temporary
     finally:
         assert srv.stop() == 0, srv.log()
 

@@ -54,8 +54,13 @@ def test_the_cache_is_keyed_by_content_not_by_path(tmp_path):
     shutil.copytree(one, two)
     os.utime(two / "model.safetensors", (1, 1))  # another extraction: other times, same bytes
     assert ir_cache_dir(one, "int8", tmp_path) == ir_cache_dir(two, "int8", tmp_path)
-    assert ir_cache_dir(one, "int8", tmp_path).name.startswith("llama-int8-")
+    assert ir_cache_dir(one, "int8", tmp_path).name.startswith("model-int8-")
     assert ir_cache_dir(one, "int8", tmp_path) != ir_cache_dir(one, "fp32", tmp_path)
+    renamed = tmp_path / "My Model"
+    shutil.copytree(one, renamed)
+    assert ir_cache_dir(renamed, "int8", tmp_path).name.startswith("My-Model-int8-")  # none yet: its own name
+    _ir(ir_cache_dir(one, "int8", tmp_path))
+    assert ir_cache_dir(renamed, "int8", tmp_path) == ir_cache_dir(one, "int8", tmp_path)  # then the IR made
     (two / "model.safetensors").write_bytes(b"\1" + b"\0" * 4095)  # same size, other weights
     assert ir_cache_dir(one, "int8", tmp_path) != ir_cache_dir(two, "int8", tmp_path)
 
@@ -77,15 +82,17 @@ def test_a_cached_ir_is_used_without_converting(tmp_path):
 
 
 def test_leftovers_of_an_ended_conversion_are_removed(tmp_path):
-    target = tmp_path / "openvino" / "llama-int8-0123456789ab"
+    target = tmp_path / "openvino" / "tiny-int8-0123456789ab"
     stale = tmp_path / "openvino" / f".{target.name}.tmp-k2j3h4"
     (stale / "sub").mkdir(parents=True)
-    other = tmp_path / "openvino" / ".llama-fp32-ba9876543210.tmp-x"  # another target's: not this call's
+    renamed = tmp_path / "openvino" / ".model-int8-0123456789ab.tmp-a"  # the same key under another name
+    renamed.mkdir()
+    other = tmp_path / "openvino" / ".tiny-fp32-ba9876543210.tmp-x"  # another key's: not this call's
     other.mkdir()
     target.mkdir()
     (target / "openvino_model.xml").write_text("<net/>")  # incomplete: no .bin, no config
     _remove_leftovers(target)
-    assert not stale.exists() and not target.exists() and other.exists()
+    assert not stale.exists() and not renamed.exists() and not target.exists() and other.exists()
 
 
 def _aged(entry: Path, age_s: float) -> Path:
@@ -119,7 +126,7 @@ def test_an_ir_being_converted_is_not_evicted(tmp_path):
     keep = _aged(_ir(root / "llama-int8-000000000002"), 0)
     tmp = root / ".llama-int8-000000000001.tmp-abc"
     tmp.mkdir()
-    with open(root / ".llama-int8-000000000001.lock", "a+b") as lock:
+    with open(root / ".int8-000000000001.lock", "a+b") as lock:  # the key's lock, whatever the name
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         assert evict(root, keep=keep, limit_bytes=0) == []
     assert busy.exists() and tmp.exists()

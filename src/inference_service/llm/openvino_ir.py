@@ -102,16 +102,32 @@ def source_key(model_dir: Path) -> list[tuple[str, int, str]]:
 
 def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
                  cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache (existing or not):
-    ``<root>/openvino/<model type>-<format>-<12 hex digits of the key>``; the same files anywhere
-    (another copy, another extraction of one archive) have the same IR."""
+    """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache:
+    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>``, or an IR of the same
+    key under another name (another copy of the files, another extraction of one archive)."""
     source = Path(model_dir).expanduser().resolve()
     key = json.dumps({"source": source_key(source), "format": weight_format, "tools": tool_versions()},
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    kind = re.sub(r"[^A-Za-z0-9_.-]", "-", model_type(source))[:100].lstrip(".")  # a file name is 255 bytes
-    return root / "openvino" / f"{kind or 'model'}-{weight_format}-{digest}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", source.name)[:100].lstrip(".")  # a file name is 255 bytes
+    target = root / "openvino" / f"{name or 'model'}-{weight_format}-{digest}"
+    return _existing(target) or target
+
+
+def _key_suffix(name: str) -> str:
+    """``<format>-<digest>``: the part of an IR directory's name that is its key."""
+    return "-".join(name.rsplit("-", 2)[-2:])
+
+
+def _existing(target: Path) -> Path | None:
+    """A complete IR of ``target``'s key, under its name or another."""
+    if is_ir_dir(target):
+        return target
+    if not target.parent.is_dir():
+        return None
+    return next((p for p in sorted(target.parent.glob(f"*-{_key_suffix(target.name)}"))
+                 if not p.name.startswith(".") and is_ir_dir(p)), None)
 
 
 def is_ir_dir(path: str | os.PathLike[str]) -> bool:
@@ -243,13 +259,13 @@ def _lock_if_free(lock_path: Path) -> Iterator[bool]:
 
 
 def _lock_path(entry: Path) -> Path:
-    return entry.parent / f".{entry.name}.lock"
+    return entry.parent / f".{_key_suffix(entry.name)}.lock"
 
 
 def _remove_leftovers(target: Path) -> None:
-    """Remove what an ended conversion of ``target`` left (called under its lock): temporary
-    directories, and a ``target`` that is not a complete IR."""
-    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+    """Remove what an ended conversion of ``target``'s key left (called under its lock):
+    temporary directories, and a ``target`` that is not a complete IR."""
+    for stale in target.parent.glob(f".*-{_key_suffix(target.name)}.tmp-*"):
         log.info("removing %s, left by a conversion that did not finish", stale)
         shutil.rmtree(stale, ignore_errors=True)
     if target.exists() and not is_ir_dir(target):
@@ -309,13 +325,15 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
     if not is_ir_dir(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(_lock_path(target)):
-            if not is_ir_dir(target):
+            found = _existing(target)  # converted meanwhile, perhaps under another name
+            if found is None:
                 _remove_leftovers(target)
                 log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
                 seconds = convert(model_dir, target, weight_format)
                 log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
                 evict(target.parent, target, int(cache_limit_gb * 1e9))
                 return target, seconds
+            target = found
     with contextlib.suppress(OSError):  # last use, for eviction (a read-only cache is not marked)
         os.utime(target / _MARKER)
     return target, None
