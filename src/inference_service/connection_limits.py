@@ -3,8 +3,8 @@
 
 The libraries' own settings do the work where they have one (gRPC's handshake timeout,
 ``max_concurrent_streams`` and ``max_connection_idle_ms``, aiohttp's keep-alive timeout);
-what aiohttp lacks (a deadline for a request's head, a floor on a body's rate, a cap on
-connections) is ``frontends/http/connections.py``.
+what aiohttp lacks (a deadline for a request's head, a floor on a body's rate, caps on
+connections per port and per client address) is ``frontends/http/connections.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ CONNECTION_KEYS: dict[str, tuple[str, float, float]] = {
     "connection_idle_timeout_sec": ("idle_timeout_s", 0.1, 86_400.0),
     "http_body_min_rate": ("body_min_rate", 0, 1 << 30),
     "http_max_connections": ("max_connections", 1, 1_000_000),
+    "http_max_connections_per_address": ("max_connections_per_address", 0, 1_000_000),
     "grpc_max_concurrent_streams": ("max_concurrent_streams", 0, 1 << 20),
     "grpc_max_unread_bytes": ("max_unread_bytes", 0, 1 << 40),
     "grpc_unread_pause_timeout_sec": ("unread_pause_s", 0.0, 86_400.0),
@@ -38,8 +39,8 @@ class ConnectionLimits:
 
     Attributes:
         request_head_timeout_s: an HTTP request's head must arrive within it (after the
-            connection opens, or its previous answer ends); gRPC: the connection's handshake
-            (HTTP/2 preface and SETTINGS). 10 s.
+            connection opens, or after its first byte when it follows an answer); gRPC: the
+            connection's handshake (HTTP/2 preface and SETTINGS). 10 s.
         idle_timeout_s: a connection without a request in progress is closed after it (HTTP
             keep-alive; gRPC ``max_connection_idle_ms``, a GOAWAY). 60 s.
         body_min_rate: after ``request_head_timeout_s`` an HTTP body still arriving must have
@@ -47,6 +48,8 @@ class ConnectionLimits:
             1024.
         max_connections: open connections per HTTP port; past it a new one is answered 503
             and closed. Lowered at start to what the open-file limit leaves. 1000.
+        max_connections_per_address: of those, what one client address (an IPv6 /64) may
+            hold; past it 503 and closed. 0: half of the port's cap.
         max_concurrent_streams: concurrent gRPC calls per connection (HTTP/2
             ``SETTINGS_MAX_CONCURRENT_STREAMS``; a client queues the others, but calls opened
             in a burst past it may be refused with UNAVAILABLE, REFUSED_STREAM). It bounds what
@@ -62,6 +65,7 @@ class ConnectionLimits:
     idle_timeout_s: float = 60.0
     body_min_rate: int = 1024
     max_connections: int = 1000
+    max_connections_per_address: int = 0
     max_concurrent_streams: int = 100
     max_unread_bytes: int = 16 << 20
     unread_pause_s: float = 60.0

@@ -43,6 +43,7 @@ from inference_service.frontends.http.connections import ConnectionGuard
 from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.frontends.http.shared_port import SharedHttpPort
+from inference_service.frontends.openai.mount import preload_openai_api
 from inference_service.heap import return_large_buffers_to_the_os
 from inference_service.observability.accesslog import AccessLog
 from inference_service.observability.loop_lag import LoopLagMonitor
@@ -175,13 +176,8 @@ class Server:
         })
 
     async def start(self) -> None:
-        """Bind every port, start serving and begin loading the startup models.
-
-        The steps, in order: directories, TLS credentials and the key file
-        (:meth:`_prepare`); the gRPC servers and their services (:meth:`_grpc_servers`), bound
-        and started (:meth:`_bind_grpc`); TorchServe's HTTP APIs (:meth:`_start_http`); the
-        metrics API (:meth:`_start_metrics`); the startup models, loaded in the background
-        (:meth:`_begin_startup_models`).
+        """Bind every port, start serving and begin loading the startup models, in the order of
+        the calls below (the startup models load in the background).
 
         Raises:
             OSError: a port cannot be bound, a TLS file cannot be read or the
@@ -205,6 +201,8 @@ class Server:
             self.auth.start()  # key_file.json exists before the ports accept
         cancelled_writes.install()  # a cancel during a blocked write is no error (cancelled_writes.py)
         http_limits.install_log_filter()  # nor is a request that breaks HTTP (logged without traceback)
+        if self.settings.http_port is not None:  # /v1's API, imported before anything is served
+            await preload_openai_api()
         self.loop_lag.start()
         await self.health.start(self.core)
         return credentials

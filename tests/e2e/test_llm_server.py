@@ -236,6 +236,7 @@ def test_stop_string_ends_generation(llm_server):
     ('{"prompt": "x", "max_new_tokens": 0}', "max_new_tokens"),
     ('{"prompt": 5}', "prompt"),
     ('{"prompt": "x", "bogus": 1}', "bogus"),
+    ('{"messages": [{"role": "moderator", "content": "x"}]}', "'messages[0].role' must be one of system, developer"),
     ("{not json", "JSON"),
 ])
 def test_bad_input_is_invalid_argument(llm_server, body, fragment):

@@ -3,10 +3,10 @@
 import json
 import os
 
+import torch  # at import: the worker counts in the server's CPU budget once ready
+
 
 def handle(data, context):
-    import torch
-
     if data is None:
         return None
     settings = {"threads": torch.get_num_threads(), "policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -199,13 +199,24 @@ def test_foreground_bind_failure_lists_every_port(workdir):
 
 
 def test_start_names_models_and_repeats_the_thread_warning(store, workdir):
-    """load_models=echo.mar is the model echo; two models that each take every CPU for their
-    one worker are more threads than CPUs, and --start says so on its terminal."""
+    """load_models=echo.mar is the model echo; three models whose handlers use torch, each taking
+    every CPU for its one worker, are more threads than CPUs: --start says so on its terminal,
+    once. echo and fn load no library with a thread pool and do not count."""
     started = _cli(workdir, "--start", "--ncs", "--model-store", str(store), "--models", "echo.mar", "fn.mar",
-                   "--workers-per-model", "1", *FREE_PORTS)
+                   "d1=doubler.mar", "d2=doubler.mar", "d3=doubler.mar", "--workers-per-model", "1", *FREE_PORTS)
     assert started.returncode == 0, started.stderr
-    assert re.search(r"models ready: (echo, fn|fn, echo);", started.stdout), started.stdout
+    ready = re.search(r"models ready: ([\w, ]+);", started.stdout)
+    assert ready and set(ready[1].split(", ")) == {"d1", "d2", "d3", "echo", "fn"}, started.stdout
     warning = [line for line in started.stderr.splitlines() if line.startswith("inference-service: warning: ")]
-    assert warning and "workers x threads = " in warning[0] and "usable CPUs" in warning[0], started.stderr
+    assert len(warning) == 1 and "workers x threads = " in warning[0] and "usable CPUs" in warning[0], started.stderr
+    assert "echo 1x" not in warning[0] and "fn 1x" not in warning[0]
     assert (workdir / "logs" / "inference_service.log").is_file()
+    assert _cli(workdir, "--stop").returncode == 0
+
+
+def test_handlers_without_a_thread_pool_are_not_warned_about(store, workdir):
+    started = _cli(workdir, "--start", "--ncs", "--model-store", str(store), "--models", "e1=echo.mar", "e2=echo.mar",
+                   "e3=echo.mar", "fn.mar", "--workers-per-model", "1", *FREE_PORTS)
+    assert started.returncode == 0, started.stderr
+    assert "warning" not in started.stderr, started.stderr
     assert _cli(workdir, "--stop").returncode == 0

@@ -301,8 +301,15 @@ MESSAGES_OK = [{"role": "user", "content": "hi"}]
         ),
         (
             b'{"messages": [{"role": "", "content": "x"}]}',
-            "'messages[0].role' must be a non-empty string",
+            "'messages[0].role' must be one of system, developer, user, assistant, tool, got ''",
         ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}, {"role": "root", "content": "x"}]}',
+            "'messages[1].role' must be one of system, developer, user, assistant, tool, got 'root'",
+        ),
+        (b'{"messages": [{"role": "User", "content": "x"}]}', "got 'User'"),
+        (b'{"messages": [{"role": ["user"], "content": "x"}]}', "got list"),
+        (b'{"messages": [{"content": "x"}]}', "got NoneType"),
         (
             b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
             "'messages[0]' has unknown field(s): name",
@@ -821,3 +828,18 @@ def test_a_conversion_reads_the_gguf_once_and_restores_the_reader() -> None:
         arch = gguf.MODEL_ARCH.LLAMA
         assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
     assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_map
+
+
+def test_the_json_doors_take_the_roles_of_the_openai_door() -> None:
+    from typing import get_args
+
+    from inference_service.contracts.sampling import CHAT_ROLES
+    from inference_service.frontends.openai.schemas import ChatMessage
+
+    assert get_args(ChatMessage.model_fields["role"].annotation) == CHAT_ROLES
+    messages = [{"role": role, "content": role} for role in CHAT_ROLES]
+    parsed = parse_request(json.dumps({"messages": messages}).encode()).messages
+    assert [m["role"] for m in parsed or ()] == ["system", "system", "user", "assistant", "tool"]  # as /v1 sends
+    with pytest.raises(InvalidRequest) as refused:
+        parse_request(b'{"messages": [{"role": "moderator", "content": "x"}]}')
+    assert refused.value.field == "messages"

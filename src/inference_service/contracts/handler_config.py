@@ -110,6 +110,7 @@ class HandlerConfig:
     gguf_file: str | None = setting(None, _text)
     cache_dir: str | None = setting(None, _text)
     cache_size: int | None = setting(None, _count)  # GB of KV cache (OpenVINO engine)
+    ir_cache_limit_gb: int | None = setting(None, _count)  # the OpenVINO IR cache's size before eviction
     max_num_batched_tokens: int | None = setting(None, _count)  # None: the engine's own default
     max_prefill_requests: int | None = setting(None, _count)
     enable_prefix_caching: bool = setting(True, _flag)

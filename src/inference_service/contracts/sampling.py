@@ -218,6 +218,11 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
         raise InvalidRequest(f"handler config: {exc}") from None
 
 
+#: The chat roles a request may use, on every door (OpenAI's; ``developer`` reaches the chat
+#: template as ``system``, which templates know).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
@@ -229,11 +234,13 @@ def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
         if extra:
             raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
         role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise InvalidRequest(f"'messages[{i}].role' must be a non-empty string")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            shown = repr(role)[:40] if isinstance(role, str) else type(role).__name__
+            raise InvalidRequest(f"'messages[{i}].role' must be one of {', '.join(CHAT_ROLES)}, got {shown}",
+                                 "messages")
         if not isinstance(content, str):
             raise InvalidRequest(f"'messages[{i}].content' must be a string")
-        messages.append({"role": role, "content": content})
+        messages.append({"role": "system" if role == "developer" else role, "content": content})
     return tuple(messages)
 
 

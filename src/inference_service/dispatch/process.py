@@ -95,6 +95,7 @@ class WorkerProcess:
         self._log = logging.getLogger(log_name)
         self.exit_code: int | None = None
         self.on_exit: Callable[[WorkerProcess], None] | None = None
+        self.uses_threads: bool | None = None  # READY: its handler loaded a library with a thread pool
 
     @property
     def alive(self) -> bool:
@@ -262,6 +263,7 @@ class WorkerProcess:
                 channel.answers = True
                 self.pid = int(info.get("pid", self.pid))
                 self.accepts_generation = info.get("generation") is True
+                self.uses_threads = bool(info.get("threads", True))
             self._ready_count += 1
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():

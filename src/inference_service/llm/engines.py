@@ -109,27 +109,41 @@ def _build_torch(config: HandlerConfig, device: str, max_num_seqs: int | None, c
 
 def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
     """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
-    converted once to ``weight_format``."""
+    converted once to ``weight_format``.
+
+    Raises:
+        ModelPreparationError: the model cannot be located or converted, or the IR directory
+            lacks a file or holds a config value out of range.
+    """
     from transformers import AutoTokenizer
 
-    from inference_service.llm.model import resolve_model_dir
-    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, is_ir_dir, prepare_ir
+    from inference_service.llm.model import ModelPreparationError, resolve_model_dir
+    from inference_service.llm.openvino_ir import (
+        DEFAULT_IR_CACHE_LIMIT_GB,
+        DEFAULT_WEIGHT_FORMAT,
+        looks_like_ir,
+        prepare_ir,
+        read_ir_config,
+    )
     from inference_service.llm.request_state import eos_token_ids
 
     weight_format = config.weight_format or DEFAULT_WEIGHT_FORMAT
     model_path = config.model_path
-    if model_path and is_ir_dir(Path(model_path).expanduser()):
+    if model_path and looks_like_ir(Path(model_path).expanduser()):
         ir_dir = Path(model_path).expanduser()
     else:
-        ir_dir, seconds = prepare_ir(resolve_model_dir(config), weight_format, config.cache_dir)
+        ir_dir, seconds = prepare_ir(resolve_model_dir(config), weight_format, config.cache_dir,
+                                     config.ir_cache_limit_gb or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+    model_config = read_ir_config(ir_dir)
     weight_format = ir_weight_format(ir_dir, weight_format)
-    tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
-    model_config = _read_json(ir_dir / "config.json")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+    except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
+        raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
     generation = _read_json(ir_dir / "generation_config.json")
-    context_length = model_config.get("max_position_embeddings")
-    context_length = context_length if isinstance(context_length, int) and context_length > 0 else None
+    context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
     model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
                                  generation_config=SimpleNamespace(**generation))
     start = time.perf_counter()

@@ -1,23 +1,30 @@
 """OpenVINO IR for the OpenVINO engine: converted once, with optimum-intel's exporter and NNCF's
-weight compression, into a cache keyed by the source model, the weight format and the tools'
-versions (docs/llm.md, "Engines"). The exporter runs in a child process: it loads the torch
-model, about 1 GB the worker need not keep."""
+weight compression, into a cache keyed by the source model's content, the weight format and the
+tools' versions (docs/llm.md, "Engines"). The exporter runs in a child process
+(:mod:`inference_service.llm.ir_export`): it loads the torch model, about 1 GB the worker need
+not keep, and ends with the process that started it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from inference_service.llm.model import ModelPreparationError, _exclusive_lock, default_cache_root
+from inference_service.llm.model import SOURCE_MARKER, ModelPreparationError, _exclusive_lock, default_cache_root
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +35,32 @@ WEIGHT_FORMATS = ("fp32", "int8")
 #: The weight format of an archive or handler config that names none: the fastest one within
 #: the quality bar (benchmarks/RESULTS.md, "OpenVINO engine").
 DEFAULT_WEIGHT_FORMAT = "int8"
+#: Largest size of the IR cache (``<root>/openvino``) by default, in GB; past it the IRs used
+#: least recently are removed after a conversion.
+DEFAULT_IR_CACHE_LIMIT_GB = 20
 #: Files an IR directory must hold to be used.
 _IR_FILES = ("openvino_model.xml", "openvino_model.bin", "config.json")
+#: An IR directory holds one of these (the tokenizer transformers loads).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+#: Counts in an IR's ``config.json`` that must be positive integers when present.
+_COUNT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                 "vocab_size")
+#: Longest context an IR's ``config.json`` may declare (tokens): above any released model's.
+MAX_CONTEXT_LENGTH = 1 << 24
 _MARKER = "inference_service_ir.json"
 _TOOLS = ("openvino", "optimum-intel", "nncf", "transformers")
 #: Longest conversion allowed (s); SmolLM2-135M takes 10-20 s on 2 cores.
 CONVERT_TIMEOUT_S = 1800.0
 #: The exporter's task for a causal LM; the embedding handler exports ``feature-extraction``.
 LLM_TASK = "text-generation-with-past"
+#: Source files up to this size (bytes) are hashed whole; larger ones (weights) by their size and
+#: three 1 MiB samples (start, middle, end), so a key costs milliseconds for any model.
+_WHOLE_HASH_BYTES = 16 << 20
+_SAMPLE_BYTES = 1 << 20
+#: Environment variables the exporter must not inherit: the OpenVINO worker sets ``USE_TORCH=0``
+#: for its own imports, and the exporter needs torch.
+_NOT_INHERITED = ("USE_TORCH",)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
 
 
 def tool_versions() -> dict[str, str]:
@@ -49,26 +74,65 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def _source_key(model_dir: Path) -> dict[str, object]:
-    """What identifies a model directory: its path and its files' names, sizes and times."""
-    files = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in model_dir.iterdir()
-                   if p.is_file()) if model_dir.is_dir() else []
-    return {"model_dir": str(model_dir), "files": files}
+def _file_digest(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if size <= _WHOLE_HASH_BYTES:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        else:
+            for offset in (0, size // 2, size - _SAMPLE_BYTES):
+                handle.seek(offset)
+                digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def source_key(model_dir: Path) -> list[tuple[str, int, str]]:
+    """What identifies a model directory, wherever it lies: ``(name, size, SHA-256)`` of each
+    file (large files: of their samples), hidden files and our conversion record left out."""
+    if not model_dir.is_dir():
+        return []
+    files = []
+    for path in sorted(model_dir.rglob("*")):
+        name = path.relative_to(model_dir).as_posix()
+        if not path.is_file() or name == SOURCE_MARKER or any(p.startswith(".") for p in name.split("/")):
+            continue
+        size = path.stat().st_size
+        files.append((name, size, _file_digest(path, size)))
+    return files
 
 
 def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
                  cache_dir: str | os.PathLike[str] | None = None, task: str = LLM_TASK) -> Path:
-    """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache (existing or not):
-    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>`` (the key holds
-    ``task`` when it is not :data:`LLM_TASK`)."""
+    """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache:
+    ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>``, or an IR of the same
+    key under another name (another copy of the files, another extraction of one archive). The key
+    holds ``task`` when it is not :data:`LLM_TASK`."""
     source = Path(model_dir).expanduser().resolve()
-    identity: dict[str, object] = {"source": _source_key(source), "format": weight_format, "tools": tool_versions()}
+    identity: dict[str, object] = {"source": source_key(source), "format": weight_format, "tools": tool_versions()}
     if task != LLM_TASK:
         identity["task"] = task
     key = json.dumps(identity, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    return root / "openvino" / f"{source.name[:100]}-{weight_format}-{digest}"  # a file name is 255 bytes
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", source.name)[:100].lstrip(".")  # a file name is 255 bytes
+    target = root / "openvino" / f"{name or 'model'}-{weight_format}-{digest}"
+    return _existing(target) or target
+
+
+def _key_suffix(name: str) -> str:
+    """``<format>-<digest>``: the part of an IR directory's name that is its key."""
+    return "-".join(name.rsplit("-", 2)[-2:])
+
+
+def _existing(target: Path) -> Path | None:
+    """A complete IR of ``target``'s key, under its name or another."""
+    if is_ir_dir(target):
+        return target
+    if not target.parent.is_dir():
+        return None
+    return next((p for p in sorted(target.parent.glob(f"*-{_key_suffix(target.name)}"))
+                 if not p.name.startswith(".") and is_ir_dir(p)), None)
 
 
 def is_ir_dir(path: str | os.PathLike[str]) -> bool:
@@ -78,13 +142,23 @@ def is_ir_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def export_command(model_dir: Path, target: Path, weight_format: str, task: str = LLM_TASK) -> list[str]:
-    """The exporter's command line (optimum-intel's ``optimum-cli export openvino``)."""
+    """The exporter's command line: optimum-intel's ``optimum-cli export openvino`` under
+    :mod:`inference_service.llm.ir_export`, which ends it with this process."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
-    return [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino",
-            "--model", str(model_dir), "--task", task,
+    return [sys.executable, "-m", "inference_service.llm.ir_export", str(os.getpid()), str(target), "--",
+            "export", "openvino", "--model", str(model_dir), "--task", task,
             "--weight-format", weight_format, str(target)]
+
+
+def exporter_environment() -> dict[str, str]:
+    """This process's environment, less what keeps the exporter from importing torch, offline
+    and without progress bars or library notices."""
+    env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
+    env.update(HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error",
+               TRANSFORMERS_NO_ADVISORY_WARNINGS="1", PYTHONUNBUFFERED="1")
+    return env
 
 
 def model_type(model_dir: Path) -> str:
@@ -95,35 +169,66 @@ def model_type(model_dir: Path) -> str:
         return "unknown"
 
 
+def failure_reason(output: str, returncode: int) -> str:
+    """Why the exporter failed, from its output: the last exception line of its traceback (else
+    its last line), or the signal that killed it."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"the exporter was killed by {name}{hint}"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    cause = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+    if cause is None:
+        cause = lines[-1] if lines else f"the exporter exited with status {returncode} and printed nothing"
+    return cause[:400]
+
+
+def _run_exporter(source: Path, output_dir: Path, weight_format: str, task: str) -> tuple[int, str]:
+    """Run the exporter into ``output_dir``; ``(exit status, its output)``. Its whole process
+    group is killed if this call ends early (a timeout, an exception, an interrupt)."""
+    proc = subprocess.Popen(export_command(source, output_dir, weight_format, task), env=exporter_environment(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ModelPreparationError(
+            f"converting {source} to OpenVINO took over {CONVERT_TIMEOUT_S:.0f} s; set 'engine: torch' "
+            "in the handler config to serve it with the torch engine") from None
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output or ""
+
+
 def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str,
             task: str = LLM_TASK) -> float:
     """Export ``model_dir`` to ``target`` (through a temporary sibling); returns the seconds it took.
 
     Raises:
-        ModelPreparationError: names the model type, the exporter's last error line and the
-            ``engine: torch`` fallback.
+        ModelPreparationError: names the model type and the exporter's own error (and, for an
+            architecture it does not take, the ``engine: torch`` fallback).
     """
     source = Path(model_dir).expanduser().resolve()
     final = Path(target)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     start = time.perf_counter()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error")
     try:
-        try:
-            done = subprocess.run(export_command(source, tmp, weight_format, task), env=env, capture_output=True,
-                                  text=True, timeout=CONVERT_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
+        returncode, output = _run_exporter(source, tmp, weight_format, task)
+        if returncode != 0 or not is_ir_dir(tmp):
+            tail = "\n".join(output.splitlines()[-30:])
+            log.debug("the OpenVINO exporter failed on %s (exit status %d); its last lines:\n%s",
+                      source, returncode, tail)
+            reason = failure_reason(output, returncode) if returncode != 0 else \
+                "the exporter wrote no openvino_model.xml/.bin and config.json"
+            fallback = ("; set 'engine: torch' in the handler config to serve it with the torch engine"
+                        if "support" in reason.lower() else "")
             raise ModelPreparationError(
-                f"converting {source} to OpenVINO took over {CONVERT_TIMEOUT_S:.0f} s; set 'engine: torch' "
-                "in the handler config to serve it with the torch engine") from None
-        if done.returncode != 0 or not is_ir_dir(tmp):
-            lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
-            reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
-            raise ModelPreparationError(
-                f"cannot convert {source} (model type {model_type(source)!r}) to OpenVINO: {reason[:300]}; "
-                "set 'engine: torch' in the handler config to serve it with the torch engine")
-        (tmp / _MARKER).write_text(json.dumps({"source": _source_key(source), "format": weight_format,
+                f"cannot convert {source} (model type {model_type(source)!r}) to OpenVINO: {reason}{fallback}")
+        (tmp / _MARKER).write_text(json.dumps({"source": str(source), "format": weight_format,
                                                 "tools": tool_versions()}), encoding="utf-8")
         for path in tmp.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
@@ -139,22 +244,138 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def _lock_if_free(lock_path: Path) -> Iterator[bool]:
+    """Hold ``lock_path``'s ``flock`` for the block if no other process holds it; yields whether it does."""
+    try:
+        handle = open(lock_path, "a+b")
+    except OSError:
+        yield False
+        return
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _lock_path(entry: Path) -> Path:
+    return entry.parent / f".{_key_suffix(entry.name)}.lock"
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove what an ended conversion of ``target``'s key left (called under its lock):
+    temporary directories, and a ``target`` that is not a complete IR."""
+    for stale in target.parent.glob(f".*-{_key_suffix(target.name)}.tmp-*"):
+        log.info("removing %s, left by a conversion that did not finish", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    if target.exists() and not is_ir_dir(target):
+        log.info("removing %s, an incomplete IR directory", target)
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _last_used(entry: Path) -> float:
+    try:
+        return (entry / _MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def evict(openvino_root: Path, keep: Path, limit_bytes: int) -> list[Path]:
+    """Remove the IRs used least recently until ``openvino_root`` holds at most ``limit_bytes``
+    (``keep`` stays), and the temporary directories of conversions no process runs; an entry
+    whose lock another process holds (converting it) is left. Returns what was removed."""
+    removed = []
+    for stale in openvino_root.glob(".*.tmp-*"):
+        owner = openvino_root / stale.name[1:].rsplit(".tmp-", 1)[0]
+        with _lock_if_free(_lock_path(owner)) as free:
+            if free and stale.exists():
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    entries = [p for p in openvino_root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    sizes = {entry: _tree_size(entry) for entry in entries}
+    total = sum(sizes.values())
+    for entry in sorted((e for e in entries if e != keep), key=_last_used):
+        if total <= limit_bytes:
+            break
+        with _lock_if_free(_lock_path(entry)) as free:
+            if free:
+                log.info("removing the OpenVINO IR %s (%.0f MB, used least recently): the IR cache holds "
+                         "over %.1f GB", entry, sizes[entry] / 1e6, limit_bytes / 1e9)
+                shutil.rmtree(entry, ignore_errors=True)
+                total -= sizes[entry]
+                removed.append(entry)
+    return removed
+
+
 def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_WEIGHT_FORMAT,
-               cache_dir: str | os.PathLike[str] | None = None, task: str = LLM_TASK) -> tuple[Path, float | None]:
+               cache_dir: str | os.PathLike[str] | None = None,
+               cache_limit_gb: float = DEFAULT_IR_CACHE_LIMIT_GB, task: str = LLM_TASK) -> tuple[Path, float | None]:
     """``(IR directory, conversion seconds or None when cached)`` of ``model_dir``; one process
-    converts, others wait on a lock file. ModelPreparationError for an unknown weight format or a
+    converts, others wait on a lock file; after a conversion the cache is trimmed to
+    ``cache_limit_gb`` (:func:`evict`). ModelPreparationError for an unknown weight format or a
     failed conversion."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
     target = ir_cache_dir(model_dir, weight_format, cache_dir, task)
-    if is_ir_dir(target):
-        return target, None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(target.parent / f".{target.name}.lock"):
-        if is_ir_dir(target):
-            return target, None
-        log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
-        seconds = convert(model_dir, target, weight_format, task)
-        log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
-        return target, seconds
+    if not is_ir_dir(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _exclusive_lock(_lock_path(target)):
+            found = _existing(target)  # converted meanwhile, perhaps under another name
+            if found is None:
+                _remove_leftovers(target)
+                log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
+                seconds = convert(model_dir, target, weight_format, task)
+                log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
+                evict(target.parent, target, int(cache_limit_gb * 1e9))
+                return target, seconds
+            target = found
+    with contextlib.suppress(OSError):  # last use, for eviction (a read-only cache is not marked)
+        os.utime(target / _MARKER)
+    return target, None
+
+
+def looks_like_ir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is meant as an IR directory (it holds ``openvino_model.xml``), complete or not."""
+    return (Path(path) / "openvino_model.xml").is_file()
+
+
+def read_ir_config(ir_dir: Path) -> dict[str, Any]:
+    """The IR directory's ``config.json``, after checking the directory holds the model, its
+    config and a tokenizer, and that the config's counts are positive integers
+    (``max_position_embeddings`` at most :data:`MAX_CONTEXT_LENGTH`).
+
+    Raises:
+        ModelPreparationError: names the directory or file and the field at fault.
+    """
+    missing = [name for name in _IR_FILES if not (ir_dir / name).is_file()]
+    if missing:
+        raise ModelPreparationError(f"IR directory {ir_dir} has no {' or '.join(missing)}")
+    if not any((ir_dir / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelPreparationError(f"IR directory {ir_dir} has no tokenizer ({' or '.join(_TOKENIZER_FILES)})")
+    path = ir_dir / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelPreparationError(f"{path} cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ModelPreparationError(f"{path} must hold a JSON object, not {type(config).__name__}")
+    for field in (*_COUNT_FIELDS, "max_position_embeddings"):
+        value = config.get(field)
+        if value is None:
+            continue
+        high = MAX_CONTEXT_LENGTH if field == "max_position_embeddings" else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (high and value > high):
+            bound = f" up to {high:,}" if high else ""
+            raise ModelPreparationError(f"{path}: '{field}' must be a positive integer{bound}, got {value!r}")
+    return config

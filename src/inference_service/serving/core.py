@@ -247,7 +247,7 @@ class InferenceCore:
                         f"model {name!r} version {archive.version!r} is already registered",
                         reason="VERSION_REGISTERED")
                 model = ModelVersion(name, archive, config, handler, inference_service.__version__,
-                                     self._on_health_change, req.loaded_at_startup, prepared.extra_paths,
+                                     self._workers_changed, req.loaded_at_startup, prepared.extra_paths,
                                      gpus=self.gpus, worker_options=self.worker_options)
                 entry = self.models.setdefault(name, ModelEntry())
                 entry.versions[model.version] = model
@@ -265,9 +265,13 @@ class InferenceCore:
             exc.model_version = model.version  # RegisterModel's request names none
             raise
         self._on_health_change()
-        self.cpu_budget.check(self.models)
         self.on_models_changed()
         return model
+
+    def _workers_changed(self) -> None:
+        """A worker of some version started, became ready, failed or left."""
+        self.cpu_budget.check(self.models)  # first: logged before the status file says ready
+        self._on_health_change()
 
     async def _remove_version(self, name: str, version: str) -> None:
         entry = self.models.get(name)
@@ -323,7 +327,6 @@ class InferenceCore:
         stop_timeout = min(10.0 if timeout == 0 else (math.inf if timeout < 0 else float(timeout)), 3600.0)
         await model.scale(min_worker, max_worker or min_worker, synchronous, stop_timeout, number_gpu or None)
         self._on_health_change()
-        self.cpu_budget.check(self.models)
         self.on_models_changed()
         return model
 

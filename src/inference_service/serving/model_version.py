@@ -107,11 +107,12 @@ class ModelVersion:
         )
 
     def cpu_demand(self) -> tuple[int, int]:
-        """``(worker processes, torch threads each)`` of its running workers (torchrun: ranks)."""
-        live = sum(1 for slot in self.slots.values() if not slot.stopping) * max(1, self.world_size)
+        """``(worker processes, threads each)`` of its workers that are ready and use a thread
+        pool (torchrun: ranks)."""
+        live = sum(1 for slot in self.slots.values() if not slot.stopping and slot.process is not None
+                   and slot.process.uses_threads) * max(1, self.world_size)
         handler = HandlerConfig.parse((self.archive.config or {}).get("handler"))  # checked at registration
-        threads = handler.torch_threads
-        return live, threads or self._threads()
+        return live, handler.torch_threads or self._threads()
 
     def _threads(self) -> int:
         if self.world_size > 1:

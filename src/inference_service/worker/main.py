@@ -5,6 +5,7 @@ the main thread reads the socket itself (no thread hand-off per request)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -28,6 +29,9 @@ log = logging.getLogger("inference_service.worker")
 COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compat")
 
 
+#: Libraries that keep a pool of compute threads (sized by ``OMP_NUM_THREADS``): a worker whose
+#: handler has loaded one when it is ready counts in the server's CPU budget.
+THREADED_LIBRARIES = ("torch", "openvino", "onnxruntime", "tensorflow", "numpy")
 #: Libraries whose own warnings reach the log only at DEBUG.
 LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "optimum", "nncf", "openvino", "accelerate")
 
@@ -35,9 +39,12 @@ LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "optimum", "nncf"
 def quiet_libraries(level: str) -> None:
     """Keep progress bars and library warnings out of the server's log: no tqdm bars, Python
     warnings once each at DEBUG (logger ``py.warnings``), the libraries' own loggers at ERROR
-    unless ``level`` is DEBUG. Call before the handler imports them (tqdm reads its switch then)."""
+    unless ``level`` is DEBUG. Call before the handler imports them (tqdm reads its switch then,
+    and transformers sets its logger's level from ``TRANSFORMERS_VERBOSITY`` at import)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if level != "DEBUG":
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warned = logging.getLogger("py.warnings")
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -48,6 +55,13 @@ def quiet_libraries(level: str) -> None:
     if level != "DEBUG":
         for name in LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _report_load_failure(channel: WorkerChannel, message: str) -> None:
+    """Tell the server why loading failed; a server that has already let this worker go (the
+    model unregistered, its load given up) closed the channel, and then there is no one to tell."""
+    with contextlib.suppress(OSError):
+        channel.send(wire.frame(wire.LOAD_FAILED, message.encode()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = apply_cpu_settings(handler_config)
     except ValueError as exc:  # a refused setting is one line, not a traceback
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
+        _report_load_failure(channel, str(exc))
         return 1
     try:
         log.info("cpu: %d intra-op threads, wait policy %s, affinity %s",
@@ -99,15 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         worker.load()
     except HandlerLoadError as exc:
         log.error("model %s failed to load: %s", spec.model_name, exc)
-        channel.send(wire.frame(wire.LOAD_FAILED, str(exc).encode()))
+        _report_load_failure(channel, str(exc))
         return 1
     except BaseException as exc:  # noqa: BLE001 - report any load failure, even SystemExit
         log.error("model %s failed to load:\n%s", spec.model_name, traceback.format_exc())
-        channel.send(wire.frame(wire.LOAD_FAILED, f"{type(exc).__name__}: {exc}".encode()))
+        _report_load_failure(channel, f"{type(exc).__name__}: {exc}")
         return 1
     rank = int(os.environ.get("RANK", "0"))
     generation = bool(getattr(worker.handler_object, "accepts_generation_requests", False))
-    ready = wire.frame(wire.READY, json.dumps({"pid": os.getpid(), "rank": rank, "generation": generation}).encode())
+    threads = any(name in sys.modules for name in THREADED_LIBRARIES)
+    ready = wire.frame(wire.READY, json.dumps({"pid": os.getpid(), "rank": rank, "generation": generation,
+                                               "threads": threads}).encode())
     channel.send(b"".join(channel.pending_metrics() + [ready]))  # metrics recorded by initialize() first
     if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()

@@ -1,13 +1,17 @@
 """What aiohttp lacks against clients that hold connections without finishing a request: a
-deadline for a request's head, a floor on a body's rate, a cap on connections per port.
+deadline for a request's head, a floor on a body's rate, caps on connections per port and per
+client address.
 
-aiohttp's own ``keepalive_timeout`` (``connection_idle_timeout_sec``) already closes a
-connection that sends nothing, from its start and between requests. :class:`ConnectionGuard`
-wraps each connection's aiohttp protocol and adds, per port:
+aiohttp's own ``keepalive_timeout`` (``connection_idle_timeout_sec``) closes a connection idle
+between requests. :class:`ConnectionGuard` wraps each connection's aiohttp protocol and adds, per port:
 
-- a cap (``http_max_connections``): past it a new connection is answered 503 with TorchServe's
-  JSON body and closed, before aiohttp sees it;
-- a deadline for a request's head (``request_head_timeout_sec``), counted from its first byte;
+- a cap (``http_max_connections``) and, within it, a cap per client address
+  (``http_max_connections_per_address``, by default half the port's; an IPv6 client counts by
+  its /64): past either a new connection is answered 503 with TorchServe's JSON body and
+  closed, before aiohttp sees it, so one client never holds the places of the others;
+- a deadline for a request's head (``request_head_timeout_sec``), counted from the connection's
+  start for its first request (a connection that sends nothing ends then), else from the head's
+  first byte;
 - a floor on a body's rate (``http_body_min_rate`` bytes/s on average, checked once the head
   deadline has passed since the head): a body that trickles gets 408 and the connection closes.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import time
@@ -40,6 +45,23 @@ def _raw_answer(status: int, reason: str, kind: str, message: str) -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def client_address(transport: asyncio.BaseTransport) -> str | None:
+    """The address a connection counts against: its peer's IP (an IPv6 peer's /64 network; an
+    IPv4-mapped one as IPv4); ``None`` for a Unix socket."""
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return None
+    try:
+        ip = ipaddress.ip_address(peer[0].split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class _Guarded(asyncio.Protocol):
     """One connection: aiohttp's protocol behind a byte counter and the guard's deadlines."""
 
@@ -47,25 +69,36 @@ class _Guarded(asyncio.Protocol):
         self.guard = guard
         self.inner = inner
         self.transport: asyncio.Transport | None = None
+        self.address: str | None = None
         self.received = 0
-        self.head_started: float | None = None  # first byte of a head not yet parsed
+        self.head_started: float | None = None  # start of a head not yet parsed (the connection's, then its first byte)
         self.request: web.Request | None = None  # the request in progress
         self.request_started = 0.0
         self.received_at_request = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        if len(self.guard.connections) >= self.guard.cap:
-            self.guard.refused += 1
-            if self.guard.refused in (1, 10, 100, 1000) or self.guard.refused % 10_000 == 0:
-                log.warning("%s: %d connections refused past http_max_connections=%d", self.guard.api,
-                            self.guard.refused, self.guard.cap)
-            transport.write(self.guard.refusal)  # type: ignore[attr-defined]
-            transport.close()
-            self.inner = None
+        guard = self.guard
+        self.address = client_address(transport)
+        if len(guard.connections) >= guard.cap:
+            refusal = guard.refusal
+        elif self.address is not None and guard.per_address.get(self.address, 0) >= guard.address_cap:
+            refusal = guard.address_refusal
+        else:
+            guard.connections[transport] = self
+            if self.address is not None:
+                guard.per_address[self.address] = guard.per_address.get(self.address, 0) + 1
+            self.head_started = time.monotonic()
+            self.inner.connection_made(transport)
             return
-        self.guard.connections[transport] = self
-        self.inner.connection_made(transport)
+        guard.refused += 1
+        if guard.refused in (1, 10, 100, 1000) or guard.refused % 10_000 == 0:
+            log.warning("%s: %d connections refused past http_max_connections=%d or "
+                        "http_max_connections_per_address=%d (the last from %s)", guard.api, guard.refused,
+                        guard.cap, guard.address_cap, self.address)
+        transport.write(refusal)  # type: ignore[attr-defined]
+        transport.close()
+        self.inner = None
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
@@ -79,7 +112,7 @@ class _Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
-            self.guard.connections.pop(self.transport, None)
+            self.guard.forget(self.transport)
         if self.inner is not None:
             self.inner.connection_lost(exc)
 
@@ -117,13 +150,28 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits, cap: int, api: str) -> None:
         self.limits = limits
         self.cap = cap
+        self.address_cap = min(cap, limits.max_connections_per_address or max(1, cap // 2))
         self.api = api
         self.connections: dict[asyncio.BaseTransport, _Guarded] = {}
+        self.per_address: dict[str, int] = {}  # open connections per client address
         self.refused = 0
         self.refusal = _raw_answer(503, "Service Unavailable", "ServiceUnavailableException",
                                    f"too many connections: http_max_connections={cap}")
+        self.address_refusal = _raw_answer(
+            503, "Service Unavailable", "ServiceUnavailableException",
+            f"too many connections from one address: http_max_connections_per_address={self.address_cap}")
         self._timeout = _raw_answer(408, "Request Timeout", "RequestTimeoutException", "request too slow")
         self._sweeper: asyncio.Task[None] | None = None
+
+    def forget(self, transport: asyncio.BaseTransport) -> None:
+        """A connection no longer counts (closed, or being closed)."""
+        guarded = self.connections.pop(transport, None)
+        if guarded is not None and guarded.address is not None:
+            left = self.per_address.get(guarded.address, 1) - 1
+            if left > 0:
+                self.per_address[guarded.address] = left
+            else:
+                self.per_address.pop(guarded.address, None)
 
     def factory(self, inner: Callable[[], Any]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for ``loop.create_server`` around aiohttp's (``runner.server``)."""
@@ -169,7 +217,7 @@ class ConnectionGuard:
                     with contextlib.suppress(Exception):
                         transport.write(self._timeout)  # type: ignore[attr-defined]
                 transport.close()
-                self.connections.pop(transport, None)
+                self.forget(transport)
 
 
 class GuardedSite(web.SockSite):

@@ -187,7 +187,7 @@ class HttpInferenceApi:
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
         self.app.router.add_post("/v1/models/{model_name}:predict", self.kserve_v1_predict)
-        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (openai_mount.py)
+        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         install_access_log(self.app, access_log)  # one line per request, /v1 and /v2 included
         self._runner: web.AppRunner | None = None
@@ -243,7 +243,7 @@ class HttpInferenceApi:
             log.info("rejected HTTP %s %s: %s token", request.method, request.path,
                      "missing" if "Authorization" not in request.headers else "invalid")
             if is_openai_path(request.path):
-                return unauthorized_response(request)  # OpenAI's error shape for OpenAI's clients
+                return await unauthorized_response(request)  # OpenAI's error shape for OpenAI's clients
             return error_response(401, TOKEN_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 

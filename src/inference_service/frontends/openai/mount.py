@@ -1,8 +1,11 @@
 """The ``/v1`` routes, mounted at start; :mod:`inference_service.frontends.openai.api` (and pydantic
-with its schemas, about 7 MiB) is imported on the first ``/v1`` request, not at start."""
+with its schemas' validators, about 10 MiB) is imported by :func:`preload_openai_api`, which the
+server awaits before it serves anything, so the first ``/v1`` request is as fast as the next;
+without it, in a thread on the first ``/v1`` request."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -34,19 +37,32 @@ def is_openai_path(path: str) -> bool:
 
 
 def _openai_api() -> Any:
-    return importlib.import_module("inference_service.frontends.openai.api")
+    module = importlib.import_module("inference_service.frontends.openai.api")
+    importlib.import_module("inference_service.frontends.openai.schemas").build_shapes()
+    return module
 
 
-def unauthorized_response(request: web.Request) -> web.Response:
+_imported: Any = None  # the API module once imported
+
+
+async def preload_openai_api() -> Any:
+    """The API module, imported in a thread the first time (callers meanwhile wait on the import lock there)."""
+    global _imported
+    if _imported is None:
+        _imported = await asyncio.to_thread(_openai_api)
+    return _imported
+
+
+async def unauthorized_response(request: web.Request) -> web.Response:
     """401 in OpenAI's error shape for a ``/v1`` request without the inference key
     (:func:`inference_service.frontends.openai.api.unauthorized_response`)."""
-    response: web.Response = _openai_api().unauthorized_response(request)
+    response: web.Response = (await preload_openai_api()).unauthorized_response(request)
     return response
 
 
 class LazyOpenAIApi:
     """The ``/v1`` sub-application: :data:`ROUTES` and the error middleware, forwarding to an
-    :class:`~inference_service.frontends.openai.api.OpenAIApi` built on the first request."""
+    :class:`~inference_service.frontends.openai.api.OpenAIApi` built once its module is imported."""
 
     def __init__(self, core: InferenceCore, http_status: Callable[[InferenceError], int]) -> None:
         self.core = core
@@ -56,23 +72,24 @@ class LazyOpenAIApi:
         for method, path, name in ROUTES:
             self.app.router.add_route(method, path, self._forward(name))
 
-    @property
-    def api(self) -> Any:
-        """The :class:`~inference_service.frontends.openai.api.OpenAIApi` (imported and built on first use)."""
+    async def api(self) -> Any:
+        """The :class:`~inference_service.frontends.openai.api.OpenAIApi`, built on first use."""
         if self._api is None:
-            self._api = _openai_api().OpenAIApi(self.core, self.http_status)
+            module = await preload_openai_api()
+            if self._api is None:
+                self._api = module.OpenAIApi(self.core, self.http_status)
         return self._api
 
     def _forward(self, name: str) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
-            response: web.StreamResponse = await getattr(self.api, name)(request)
+            response: web.StreamResponse = await getattr(await self.api(), name)(request)
             return response
         return handler
 
     @web.middleware
     async def _errors_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """OpenAI's error answers for every ``/v1`` failure (``OpenAIApi``'s middleware)."""
-        response: web.StreamResponse = await self.api._errors_middleware(request, handler)
+        response: web.StreamResponse = await (await self.api())._errors_middleware(request, handler)
         return response
 
 

@@ -85,8 +85,8 @@ def _text_of_parts(parts: list[Any]) -> str:
 
 
 class _Response(BaseModel):
-    """Base of the response shapes: validators are built on first use (``defer_build``), not
-    at import, so a server that never answers ``/v1`` does not hold them (about 10 MiB)."""
+    """Base of the response shapes: validators are built by :func:`build_shapes` (``defer_build``),
+    which the server calls in a thread before it serves, so no request builds one on the loop."""
 
     model_config = ConfigDict(defer_build=True)
 
@@ -433,3 +433,10 @@ class ErrorResponse(_Response):
     """The body of every failed /v1 request, and the data of a stream's error event."""
 
     error: ErrorBody
+
+
+def build_shapes() -> None:
+    """Build the validators and serializers ``defer_build`` put off (20-50 ms in all)."""
+    for shape in (ChatCompletionRequest, CompletionRequest, ChatCompletion, ChatCompletionChunk, Completion,
+                  CompletionChunk, ModelList, ModelCard, ErrorResponse):
+        shape.model_rebuild()

@@ -1,0 +1,63 @@
+"""The OpenVINO exporter's process, started by :func:`inference_service.llm.openvino_ir.convert`:
+``python -m inference_service.llm.ir_export PARENT_PID OUTPUT_DIR -- ARGS`` runs optimum-intel's
+``optimum-cli ARGS`` in its own session and ends with its parent. When the parent dies (a worker
+killed, a model unregistered mid-conversion), the kernel sends this process SIGTERM (Linux's
+``PR_SET_PDEATHSIG``; elsewhere a thread watches the parent's pid); it then removes OUTPUT_DIR,
+its unfinished output, and kills its process group."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import runpy
+import shutil
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: How often the fallback watchdog (no ``prctl``) looks at the parent's pid (s).
+_WATCH_INTERVAL_S = 0.5
+
+
+def _end(output_dir: str) -> None:
+    shutil.rmtree(output_dir, ignore_errors=True)
+    os.killpg(0, signal.SIGKILL)  # this session's group: the exporter and anything it started
+
+
+def _die_with(parent: int, output_dir: str) -> None:
+    """End this process (see the module docstring) when ``parent`` is no longer its parent."""
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        _end(output_dir)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        armed = False
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        _end(output_dir)
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(_WATCH_INTERVAL_S)
+            _end(output_dir)
+
+        threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    """Arm the parent watch, then run optimum-cli with the arguments after ``--``."""
+    if len(argv) < 3 or argv[2] != "--":
+        sys.exit("usage: python -m inference_service.llm.ir_export PARENT_PID OUTPUT_DIR -- OPTIMUM_CLI_ARGS")
+    _die_with(int(argv[0]), argv[1])
+    sys.argv = ["optimum-cli", *argv[3:]]
+    runpy.run_module("optimum.commands.optimum_cli", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

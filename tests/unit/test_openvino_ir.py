@@ -1,0 +1,181 @@
+"""The OpenVINO IR cache without running the exporter: keyed by content, trimmed by last use,
+leftovers removed, the exporter's environment and failure reason, and the checks of an IR
+directory at load (tests/e2e/test_llm_conversion.py runs the exporter itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from inference_service.llm.model import ModelPreparationError
+from inference_service.llm.openvino_ir import (
+    MAX_CONTEXT_LENGTH,
+    _remove_leftovers,
+    evict,
+    export_command,
+    exporter_environment,
+    failure_reason,
+    ir_cache_dir,
+    prepare_ir,
+    read_ir_config,
+)
+
+CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "hidden_size": 32, "max_position_embeddings": 2048, "vocab_size": 49152}
+
+
+def _model(path: Path, weights: bytes = b"\0" * 4096) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(CONFIG))
+    (path / "tokenizer.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def _ir(path: Path, config: object = CONFIG, tokenizer: bool = True) -> Path:
+    path.mkdir(parents=True)
+    (path / "openvino_model.xml").write_text("<net/>")
+    (path / "openvino_model.bin").write_bytes(b"\0" * 64)
+    if config is not None:
+        (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if tokenizer:
+        (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def test_the_cache_is_keyed_by_content_not_by_path(tmp_path):
+    one = _model(tmp_path / "extracted-1" / "model")
+    two = tmp_path / "extracted-2" / "model"
+    shutil.copytree(one, two)
+    os.utime(two / "model.safetensors", (1, 1))  # another extraction: other times, same bytes
+    assert ir_cache_dir(one, "int8", tmp_path) == ir_cache_dir(two, "int8", tmp_path)
+    assert ir_cache_dir(one, "int8", tmp_path).name.startswith("model-int8-")
+    assert ir_cache_dir(one, "int8", tmp_path) != ir_cache_dir(one, "fp32", tmp_path)
+    renamed = tmp_path / "My Model"
+    shutil.copytree(one, renamed)
+    assert ir_cache_dir(renamed, "int8", tmp_path).name.startswith("My-Model-int8-")  # none yet: its own name
+    _ir(ir_cache_dir(one, "int8", tmp_path))
+    assert ir_cache_dir(renamed, "int8", tmp_path) == ir_cache_dir(one, "int8", tmp_path)  # then the IR made
+    (two / "model.safetensors").write_bytes(b"\1" + b"\0" * 4095)  # same size, other weights
+    assert ir_cache_dir(one, "int8", tmp_path) != ir_cache_dir(two, "int8", tmp_path)
+
+
+def test_large_weights_are_told_apart_by_their_samples(tmp_path):
+    size = 40 << 20  # over the whole-hash limit: sampled at the start, middle and end
+    one = _model(tmp_path / "a", b"\0" * size)
+    two = _model(tmp_path / "b", b"\0" * (size // 2) + b"\1" + b"\0" * (size // 2 - 1))
+    assert ir_cache_dir(one, "int8", tmp_path) != ir_cache_dir(two, "int8", tmp_path)
+
+
+def test_a_cached_ir_is_used_without_converting(tmp_path):
+    model = _model(tmp_path / "model")
+    target = ir_cache_dir(model, "fp32", tmp_path / "cache")
+    _ir(target)
+    assert prepare_ir(model, "fp32", tmp_path / "cache") == (target, None)
+    with pytest.raises(ModelPreparationError, match="weight format 'int4' is not offered"):
+        prepare_ir(model, "int4", tmp_path / "cache")
+
+
+def test_leftovers_of_an_ended_conversion_are_removed(tmp_path):
+    target = tmp_path / "openvino" / "tiny-int8-0123456789ab"
+    stale = tmp_path / "openvino" / f".{target.name}.tmp-k2j3h4"
+    (stale / "sub").mkdir(parents=True)
+    renamed = tmp_path / "openvino" / ".model-int8-0123456789ab.tmp-a"  # the same key under another name
+    renamed.mkdir()
+    other = tmp_path / "openvino" / ".tiny-fp32-ba9876543210.tmp-x"  # another key's: not this call's
+    other.mkdir()
+    target.mkdir()
+    (target / "openvino_model.xml").write_text("<net/>")  # incomplete: no .bin, no config
+    _remove_leftovers(target)
+    assert not stale.exists() and not renamed.exists() and not target.exists() and other.exists()
+
+
+def _aged(entry: Path, age_s: float) -> Path:
+    marker = entry / "inference_service_ir.json"
+    marker.write_text("{}")
+    when = 1_700_000_000 - age_s
+    os.utime(marker, (when, when))
+    return entry
+
+
+def test_eviction_removes_the_least_recently_used_irs_past_the_limit(tmp_path):
+    root = tmp_path / "openvino"
+    old = _aged(_ir(root / "llama-int8-000000000001"), 300)
+    recent = _aged(_ir(root / "llama-int8-000000000002"), 100)
+    new = _aged(_ir(root / "llama-int8-000000000003"), 0)
+    orphan = root / ".llama-int8-000000000009.tmp-abc"  # no process holds its lock
+    orphan.mkdir()
+    entry_size = sum(p.stat().st_size for p in new.rglob("*") if p.is_file())
+    removed = evict(root, keep=new, limit_bytes=2 * entry_size)
+    assert set(removed) == {old, orphan}
+    assert recent.exists() and new.exists()
+    assert evict(root, keep=new, limit_bytes=0) == [recent]  # the kept one stays even past the limit
+    assert new.exists()
+
+
+def test_an_ir_being_converted_is_not_evicted(tmp_path):
+    import fcntl
+
+    root = tmp_path / "openvino"
+    busy = _aged(_ir(root / "llama-int8-000000000001"), 300)
+    keep = _aged(_ir(root / "llama-int8-000000000002"), 0)
+    tmp = root / ".llama-int8-000000000001.tmp-abc"
+    tmp.mkdir()
+    with open(root / ".int8-000000000001.lock", "a+b") as lock:  # the key's lock, whatever the name
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        assert evict(root, keep=keep, limit_bytes=0) == []
+    assert busy.exists() and tmp.exists()
+
+
+def test_the_exporter_runs_with_torch_and_ends_with_its_parent(monkeypatch, tmp_path):
+    monkeypatch.setenv("USE_TORCH", "0")  # what the OpenVINO worker sets for its own imports
+    env = exporter_environment()
+    assert "USE_TORCH" not in env and env["HF_HUB_OFFLINE"] == "1" and env["TQDM_DISABLE"] == "1"
+    command = export_command(tmp_path / "model", tmp_path / "out", "int8")
+    assert command[1:5] == ["-m", "inference_service.llm.ir_export", str(os.getpid()), str(tmp_path / "out")]
+    assert command[5:8] == ["--", "export", "openvino"] and command[-1] == str(tmp_path / "out")
+
+
+@pytest.mark.parametrize(("output", "code", "reason"), [
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+     "ImportError: cannot import name 'GenerationMixin' from 'transformers.generation'\n", 1,
+     "ImportError: cannot import name 'GenerationMixin' from 'transformers.generation'"),
+    ("loading\nTraceback (most recent call last):\nsafetensors_rust.SafetensorError: Error while deserializing "
+     "header: HeaderTooLarge\n\nsome note after it\n", 1,
+     "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"),
+    ("usage: optimum-cli\n", 2, "usage: optimum-cli"),
+    ("", 3, "the exporter exited with status 3 and printed nothing"),
+    ("half done", -signal.SIGKILL, "the exporter was killed by SIGKILL (out of memory?)"),
+])
+def test_the_failure_reason_is_the_exporters_own_error(output, code, reason):
+    assert failure_reason(output, code) == reason
+
+
+def test_a_complete_ir_directory_passes_its_checks(tmp_path):
+    assert read_ir_config(_ir(tmp_path / "ir"))["max_position_embeddings"] == 2048
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"config": None}, "has no config.json"),
+    ({"tokenizer": False}, "has no tokenizer (tokenizer.json or tokenizer_config.json)"),
+    ({"config": "{not json"}, "config.json cannot be read as JSON"),
+    ({"config": "[1, 2]"}, "config.json must hold a JSON object, not list"),
+    ({"config": {**CONFIG, "max_position_embeddings": 0}}, "'max_position_embeddings' must be a positive integer"),
+    ({"config": {**CONFIG, "max_position_embeddings": -5}}, "got -5"),
+    ({"config": {**CONFIG, "max_position_embeddings": MAX_CONTEXT_LENGTH + 1}},
+     f"up to {MAX_CONTEXT_LENGTH:,}, got {MAX_CONTEXT_LENGTH + 1}"),
+    ({"config": {**CONFIG, "max_position_embeddings": "2048"}}, "got '2048'"),
+    ({"config": {**CONFIG, "num_hidden_layers": 2.5}}, "config.json: 'num_hidden_layers' must be a positive integer"),
+    ({"config": {**CONFIG, "num_key_value_heads": True}}, "'num_key_value_heads' must be a positive integer, got True"),
+    ({"config": {**CONFIG, "hidden_size": "thirty-two"}}, "'hidden_size' must be a positive integer"),
+])
+def test_an_ir_directory_with_a_missing_file_or_a_bad_value_is_named(tmp_path, change, message):
+    ir = _ir(tmp_path / "ir", **change)
+    with pytest.raises(ModelPreparationError) as failure:
+        read_ir_config(ir)
+    assert message in str(failure.value) and str(ir) in str(failure.value)
