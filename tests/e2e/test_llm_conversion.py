@@ -92,10 +92,20 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.timeout(1200)
 def test_an_archive_without_an_ir_is_converted_at_load_and_answers(tmp_path):
+    """The archive names no model directory: its worker, which imports no torch, converts the bundled
+    GGUF (in a child process that may) and then exports the IR, into an empty cache."""
     from inference_service.llm.model import prepare_gguf
 
     store, cache = tmp_path / "store", tmp_path / "empty-cache"
-    _archive_without_ir(store, "smollm2", "--model-path", str(prepare_gguf()))
+    archive = _archive_without_ir(store, "smollm2", "--model-path", str(prepare_gguf()))
+    with zipfile.ZipFile(archive) as mar:
+        members = {info.filename: mar.read(info) for info in mar.infolist()}
+    config = members["model-config.yaml"].decode()
+    members["model-config.yaml"] = "".join(line for line in config.splitlines(True)
+                                           if "model_path:" not in line).encode()
+    with zipfile.ZipFile(archive, "w") as mar:
+        for member, data in members.items():
+            mar.writestr(member, data)
     srv = ServerProcess(tmp_path / "work", store, ["--models", "smollm2=smollm2.mar"],
                         env={"INFERENCE_SERVICE_CACHE": str(cache)})
     try:
@@ -106,6 +116,7 @@ def test_an_archive_without_an_ir_is_converted_at_load_and_answers(tmp_path):
         assert "None of PyTorch" not in log and "Traceback" not in log, log
         irs, temporary = _cache_entries(cache)
         assert len(irs) == 1 and irs[0].startswith("SmolLM2-135M-Instruct-fp32-") and not temporary
+        assert (cache / "models" / "SmolLM2-135M-Instruct" / "config.json").is_file()  # the GGUF, converted here
     finally:
         assert srv.stop() == 0, srv.log()
 

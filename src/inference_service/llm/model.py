@@ -293,8 +293,27 @@ def prepare_gguf(
         if not is_model_dir(target):  # another process may have finished while we waited
             if target.exists():  # an incomplete directory left by hand; never by convert_gguf
                 raise ModelPreparationError(f"{target} exists but is not a complete model directory")
-            convert_gguf(source, target)
+            if os.environ.get("USE_TORCH") == "0":  # a worker without torch (the OpenVINO engine's)
+                _convert_gguf_in_child(source, target)
+            else:
+                convert_gguf(source, target)
     return target
+
+
+def _convert_gguf_in_child(source: Path, target: Path) -> None:
+    """:func:`convert_gguf` in a child process that may import torch (transformers reads a GGUF
+    with it), offline and quiet; ModelPreparationError with its last line if it fails."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "USE_TORCH"}
+    env.update(HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error")
+    code = "import sys; from inference_service.llm.model import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])"
+    done = subprocess.run([sys.executable, "-c", code, str(source), str(target)], env=env, capture_output=True,
+                          text=True, errors="replace", check=False)
+    if done.returncode != 0 or not is_model_dir(target):
+        lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
+        raise ModelPreparationError(f"cannot convert the GGUF file {source}: {lines[-1] if lines else done.returncode}")
 
 
 def resolve_model_dir(config: HandlerConfig = HandlerConfig()) -> Path:
