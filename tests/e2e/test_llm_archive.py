@@ -87,6 +87,29 @@ def test_name_from_the_model_directory_and_no_silent_overwrite(tiny, tmp_path):
         assert "max_new_tokens: 7" in mar.read("model-config.yaml").decode()
 
 
+def test_the_default_archive_carries_the_model_and_answers_copied_alone(tmp_path):
+    """model_store/smollm2.mar as scripts/demo builds it, copied alone to an empty directory and served
+    with an empty cache (another machine, as far as the server can tell): Paris, and no conversion."""
+    store = tmp_path / "store"
+    built = _run("--model-store", str(store))
+    assert built.returncode == 0, built.stderr
+    assert re.search(r"smollm2\.mar: \d+\.\d MB, the model inside", built.stderr), built.stderr
+    elsewhere, cache = tmp_path / "elsewhere", tmp_path / "empty-cache"
+    elsewhere.mkdir()
+    shutil.copy(store / "smollm2.mar", elsewhere / "smollm2.mar")
+    srv = ServerProcess(tmp_path / "work", elsewhere, ["--models", "smollm2=smollm2.mar"],
+                        env={"INFERENCE_SERVICE_CACHE": str(cache)})
+    try:
+        srv.wait_workers("smollm2", 1, timeout=300)
+        assert "Paris" in _stream(srv, "smollm2")
+        assert not (cache / "models").exists() and not (cache / "openvino").exists()  # nothing converted
+    finally:
+        assert srv.stop() == 0, srv.log()
+    linked = _run("--model-store", str(tmp_path / "linked"), "--link-model")
+    assert linked.returncode == 0 and "(--link-model)" in linked.stderr
+    assert (tmp_path / "linked" / "smollm2.mar").stat().st_size < 10_000
+
+
 def test_self_contained_archive_is_served_after_the_model_directory_is_gone(tiny, tmp_path):
     model = tmp_path / "copy-of-tiny"
     shutil.copytree(tiny, model)

@@ -31,7 +31,7 @@ ENGINES = {"torch": ("--engine", "torch"), "openvino": ("--engine", "openvino", 
 
 def _build(store: Path, *args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
-                    *args], check=True, timeout=600, capture_output=True)
+                    "--link-model", *args], check=True, timeout=600, capture_output=True)
 
 
 def _tiny_model_dir(target: Path, tokenizer_dir: Path) -> Path:
