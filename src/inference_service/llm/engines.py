@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,8 +116,6 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
         ModelPreparationError: the model cannot be located or converted, or the IR directory
             lacks a file or holds a config value out of range.
     """
-    from transformers import AutoTokenizer
-
     from inference_service.llm.model import ModelPreparationError, resolve_model_dir
     from inference_service.llm.openvino_ir import (
         DEFAULT_IR_CACHE_LIMIT_GB,
@@ -138,21 +137,26 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
     model_config = read_ir_config(ir_dir)
     weight_format = ir_weight_format(ir_dir, weight_format)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
-    except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
-        raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
-    generation = _read_json(ir_dir / "generation_config.json")
     context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="openvino-compile") as pool:
+        pending = pool.submit(  # compiling releases the GIL: transformers and the tokenizer load meanwhile
+            OpenVINOEngine, ir_dir, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
+            max_model_len=context_length, weight_format=weight_format,
+            kv_cache_gb=config.cache_size, threads=worker_threads(config),
+            enable_prefix_caching=config.enable_prefix_caching)
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+        except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
+            raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
+        engine = pending.result()
+    generation = _read_json(ir_dir / "generation_config.json")
     model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
                                  generation_config=SimpleNamespace(**generation))
-    start = time.perf_counter()
-    engine = OpenVINOEngine(
-        ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
-        max_model_len=context_length, weight_format=weight_format,
-        kv_cache_gb=config.cache_size, threads=worker_threads(config),
-        enable_prefix_caching=config.enable_prefix_caching)
+    engine.set_tokenizer(tokenizer, eos_token_ids(model_like, tokenizer))
     size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
              time.perf_counter() - start)

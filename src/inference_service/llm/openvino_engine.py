@@ -70,7 +70,9 @@ class OpenVINOEngine:
 
     Args:
         ir_dir: the IR directory.
-        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding).
+        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding);
+            ``None``: given later to :meth:`set_tokenizer`, before the first :meth:`add` (the
+            builder loads it while the pipeline compiles, which releases the GIL).
         eos_ids: end-of-sequence token ids.
         max_num_seqs: most requests the pipeline runs at once (the worker's ``batchSize``).
         max_num_batched_tokens: most tokens per step (prompt chunks plus one per decoding
@@ -98,7 +100,7 @@ class OpenVINOEngine:
         "cache_salt": "its prefix cache is shared by every request; set 'enable_prefix_caching: false'",
     }), default_batched_tokens=256)
 
-    def __init__(self, ir_dir: str | Path, tokenizer: Any, eos_ids: Collection[int], *,
+    def __init__(self, ir_dir: str | Path, tokenizer: Any = None, eos_ids: Collection[int] = (), *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float | None = None,
                  threads: int | None = None,
@@ -136,6 +138,10 @@ class OpenVINOEngine:
                         "requests on its own when it fills; those preemptions are not counted, and a seeded "
                         "sampled request preempted so may give another text (docs/llm.md, 'Engines')",
                         self.capacity_tokens, needed)
+
+    def set_tokenizer(self, tokenizer: Any, eos_ids: Collection[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = frozenset(eos_ids)
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
