@@ -53,6 +53,7 @@ class WorkerProcess:
         env: environment of the process (thread counts, ``CUDA_VISIBLE_DEVICES``...).
         log_name: logger name for the worker's stdout/stderr lines.
         options: the server-wide worker settings (log level, handler metrics sink).
+        python: the interpreter that runs it (an engine's own environment; default: the server's).
 
     In ``batch`` mode (:attr:`wire.WorkerSpec.mode`) the worker takes one batch at a
     time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
@@ -60,8 +61,9 @@ class WorkerProcess:
     """
 
     def __init__(self, spec: wire.WorkerSpec, env: dict[str, str], log_name: str,
-                 options: WorkerOptions = WorkerOptions()) -> None:
+                 options: WorkerOptions = WorkerOptions(), python: str = sys.executable) -> None:
         self.spec = spec
+        self.python = python
         self.metrics_sink = options.metrics_sink
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
@@ -160,7 +162,7 @@ class WorkerProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = await spawn(
-                [sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
+                [self.python, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
                 self.env, pass_fds=(child.fileno(),))
         finally:
             child.close()
@@ -178,7 +180,7 @@ class WorkerProcess:
         listener = await asyncio.get_running_loop().create_unix_server(lambda: FrameChannel(self), path=path)
         try:
             self.proc = await spawn(
-                [sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
+                [self.python, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
                  "--connect", path], self.env, start_new_session=True)
             self.pid = self.proc.pid
             self.start_time = time.time()
