@@ -25,7 +25,7 @@ pytestmark = pytest.mark.llm
 
 PARIS = "The capital of France is Paris."
 #: vLLM's CPU build compiles the model with torch.compile by default (minutes on two cores): eager.
-EAGER = "  engine_args:\n    enforce_eager: true\n"
+EAGER = "  vllm_engine_config:\n    enforce_eager: true\n"
 
 
 @pytest.fixture(scope="module")

@@ -24,17 +24,18 @@ def _executable(path: Path) -> Path:
     return path
 
 
-def test_engine_args_and_python_are_declared_keys():
-    config = HandlerConfig.parse({"engine": "vllm", "engine_args": {"gpu_memory_utilization": 0.3, "dtype": "half"},
-                                  "python": "/opt/vllm/bin/python"})
-    assert config.engine == "vllm" and dict(config.engine_args or {}) == {"gpu_memory_utilization": 0.3,
-                                                                          "dtype": "half"}
-    assert config.python == "/opt/vllm/bin/python" and not config.extra
+def test_vllm_engine_config_and_python_are_declared_keys():
+    engine_args = {"gpu_memory_utilization": 0.3, "dtype": "half"}
+    config = HandlerConfig.parse({"engine": "vllm", "vllm_engine_config": engine_args, "python": "/opt/vllm/bin/py"})
+    assert config.engine == "vllm" and dict(config.vllm_engine_config or {}) == engine_args
+    assert config.python == "/opt/vllm/bin/py" and not config.extra
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"engine_args": ["enforce_eager"]}, "'engine_args' must be a mapping of the engine's own argument names"),
-    ({"engine_args": {"max_model_len": [1]}}, "'engine_args.max_model_len' must be a string, number or boolean"),
+    ({"vllm_engine_config": ["enforce_eager"]},
+     "'vllm_engine_config' must be a mapping of the engine's own argument names"),
+    ({"vllm_engine_config": {"max_model_len": [1]}},
+     "'vllm_engine_config.max_model_len' must be a string, number or boolean"),
     ({"python": ""}, "'python' must be a non-empty string"),
     ({"engine": "vLLM-cpu"}, "'engine' must be one of openvino, torch, vllm"),
 ])
@@ -73,9 +74,10 @@ def test_vllm_without_its_environment_is_refused_at_registration(tmp_path, monke
         check_handler_section({"python": str(tmp_path / "plain")})  # there, but not executable
 
 
-def test_engine_args_belong_to_the_vllm_engine():
-    with pytest.raises(EngineConfigError, match="'engine_args' are vLLM's EngineArgs; this model's engine is torch"):
-        build_engine(HandlerConfig.parse({"engine": "torch", "engine_args": {"dtype": "half"}}), "cpu", 1, True)
+def test_vllm_engine_config_belongs_to_the_vllm_engine():
+    with pytest.raises(EngineConfigError, match="'vllm_engine_config' is for vLLM's engine; this model's engine is "
+                                                "torch"):
+        build_engine(HandlerConfig.parse({"engine": "torch", "vllm_engine_config": {"dtype": "half"}}), "cpu", 1, True)
 
 
 def test_a_worker_without_vllm_says_how_to_install_it():

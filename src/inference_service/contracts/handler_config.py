@@ -79,7 +79,7 @@ def _text(key: str, value: Any) -> str:
     return value
 
 
-def _engine_args(key: str, value: Any) -> Mapping[str, Any]:
+def _vllm_engine_config(key: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
         raise HandlerConfigError(f"'{key}' must be a mapping of the engine's own argument names to values, "
                                  f"got {_shown(value)}", key)
@@ -123,7 +123,8 @@ class HandlerConfig:
     max_num_batched_tokens: int | None = setting(None, _count)  # None: the engine's own default
     max_prefill_requests: int | None = setting(None, _count)
     enable_prefix_caching: bool = setting(True, _flag)
-    engine_args: Mapping[str, Any] | None = setting(None, _engine_args)  # vLLM's EngineArgs, as named
+    # vLLM's EngineArgs by their names (TorchServe's vLLM handler's key)
+    vllm_engine_config: Mapping[str, Any] | None = setting(None, _vllm_engine_config)
     python: str | None = setting(None, _text)  # the interpreter of the model's workers (engine: vllm)
     generation: GenerationParams = GenerationParams()
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))

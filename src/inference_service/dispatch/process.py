@@ -64,6 +64,9 @@ class WorkerProcess:
                  options: WorkerOptions = WorkerOptions(), python: str = sys.executable) -> None:
         self.spec = spec
         self.python = python
+        # killed as a group: a torchrun launcher's ranks, or the processes an engine of another Python
+        # starts (vLLM's engine core on a GPU), go with it
+        self._own_group = spec.world_size > 1 or python != sys.executable
         self.metrics_sink = options.metrics_sink
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
@@ -163,7 +166,7 @@ class WorkerProcess:
         try:
             self.proc = await spawn(
                 [self.python, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
-                self.env, pass_fds=(child.fileno(),))
+                self.env, pass_fds=(child.fileno(),), start_new_session=self._own_group)
         finally:
             child.close()
         self.pid = self.proc.pid
@@ -407,7 +410,7 @@ class WorkerProcess:
         """SIGKILL the process and wait for it."""
         if self.alive and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                if self.spec.world_size > 1:  # the launcher leads its own process group
+                if self._own_group:  # the launcher, or an engine's own Python, leads its own process group
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 else:
                     self.proc.send_signal(signal.SIGKILL)

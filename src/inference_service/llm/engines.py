@@ -73,8 +73,9 @@ def build_engine(config: HandlerConfig, device: str, max_num_seqs: int | None, c
         ModelPreparationError: the model cannot be located, converted or loaded.
     """
     name = engine_name(config, "cpu" if device == "cpu" else "cuda")
-    if config.engine_args and name != "vllm":
-        raise EngineConfigError(f"handler config: 'engine_args' are vLLM's EngineArgs; this model's engine is {name}")
+    if config.vllm_engine_config and name != "vllm":
+        raise EngineConfigError(f"handler config: 'vllm_engine_config' is for vLLM's engine; this model's engine "
+                                f"is {name}")
     if name == "openvino":
         return _build_openvino(config, max_num_seqs)
     if name == "vllm":
@@ -143,7 +144,7 @@ def _build_vllm(config: HandlerConfig, device: str, max_num_seqs: int | None) ->
             max_num_batched_tokens=config.max_num_batched_tokens,
             kv_cache_gb=config.cache_size or (DEFAULT_CACHE_SIZE_GB if device == "cpu" else None),
             enable_prefix_caching=config.enable_prefix_caching, on_gpu=device != "cpu",
-            engine_args=dict(config.engine_args or {}))
+            engine_args=dict(config.vllm_engine_config or {}))
     except (TypeError, ValueError) as exc:  # EngineArgs' own refusals: an unknown or bad argument
         raise ModelPreparationError(f"vLLM refused the engine settings: {exc}") from exc
     log.info("loaded %s on vLLM %s in %.1f s", model_dir, vllm.__version__, time.perf_counter() - start)

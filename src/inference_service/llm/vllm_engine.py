@@ -131,7 +131,8 @@ class VLLMEngine:
             ``gpu_memory_utilization``).
         enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
         on_gpu: the worker has a GPU (multiprocessing on by default, see :data:`MULTIPROCESSING_ENV`).
-        engine_args: more of vLLM's ``EngineArgs``, by their names (the handler config's ``engine_args``).
+        engine_args: more of vLLM's ``EngineArgs``, by their names (the handler config's ``vllm_engine_config``,
+            TorchServe's key).
 
     Raises:
         ImportError: vLLM is not installed in this worker's Python.
