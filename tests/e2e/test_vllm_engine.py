@@ -1,14 +1,19 @@
 """``engine: vllm`` end to end on vLLM's CPU build: the bundled SmolLM2 served by vLLM's engine in a
 worker under vLLM's own Python (``.venv-vllm/``, made by ``scripts/install --engine vllm``), through
-gRPC StreamPredictions and OpenAI's door, beside the same model on the OpenVINO engine.
+gRPC StreamPredictions and OpenAI's door, beside the same model on the OpenVINO engine; and the
+engine interface driven directly in that Python.
 
-About a minute on two cores (measured: 60 s), half of it the server's start (vLLM's import and load,
-about 25 s); the OpenVINO model's int8 IR, when not cached yet, adds its conversion (about 20 s).
+The server's tests take about a minute on two cores (measured: 60 s), half of it the server's start
+(vLLM's import and load); the OpenVINO model's int8 IR, when not cached yet, adds its conversion.
+The engine interface driven in vLLM's Python (fp32 steps) took 167 s more, under a load average of 12.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import grpc
@@ -44,6 +49,71 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+#: The engine interface driven in vLLM's own Python (fp32, so that greedy tokens do not depend on the
+#: batch): greedy alone and beside another, a preempted request recomputed, a seeded sampled request
+#: repeated, a request vLLM refuses ending alone, and the statistics along the way.
+INTERFACE = """
+import json
+from inference_service.contracts.handler_config import HandlerConfig
+from inference_service.llm.engine_protocol import add_request
+from inference_service.llm.engines import build_engine
+from inference_service.llm.params import GenerationParams
+
+config = {"engine": "vllm", "vllm_engine_config": {"enforce_eager": True, "dtype": "float32"}}
+built = build_engine(HandlerConfig.parse(config), "cpu", 4, True)
+engine = built.engine
+ids = lambda text: list(built.tokenizer(text)["input_ids"])
+
+def run(active=None):
+    done = {}
+    for _ in range(500):
+        for key, out in engine.step(active).items():
+            if out.finished:
+                done[key] = out.result.token_ids
+        if not any(engine.has(k) for k in (active or engine.keys())):
+            return done
+    raise RuntimeError("the requests did not end")
+
+greedy = GenerationParams(max_new_tokens=12, ignore_eos=True)
+engine.add("alone", ids("Once upon a time"), greedy)
+out = {"alone": run()["alone"]}
+engine.add("a", ids("Once upon a time"), greedy)
+engine.add("b", ids("The weather today"), greedy)
+for _ in range(3):
+    engine.step()
+out["preempted"], out["twice"] = engine.preempt("a"), engine.preempt("a")
+out["stats_preempted"] = engine.stats().preempted_total
+out["b"] = run(["b"])["b"]
+out["a_kept"] = engine.has("a")
+out["a"] = run()["a"]
+seeded = GenerationParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, seed=7)
+engine.add("s1", ids("A story"), seeded)
+engine.add("s2", ids("A story"), seeded)
+fault = add_request(engine, "long", [1] * 9000, greedy)
+out["fault"] = fault.error if fault is not None else None
+runs = run()
+out["seeded_equal"] = runs["s1"] == runs["s2"]
+stats = engine.stats()
+out["end"] = [len(engine), stats.running, stats.waiting, stats.kv_cache_used_tokens]
+print(json.dumps(out))
+"""
+
+
+def test_the_engine_interface_in_vllms_python():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "INFERENCE_SERVICE_SERVER_PYTHON": sys.executable}
+    done = subprocess.run([str(ROOT / VLLM_VENV / "bin" / "python"), "-c", INTERFACE], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out["alone"]) == 12 and out["a"] == out["alone"]  # recomputed, the same greedy tokens
+    assert out["preempted"] is True and out["twice"] is False and out["stats_preempted"] == 1
+    assert out["a_kept"] and len(out["b"]) == 12
+    assert out["seeded_equal"]
+    assert out["fault"] == "the engine failed on this request; the other requests go on (the worker log names " \
+                           "the cause)"
+    assert out["end"] == [0, 0, 0, 0]
 
 
 def _openai(srv: ServerProcess) -> openai.OpenAI:
