@@ -149,6 +149,8 @@ class VLLMEngine:
                  enable_prefix_caching: bool = True, on_gpu: bool = False,
                  engine_args: dict[str, Any] | None = None) -> None:
         os.environ.setdefault(MULTIPROCESSING_ENV, "1" if on_gpu else "0")
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # its processes talk over loopback, not the host's address
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         from vllm import EngineArgs, LLMEngine
 
         settings: dict[str, Any] = {
