@@ -240,11 +240,11 @@ class OpenAIApi:
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""
+        raw = await request.read()
         try:
-            refuse_form(request.content_type)
+            refuse_form(request.content_type, raw)
         except InvalidArgument as exc:
             raise OpenAIError(400, exc.message, code=exc.reason.lower()) from None
-        raw = await request.read()
         try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
             check_json_nodes(raw, self.core.settings.max_json_nodes)  # nor one long call: bounded first
             return await off_loop(schema.model_validate_json, raw, size=len(raw))
