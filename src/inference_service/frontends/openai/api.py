@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
@@ -70,6 +71,8 @@ IGNORED_FIELDS_HEADER = "x-ignored-fields"
 #: Where a request keeps that header once its body is parsed.
 IGNORED_HEADERS = "openai_ignored_headers"
 _SHOWN_IGNORED = 20
+#: A refusal of the LLM handler that names its field first (contracts/sampling.py's messages).
+_NAMED_FIELD = re.compile(r"'([A-Za-z_][\w.\[\]]*)' ")
 
 
 def error_type(status: int) -> str:
@@ -331,20 +334,26 @@ class OpenAIApi:
             raise OpenAIError(400, str(exc), param=exc.param) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
         streams = [self.core.stream(name, version, {"body": body}, headers) for body in plan.bodies]
-        async with contextlib.aclosing(merged(streams)) as messages:
-            if openai_request.stream:
-                return await self._stream(request, messages, plan, fmt, openai_request.include_usage)
-            candidates = [Candidate() for _ in plan.bodies]
-            async for index, payload, final in messages:
-                candidate = candidates[index]
-                if final:
-                    candidate.outcome = final_outcome(payload)
-                    candidate.texts.append(candidate.outcome.text)
-                    candidate.logprobs += candidate.outcome.logprobs or ()
-                else:
-                    piece = piece_of(payload, plan.logprobs or plan.best_of > plan.n)
-                    candidate.texts.append(piece.text)
-                    candidate.logprobs += piece.logprobs
+        candidates = [Candidate() for _ in plan.bodies]
+        try:
+            async with contextlib.aclosing(merged(streams)) as messages:
+                if openai_request.stream:
+                    return await self._stream(request, messages, plan, fmt, openai_request.include_usage)
+                async for index, payload, final in messages:
+                    candidate = candidates[index]
+                    if final:
+                        candidate.outcome = final_outcome(payload)
+                        candidate.texts.append(candidate.outcome.text)
+                        candidate.logprobs += candidate.outcome.logprobs or ()
+                    else:
+                        piece = piece_of(payload, plan.logprobs or plan.best_of > plan.n)
+                        candidate.texts.append(piece.text)
+                        candidate.logprobs += piece.logprobs
+        except InferenceError as exc:  # before any answer: the handler's 400 names the LLM's field first
+            error = self.error_of(exc)
+            named = _NAMED_FIELD.match(exc.message) if exc.http_status == 400 else None
+            error.param = openai_param(openai_request, named[1]) if named else error.param
+            raise error from None
         outcomes = [c.outcome for c in candidates if c.outcome is not None]
         answer = fmt.whole(whole_choices(plan, candidates), total_usage(plan, outcomes))
         return web.Response(text=answer.model_dump_json(), content_type="application/json",
