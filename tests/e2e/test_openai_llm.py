@@ -362,3 +362,11 @@ def test_a_shared_system_prompt_is_computed_once(llm_server):  # noqa: F811
     assert middle - before[0] < 64  # the first request found little: its session line is new
     assert _sample(llm_server, queries, "smollm2") - before[1] >= 2 * counted["count"]
     assert after - middle <= counted["count"] + 40
+    # /tokenize counts a chat as the engine does: the prompt_tokens of its completion
+    chat = [system, {"role": "user", "content": "What is the capital of Spain?"}]
+    request = urllib.request.Request(url, json.dumps({"model": "smollm2", "messages": chat}).encode(), {
+        "Authorization": f"Bearer {read_key(llm_server.key_file, 'inference')}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        tokens = json.loads(response.read())["tokens"]
+    usage = client(llm_server).chat.completions.create(model="smollm2", messages=chat, max_tokens=1).usage
+    assert usage.prompt_tokens == len(tokens)
