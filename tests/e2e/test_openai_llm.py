@@ -308,6 +308,25 @@ def test_best_of_echo_and_a_list_of_prompts(llm_server):  # noqa: F811
     assert best.choices[0].text in candidates
 
 
+def test_disconnect_mid_stream_drops_every_choice(llm_server):  # noqa: F811
+    """A client that closes a stream of n=2 choices: the worker drops both requests at once."""
+    dropped = re.compile(r"request \S+ dropped after (\d+) completion tokens")
+    before = len(dropped.findall(llm_server.log()))
+    stream = client(llm_server).chat.completions.create(model="tiny", messages=HELLO, max_tokens=1900, n=2,
+                                                        stream=True, extra_body={"ignore_eos": True})
+    for count, _ in enumerate(stream, 1):
+        if count == 6:
+            break
+    stream.close()
+    def both() -> list[str] | None:
+        seen = dropped.findall(llm_server.log())[before:]
+        return seen if len(seen) >= 2 else None
+
+    found = wait_for(both, timeout=15, what="both choices dropped")
+    assert all(int(tokens) < 1900 for tokens in found), found
+    assert client(llm_server).completions.create(model="tiny", prompt="next", max_tokens=2).usage.completion_tokens
+
+
 def test_unknown_fields_are_served_and_named(llm_server):  # noqa: F811
     raw = client(llm_server).chat.completions.with_raw_response.create(
         model="tiny", messages=HELLO, max_tokens=2, extra_body={"temprature": 1.5})

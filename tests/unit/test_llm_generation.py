@@ -836,6 +836,40 @@ def test_handler_sends_log_probabilities_and_answers_tokenizer_requests(tiny_mod
     assert greedy == entries  # greedy: each sampled token is the most likely one
 
 
+@pytest.mark.parametrize("generator_form", [False, True])
+def test_static_batches_carry_log_probabilities_too(tiny_model_dir: str, tiny_model: Any, tokenizer: Any,
+                                                   prompt_ids: list[int], generator_form: bool) -> None:
+    """A static batch: the pieces it could not send (outside a worker) end up in the final message,
+    text and entries in order; the generator form yields the piece objects."""
+    from inference_service.contracts.outputs import FinalMessage, Piece
+    from inference_service.llm.generator_handler import LLMGeneratorHandler
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMGeneratorHandler() if generator_form else LLMHandler()
+    context = _context(tiny_model_dir, 2)
+    handler.initialize(context)
+    data = [{"data": bytearray(b'{"prompt": "Once upon a time", "ignore_eos": true, "logprobs": true}')},
+            {"data": bytearray(b'{"detokenize": {"tokens": [1, 2]}}')}]
+    expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
+    pieces: list[Piece] = []
+    if generator_form:
+        gen = handler.handle(data, context)
+        while True:
+            try:
+                message = next(gen)
+            except StopIteration as done:
+                results = done.value
+                break
+            pieces += [p for p in (Piece.parse(json.dumps(m).encode()) for m in message if m is not None) if p]
+    else:
+        results = handler.handle(data, context)
+    final = FinalMessage.parse(json.dumps(results[0]).encode())
+    assert final is not None and final.usage is None and final.finish_reason == "length"
+    entries = [e for piece in pieces for e in piece.logprobs] + list(final.logprobs or ())
+    assert "".join(p.text for p in pieces) + final.text == expected and len(entries) == 6
+    assert results[1] == {"prompt": tokenizer.decode([1, 2])}
+
+
 def test_handler_mode_follows_continuous_batching_key() -> None:
     from inference_service.llm.handler_config import continuous_batching
 

@@ -58,3 +58,9 @@ class CompletionLogprobs(_Shape):
         tops = [{**{t.token: t.logprob for t in e.top_logprobs}, e.token: e.logprob} for e in entries]
         return cls(tokens=[e.token for e in entries], token_logprobs=[e.logprob for e in entries],
                    top_logprobs=tops, text_offset=offsets)
+
+
+def build_shapes() -> None:
+    """Build the validators ``defer_build`` put off (the server does it before it serves)."""
+    for shape in (TopLogprob, ChatTokenLogprob, ChatLogprobs, CompletionLogprobs):
+        shape.model_rebuild()

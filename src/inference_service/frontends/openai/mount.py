@@ -44,7 +44,8 @@ def is_openai_path(path: str) -> bool:
 
 def _openai_api() -> Any:
     module = importlib.import_module("inference_service.frontends.openai.api")
-    importlib.import_module("inference_service.frontends.openai.schemas").build_shapes()
+    for shapes in ("schemas", "logprobs", "tokenizer"):
+        importlib.import_module(f"inference_service.frontends.openai.{shapes}").build_shapes()
     return module
 
 

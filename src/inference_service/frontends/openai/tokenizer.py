@@ -43,3 +43,9 @@ class DetokenizeBody(OpenAIRequest):
     def to_request(self) -> DetokenizeRequest:
         """Raises InvalidRequest: too many ids, or a negative one."""
         return DetokenizeRequest.build({"tokens": self.tokens})
+
+
+def build_shapes() -> None:
+    """Build the validators ``defer_build`` put off (the server does it before it serves)."""
+    for shape in (TokenizeBody, DetokenizeBody):
+        shape.model_rebuild()
