@@ -258,6 +258,10 @@ def test_tokenizer_routes_reach_the_models_handler(srv):
     assert status == 200 and response.getheader("x-ignored-fields") == "typo"
     assert json.loads(json.loads(body)["body"]) == {"tokenize": {"prompt": "hi", "add_special_tokens": True,
                                                                  "return_token_strs": False}}
+    status, response, _ = call(srv, "POST", "/v1/completions", {"model": "router", "prompt": "x",
+                                                                "a\r\nSet-Cookie: x": 1, "é": 2})
+    assert status == 200 and response.getheader("x-ignored-fields") == "'a\\r\\nSet-Cookie: x', '\\xe9'"
+    assert response.getheader("Set-Cookie") is None
     status, _, body = call(srv, "POST", "/detokenize", {"model": "router", "tokens": [1, 2]})
     assert status == 200 and json.loads(json.loads(body)["body"]) == {"detokenize": {"tokens": [1, 2]}}
     for path, sent, param in (("/tokenize", {"model": "router"}, None),

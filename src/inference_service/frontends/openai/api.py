@@ -310,7 +310,8 @@ class OpenAIApi:
         fields_of = getattr(parsed, "ignored_fields", None)
         ignored: list[str] = fields_of() if callable(fields_of) else []
         if ignored:  # served, as vLLM serves it; the client learns of them from the header
-            shown = ", ".join(ignored[:_SHOWN_IGNORED]) + (", ..." if len(ignored) > _SHOWN_IGNORED else "")
+            names = [n[:64] if n.isascii() and n.isprintable() else ascii(n[:64]) for n in ignored[:_SHOWN_IGNORED]]
+            shown = ", ".join(names) + (", ..." if len(ignored) > _SHOWN_IGNORED else "")
             log.warning("HTTP %s %s: ignored unknown field(s) %s", request.method, request.path, shown)
             request[IGNORED_HEADERS] = {IGNORED_FIELDS_HEADER: shown}
         return parsed
