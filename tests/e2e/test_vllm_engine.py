@@ -149,6 +149,21 @@ def test_openai_door_answers_paris(vllm_server):
     assert len(chunks) > 4
 
 
+def test_logprobs_and_top_logprobs_from_vllm(vllm_server):
+    """Each sampled token's log probability and its two most likely alternatives, as vLLM computed them."""
+    answer = _openai(vllm_server).chat.completions.create(
+        model="on_vllm", messages=QUESTION["messages"], max_tokens=48, logprobs=True, top_logprobs=2)
+    choice = answer.choices[0]
+    assert choice.message.content == PARIS
+    content = choice.logprobs.content
+    assert "".join(entry.token for entry in content) == PARIS  # the end of turn has no text and no entry
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2, entry
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob <= entry.top_logprobs[0].logprob + 1e-4  # greedy: the sampled one is the likeliest
+        assert entry.top_logprobs[0].token == entry.token
+
+
 def test_stop_strings_and_sampling_fields_map_to_the_request(vllm_server):
     """Stop strings are ours (the text ends before them, as on every engine); a seeded sampled request
     repeats; top_k 1 is greedy; penalties are honoured (no refusal)."""

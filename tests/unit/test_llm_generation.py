@@ -764,7 +764,8 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     assert out["a"][1] is False
     # its first token and its prompt are counted at once, not when it ends
     served = _served(context, {})
-    assert served == {"prompt_tokens": len(ids_a), "generation_tokens": 1.0}
+    # (the torch engine has no prefix cache: each prompt is looked up, none found)
+    assert served == {"prompt_tokens": len(ids_a), "generation_tokens": 1.0, "prefix_cache_queries_total": len(ids_a)}
     record({"a": out["a"]})
     # call 2: "b" joins the running "a" (which comes without inputs now)
     record(_call(handler, context, {"a": None, "b": body_b}))
@@ -785,8 +786,9 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     assert set(finals) == {"a", "b"}
     ids_b = list(tokenizer(body_b["prompt"])["input_ids"])
     # every token counted once: a's 10, b's 8 and the one "c" took before it was dropped
-    assert _served(context, served) == {"prompt_tokens": len(ids_a) + len(ids_b) + len(ids_c),
-                                        "generation_tokens": 10 + 8 + 1}
+    prompts = len(ids_a) + len(ids_b) + len(ids_c)
+    assert _served(context, served) == {"prompt_tokens": prompts, "generation_tokens": 10 + 8 + 1,
+                                        "prefix_cache_queries_total": prompts}
     text_a, result_a = generate_text(tiny_model, tokenizer, ids_a, GenerationParams(max_new_tokens=10, ignore_eos=True))
     text_b, _ = generate_text(
         tiny_model, tokenizer, ids_b, GenerationParams(max_new_tokens=8, temperature=1.0, seed=4, ignore_eos=True)
@@ -799,6 +801,73 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     # a request the handler does not know, sent without inputs, is rejected
     out = _call(handler, context, {"ghost": None})
     assert out["ghost"][0].startswith("400: ")
+
+
+def test_handler_sends_log_probabilities_and_answers_tokenizer_requests(tiny_model_dir: str, tokenizer: Any) -> None:
+    """With ``logprobs`` every message is a JSON object: each piece with its tokens' entries, the final
+    message with the rest; a tokenizer request is answered at once; ``n`` above 1 is the OpenAI door's."""
+    from inference_service.contracts.outputs import FinalMessage, Piece
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMHandler()
+    context = _continuous_context(tiny_model_dir)
+    handler.initialize(context)
+    body = {"prompt": "Once upon", "max_new_tokens": 6, "ignore_eos": True, "logprobs": True, "top_logprobs": 3,
+            "include_usage": True}
+    pieces, final = [], None
+    out = _call(handler, context, {"r": body, "t": {"tokenize": {"prompt": "Once upon"}},
+                                   "two": {"prompt": "x", "n": 2}})
+    assert out["t"] == ({"count": len(tokenizer("Once upon")["input_ids"]), "max_model_len": 256,
+                         "tokens": tokenizer("Once upon")["input_ids"], "token_strs": None}, True)
+    assert out["two"][0].startswith("400: 'n' above 1 is answered by the OpenAI door")
+    for _ in range(10):
+        value, finished = out["r"]
+        if finished:
+            final = FinalMessage.parse(json.dumps(value).encode())
+            break
+        if value is not None:
+            pieces.append(Piece.parse(json.dumps(value).encode()))
+        out = _call(handler, context, {"r": None})
+    assert final is not None and final.usage is not None and final.usage.completion_tokens == 6
+    entries = [e for piece in pieces for e in piece.logprobs] + list(final.logprobs or ())
+    assert len(entries) == 6 and all(len(e.top_logprobs) == 3 for e in entries)
+    assert "".join(p.text for p in pieces) + final.text == "".join(e.token for e in entries)
+    greedy = [e for e in entries if e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob]
+    assert greedy == entries  # greedy: each sampled token is the most likely one
+
+
+@pytest.mark.parametrize("generator_form", [False, True])
+def test_static_batches_carry_log_probabilities_too(tiny_model_dir: str, tiny_model: Any, tokenizer: Any,
+                                                   prompt_ids: list[int], generator_form: bool) -> None:
+    """A static batch: the pieces it could not send (outside a worker) end up in the final message,
+    text and entries in order; the generator form yields the piece objects."""
+    from inference_service.contracts.outputs import FinalMessage, Piece
+    from inference_service.llm.generator_handler import LLMGeneratorHandler
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMGeneratorHandler() if generator_form else LLMHandler()
+    context = _context(tiny_model_dir, 2)
+    handler.initialize(context)
+    data = [{"data": bytearray(b'{"prompt": "Once upon a time", "ignore_eos": true, "logprobs": true}')},
+            {"data": bytearray(b'{"detokenize": {"tokens": [1, 2]}}')}]
+    expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
+    pieces: list[Piece] = []
+    if generator_form:
+        gen = handler.handle(data, context)
+        while True:
+            try:
+                message = next(gen)
+            except StopIteration as done:
+                results = done.value
+                break
+            pieces += [p for p in (Piece.parse(json.dumps(m).encode()) for m in message if m is not None) if p]
+    else:
+        results = handler.handle(data, context)
+    final = FinalMessage.parse(json.dumps(results[0]).encode())
+    assert final is not None and final.usage is None and final.finish_reason == "length"
+    entries = [e for piece in pieces for e in piece.logprobs] + list(final.logprobs or ())
+    assert "".join(p.text for p in pieces) + final.text == expected and len(entries) == 6
+    assert results[1] == {"prompt": tokenizer.decode([1, 2])}
 
 
 def test_handler_mode_follows_continuous_batching_key() -> None:

@@ -24,6 +24,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 #: Most stop token ids one request may give.
 MAX_STOP_TOKEN_IDS = 64
+#: Most choices (``n``) and candidates (``best_of``) of one request.
+MAX_CHOICES = 16
+#: Most alternatives per token (``top_logprobs``), OpenAI's bound.
+MAX_TOP_LOGPROBS = 20
 #: A ``temperature`` below this is greedy, as vLLM's ``_SAMPLING_EPS``: the engines compute in
 #: float32, where dividing the logits by a tinier one overflows (OpenVINO refuses it outright).
 GREEDY_TEMPERATURE = 1e-5
@@ -175,13 +179,18 @@ class GenerationParams:
     frequency_penalty: float = param(0.0, _check_penalty)
     stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
     cache_salt: str | None = param(None, _check_salt)  # vLLM's: prefix caching shared per salt only
+    n: int = param(1, _int_in(1, MAX_CHOICES))  # choices: one engine request each (the OpenAI door's)
+    best_of: int | None = param(None, _int_in(1, MAX_CHOICES))  # candidates, the n best kept
+    logprobs: bool = param(False, _check_bool)  # each sampled token's log probability
+    top_logprobs: int = param(0, _int_in(0, MAX_TOP_LOGPROBS))  # and its most likely alternatives
 
     def updated(self, values: Mapping[str, Any]) -> GenerationParams:
         """These parameters with the set values of ``values`` (``None``: absent) checked in declaration
         order; other keys are ignored.
 
         Raises:
-            InvalidRequest: a wrong type or out of range (names the field).
+            InvalidRequest: a wrong type or out of range, ``best_of`` below ``n``, ``top_logprobs``
+                without ``logprobs`` (names the field).
         """
         changes = {}
         for f in fields(self):
@@ -191,7 +200,12 @@ class GenerationParams:
                 except InvalidRequest as exc:
                     exc.field = f.name
                     raise
-        return replace(self, **changes) if changes else self
+        params = replace(self, **changes) if changes else self
+        if params.best_of is not None and params.best_of < params.n:
+            raise InvalidRequest(f"'best_of' ({params.best_of}) must be at least 'n' ({params.n})", "best_of")
+        if params.top_logprobs and not params.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return params
 
     def to_json(self, names: frozenset[str] | None = None) -> dict[str, Any]:
         """The parameters (those in ``names`` if given) as JSON values, in declaration order."""
@@ -223,7 +237,8 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+    """A chat's messages, checked (InvalidRequest names the message at fault)."""
     if not isinstance(value, (list, tuple)) or not value:
         raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
     messages = []
@@ -280,8 +295,19 @@ class GenerationRequest:
             if not prompt:
                 raise InvalidRequest("'prompt' must not be empty")
         else:
-            messages = _parse_messages(given["messages"])
+            messages = parse_messages(given["messages"])
         return cls(prompt, messages, defaults.updated(given), frozenset(given) & frozenset(PARAM_FIELDS))
+
+    def choice(self, index: int, *, logprobs: bool = False) -> GenerationRequest:
+        """The engine request of choice ``index`` of ``n`` (or of ``best_of`` candidates): one choice,
+        seed ``seed + index`` (mod 2**64) when seeded, so a seeded request gives the same choices
+        each time; ``logprobs`` asks for them whether or not the client did (``best_of`` ranks by them)."""
+        params = replace(self.params, n=1, best_of=None,
+                         seed=None if self.params.seed is None else (self.params.seed + index) % 2**64)
+        given = self.given - {"n", "best_of"}
+        if logprobs and not params.logprobs:
+            params, given = replace(params, logprobs=True), given | {"logprobs"}
+        return replace(self, params=params, given=given)
 
     def to_body(self) -> bytes:
         """The JSON body the worker's handler parses back (:func:`parse_request`): the prompt or

@@ -111,6 +111,7 @@ class GenerationEngine:
         self.runner = ModelRunner(model, pad)
         self.runner.capacity_tokens = (max_num_seqs or 0) * (max_model_len or 0)
         self._requests: dict[str, RequestState] = {}
+        self._prompt_tokens = 0  # prefix cache queries: it has no prefix cache, so never a hit
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -144,7 +145,8 @@ class GenerationEngine:
         (token positions cached for a request; padding not counted),
         ``kv_cache_allocated_tokens`` (the positions the caches take, padding included) and
         ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``; 0 when either is
-        unknown)."""
+        unknown); ``prefix_cache_queries_total`` counts the prompts' tokens and
+        ``prefix_cache_hits_total`` stays 0 (no prefix cache)."""
         sched = self.scheduler
         running = len(sched.keys(RUNNING, PREFILLING))
         return SchedulerStats(
@@ -154,6 +156,7 @@ class GenerationEngine:
             kv_cache_used_tokens=self.runner.used_tokens(),
             kv_cache_allocated_tokens=self.runner.allocated_tokens(),
             kv_cache_capacity_tokens=self.runner.capacity_tokens,
+            prefix_cache_queries_total=self._prompt_tokens,
         )
 
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
@@ -175,6 +178,7 @@ class GenerationEngine:
         request = RequestState(key, [int(i) for i in prompt_ids], params, self.tokenizer)
         self.scheduler.add(key, len(request.prompt_ids))
         self._requests[key] = request
+        self._prompt_tokens += len(request.prompt_ids)
 
     def cancel(self, key: str) -> GenerationResult | None:
         """Drop request ``key`` now and free its KV cache.
@@ -256,6 +260,9 @@ class GenerationEngine:
                 outputs[key] = StepOutput(piece, True, request.finish(reason))
                 finished.append(key)
                 del self._requests[key]
+            sampled = self.runner.logprobs.get(key)
+            if sampled is not None and not request.ends_on(token, self.eos):
+                outputs[key].logprobs.append(sampled)
         for key, cause in failed.items():
             outputs[key] = request_fault(key, cause)
             finished.append(key)

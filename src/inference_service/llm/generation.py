@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from inference_service.contracts.outputs import FinalMessage, Usage
+from inference_service.contracts.outputs import FinalMessage, TokenLogprob, Usage
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import GenerationRequest, InvalidRequest
@@ -121,10 +121,13 @@ def generate_text(
             return "".join(parts) + result.remaining_text, result
 
 
-def final_message(result: GenerationResult, params: GenerationParams) -> str | dict[str, Any]:
-    """The last message of a stream: the remaining text, or with ``include_usage`` the
-    :class:`~inference_service.contracts.outputs.FinalMessage` object (as JSON)."""
-    if not params.include_usage:
+def final_message(result: GenerationResult, params: GenerationParams,
+                  logprobs: Sequence[TokenLogprob] = ()) -> str | dict[str, Any]:
+    """The last message of a stream: the remaining text, or with ``include_usage`` or ``logprobs``
+    the :class:`~inference_service.contracts.outputs.FinalMessage` object (as JSON; usage with
+    ``include_usage``, the entries ``logprobs`` of the tokens not sent before with ``logprobs``)."""
+    if not params.include_usage and not params.logprobs:
         return result.remaining_text
-    usage = Usage(result.prompt_tokens, result.completion_tokens)
-    return FinalMessage(result.remaining_text, result.finish_reason, usage).to_json()
+    usage = Usage(result.prompt_tokens, result.completion_tokens) if params.include_usage else None
+    entries = tuple(logprobs) if params.logprobs else None
+    return FinalMessage(result.remaining_text, result.finish_reason, usage, entries).to_json()

@@ -35,8 +35,9 @@ from types import MappingProxyType
 from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine_protocol import EngineCapabilities, StepOutput, request_fault
+from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
 from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.prefix_cache import BLOCK_TOKENS, PrefixCacheTally
 from inference_service.llm.request_state import RequestState
 
 log = logging.getLogger(__name__)
@@ -93,11 +94,13 @@ class OpenVINOEngine:
     #: OpenVINO GenAI's presence and frequency penalties move a logit towards zero (a negative logit
     #: goes up), where OpenAI's rule, which the torch engine follows, always lowers it.
     #: Its prefix cache is one for every request: no per-request salt (without prefix caching, there
-    #: is nothing to share, and ``cache_salt`` is honoured).
+    #: is nothing to share, and ``cache_salt`` is honoured). Its ``logprobs`` are the sampled token's
+    #: alone ("only single top logprob can be returned", GenerationConfig's own help).
     capabilities = EngineCapabilities("openvino", MappingProxyType({
         "presence_penalty": "its rule differs from OpenAI's",
         "frequency_penalty": "its rule differs from OpenAI's",
         "cache_salt": "its prefix cache is shared by every request; set 'enable_prefix_caching: false'",
+        "top_logprobs": "OpenVINO GenAI gives the sampled token's log probability alone",
     }), default_batched_tokens=256)
 
     def __init__(self, ir_dir: str | Path, tokenizer: Any = None, eos_ids: Collection[int] = (), *,
@@ -132,6 +135,8 @@ class OpenVINOEngine:
         self._next_id = 0
         self._preempted_total = 0
         self.capacity_tokens = scheduler.num_kv_blocks * KV_BLOCK_TOKENS
+        self.prefix_cache = PrefixCacheTally(scheduler.num_kv_blocks) if enable_prefix_caching else None
+        self._prompt_tokens = 0  # prefix cache queries without a prefix cache
         needed = (max_num_seqs or 0) * (max_model_len or 0)
         if needed > self.capacity_tokens:
             log.warning("the KV cache holds %d tokens, less than batchSize x context (%d): OpenVINO preempts "
@@ -160,7 +165,8 @@ class OpenVINOEngine:
         """The counters of :meth:`GenerationEngine.stats`: ``running`` (scheduled in the last
         step), ``waiting`` (in the engine but not scheduled, preempted ones included),
         ``preempted_total``, ``kv_cache_used_tokens`` (the pipeline's cache use times its
-        capacity) and ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``)."""
+        capacity), ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``) and the
+        prefix cache's queries and hits (:class:`~inference_service.llm.prefix_cache.PrefixCacheTally`)."""
         metrics = self.pipeline.get_metrics()
         submitted = sum(1 for live in self._requests.values() if live.handle is not None)
         running = min(int(metrics.scheduled_requests), submitted)  # a preempted request is not
@@ -172,6 +178,8 @@ class OpenVINOEngine:
             kv_cache_used_tokens=used,
             kv_cache_allocated_tokens=used,  # paged: blocks, no padding
             kv_cache_capacity_tokens=self.capacity_tokens,
+            prefix_cache_queries_total=self.prefix_cache.queries if self.prefix_cache else self._prompt_tokens,
+            prefix_cache_hits_total=self.prefix_cache.hits if self.prefix_cache else 0,
         )
 
     # --- requests --------------------------------------------------------------------
@@ -189,6 +197,18 @@ class OpenVINOEngine:
         live = _Live(state, None, -1)
         self._submit(live)
         self._requests[key] = live
+        if self.prefix_cache is None:
+            self._prompt_tokens += len(state.prompt_ids)
+        else:
+            self.prefix_cache.lookup(state.prompt_ids)
+            whole = len(state.prompt_ids) - len(state.prompt_ids) % BLOCK_TOKENS
+            self.prefix_cache.remember(state.prompt_ids[:whole])  # its blocks are shared while it runs
+
+    def _remember(self, state: RequestState) -> None:
+        """A request left: its prompt's and output's KV stay in the prefix cache (the last sampled
+        token was never computed)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.remember(state.prompt_ids + state.result.token_ids[:-1])
 
     def _submit(self, live: _Live) -> None:
         """Hand the request to the pipeline: its prompt (plus, after a preemption, the tokens it
@@ -222,6 +242,7 @@ class OpenVINOEngine:
             return None
         if live.handle is not None:
             live.handle.cancel()
+        self._remember(live.state)
         return live.state.finish("cancelled")
 
     def preempt(self, key: str) -> bool:
@@ -274,8 +295,8 @@ class OpenVINOEngine:
                 out = self._fail(key, exc)
             if out is not None:
                 outputs[key] = out
-                if out.finished:
-                    self._requests.pop(key, None)
+                if out.finished and (gone := self._requests.pop(key, None)) is not None:
+                    self._remember(gone.state)
         return outputs
 
     def _fail(self, key: str, exc: Exception) -> StepOutput:
@@ -291,17 +312,23 @@ class OpenVINOEngine:
 
         handle = live.handle
         tokens: list[int] = []
+        logprobs: list[float] = []
         while handle.can_read():
             for output in handle.read().values():
                 tokens.extend(int(t) for t in output.generated_ids)
+                logprobs.extend(float(p) for p in output.generated_log_probs)
         status = handle.get_status()
         done = status != openvino_genai.GenerationStatus.RUNNING and not handle.can_read()
         if live.replay:
+            skipped = len(tokens)
             tokens = self._skip_replayed(live, tokens, done)
             if live.handle is not handle:  # diverged: resubmitted the recompute way
                 return [], False
+            logprobs = logprobs[skipped - len(tokens):]
         if tokens:
             live.state.pending.extend(tokens)
+            if live.state.params.logprobs:
+                live.state.pending_logprobs.extend(logprobs)
         return tokens, done
 
     def _skip_replayed(self, live: _Live, tokens: list[int], done: bool) -> list[int]:
@@ -335,21 +362,25 @@ class OpenVINOEngine:
         _, done = self._drain(live)
         state = live.state
         pending, state.pending = state.pending, []
+        scores, state.pending_logprobs = state.pending_logprobs, []
         pieces: list[str] = []
-        for token in pending:
+        sampled: list[SampledLogprob] = []
+        for i, token in enumerate(pending):
+            if state.params.logprobs and not state.ends_on(token, self.eos):
+                sampled.append(SampledLogprob(token, scores[i] if i < len(scores) else 0.0))
             piece, reason = state.accept(token, self.eos)
             pieces.append(piece)
             if reason is not None:
                 live.handle.cancel()
-                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
         if done:
             # the pipeline ended it without a token we stop on: its own length or stop-token rule
             generated = len(state.result.token_ids)
             reason = "length" if generated >= state.params.max_new_tokens else "stop"
-            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
         if not pieces:
             return None
-        return StepOutput("".join(pieces), tokens=len(pieces))
+        return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled)
 
 
 def generation_config(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:
@@ -366,6 +397,7 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     config.ignore_eos = params.ignore_eos
     config.stop_token_ids = {int(i) for i in eos_ids} | {int(i) for i in getattr(params, "stop_token_ids", ())}
     config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
+    config.logprobs = 1 if getattr(params, "logprobs", False) else 0
     if params.temperature > 0:
         if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all
             config.top_k = int(params.top_k)
@@ -379,9 +411,8 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
     return config
 
 
-#: Tokens per KV cache block of OpenVINO GenAI's CPU pipeline (measured: 100 blocks allocate 3,200
-#: tokens' bytes).
-KV_BLOCK_TOKENS = 32
+#: Tokens per KV cache block of OpenVINO GenAI's CPU pipeline.
+KV_BLOCK_TOKENS = BLOCK_TOKENS
 
 
 def kv_cache_blocks(cache_gb: float | None, token_bytes: int, max_num_seqs: int | None,

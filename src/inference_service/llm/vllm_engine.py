@@ -21,14 +21,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inference_service.contracts import wire
 from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine_protocol import EngineCapabilities, StepOutput, request_fault
+from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.request_state import RequestState
 
@@ -50,6 +50,7 @@ class _Live:
     state: RequestState
     vllm_id: str | None = None
     done: str | None = None
+    logprobs: list[SampledLogprob] = field(default_factory=list)  # of ``state.pending``'s tokens
 
 
 class _StatsRecorder:
@@ -317,6 +318,10 @@ class VLLMEngine:
                 continue  # cancelled or preempted meanwhile
             for completion in output.outputs[:1]:
                 live.state.pending.extend(int(t) for t in completion.token_ids)
+                if live.state.params.logprobs:
+                    live.logprobs.extend(_sampled(token, position, live.state.params.top_logprobs)
+                                         for token, position in zip(completion.token_ids,
+                                                                    completion.logprobs or (), strict=False))
                 if output.finished:
                     live.done = str(completion.finish_reason or "stop")
             if output.finished:
@@ -332,21 +337,35 @@ class VLLMEngine:
         """Feed the request's queued tokens to its state: its new text, and how it ended if it did."""
         state = live.state
         pending, state.pending = state.pending, []
+        scores, live.logprobs = live.logprobs, []
         pieces: list[str] = []
-        for token in pending:
+        sampled: list[SampledLogprob] = []
+        for i, token in enumerate(pending):
+            if state.params.logprobs and not state.ends_on(token, self.eos):
+                sampled.append(scores[i] if i < len(scores) else SampledLogprob(token, 0.0))
             piece, reason = state.accept(token, self.eos)
             pieces.append(piece)
             if reason is not None:
                 self._abort(live)
-                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
         if live.done is None:
-            return StepOutput("".join(pieces), tokens=len(pieces)) if pieces else None
+            return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled) if pieces else None
         if live.done not in ("stop", "length"):  # vLLM aborted it or failed on it
             self._requests.pop(state.key, None)
             return request_fault(state.key, RuntimeError(f"vLLM ended the request: {live.done}"))
         # vLLM ended it without a token we stop on: its own length or stop-token rule
         reason = "length" if len(state.result.token_ids) >= state.params.max_new_tokens else "stop"
-        return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+        return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
+
+
+def _sampled(token: int, position: Any, top: int) -> SampledLogprob:
+    """Our entry of vLLM's logprobs at one position (``{token id: Logprob}``, the sampled token and the
+    ``top`` most likely, each with its rank)."""
+    ranked = sorted(((int(t), float(lp.logprob), lp.rank) for t, lp in position.items() if lp.rank is not None),
+                    key=lambda item: item[2])
+    chosen = position.get(token)
+    return SampledLogprob(int(token), float(chosen.logprob) if chosen is not None else 0.0,
+                          tuple((t, lp) for t, lp, rank in ranked if rank <= top)[:top])
 
 
 def sampling_params(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:
@@ -370,6 +389,7 @@ def sampling_params(params: GenerationParams, generated: int, eos_ids: Collectio
         repetition_penalty=params.repetition_penalty,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
+        logprobs=params.top_logprobs if params.logprobs else None,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )

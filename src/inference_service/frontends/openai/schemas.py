@@ -5,15 +5,17 @@ Requests (validated from the JSON body; a failure is a 400 ``invalid_request_err
 
 - :class:`ChatCompletionRequest` (``POST /v1/chat/completions``) and
   :class:`CompletionRequest` (``POST /v1/completions``), with the fields of OpenAI's API that
-  the bundled LLM handler can honour (``model``, ``messages`` / ``prompt``, ``max_tokens`` /
-  ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``, ``stream``,
-  ``stream_options.include_usage``, ``frequency_penalty``, ``presence_penalty``) plus vLLM's
-  ``ignore_eos``, ``top_k``, ``repetition_penalty`` and ``stop_token_ids`` extensions. Fields
-  asking for something the handler cannot do (``n`` > 1, ``logprobs``, ``tools``, a JSON
-  ``response_format``, ...) are refused with their name as ``param``, unless they hold their
-  neutral value (``n: 1``, ``logprobs: false``, ...). Other unknown
-  fields (``user``, ``metadata``, ``store``, ...) are ignored, as vLLM does, so clients that
-  always send them work. Types are strict, as OpenAI's: ``"1"`` is not a number.
+  the bundled LLM handler can honour (``model``, ``messages`` / ``prompt`` (completions: a string
+  or a list of them), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
+  ``seed``, ``stop``, ``n``, ``best_of`` and ``echo`` (completions), ``logprobs`` /
+  ``top_logprobs``, ``stream``, ``stream_options.include_usage``, ``frequency_penalty``,
+  ``presence_penalty``) plus vLLM's ``ignore_eos``, ``top_k``, ``repetition_penalty``,
+  ``stop_token_ids`` and ``cache_salt`` extensions. Fields asking for something the handler cannot
+  do (``tools``, a JSON ``response_format``, ...) are refused with their name as ``param``, unless
+  they hold their neutral value. OpenAI's fields that change nothing here (``user``, ``metadata``,
+  ``store``, ``service_tier``) are accepted; any other field is ignored, as vLLM does, and named by
+  :meth:`~_Request.ignored_fields` (the door logs a warning and answers ``x-ignored-fields``).
+  Types are strict, as OpenAI's: ``"1"`` is not a number.
 
 Responses (serialized with ``model_dump_json``): :class:`ChatCompletion` /
 :class:`ChatCompletionChunk`, :class:`Completion` / :class:`CompletionChunk`,
@@ -32,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from inference_service.contracts.sampling import GenerationRequest
+from inference_service.frontends.openai.logprobs import ChatLogprobs, CompletionLogprobs
 
 __all__ = [
     "ChatChoice",
@@ -92,9 +95,26 @@ class _Response(BaseModel):
 
 
 class _Request(BaseModel):
-    """Common settings: strict types, unknown fields ignored."""
+    """Common settings: strict types, unknown fields kept aside (``model_extra``) and ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", defer_build=True)
+    model_config = ConfigDict(strict=True, extra="allow", defer_build=True)
+
+    def ignored_fields(self) -> list[str]:
+        """The fields this request carried that no model declares, with their paths
+        (``temprature``, ``messages[0].name``), sorted."""
+        names = list(self.model_extra or ())
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            items = enumerate(value) if isinstance(value, list) else [(None, value)]
+            for i, item in items:
+                if isinstance(item, _Request):
+                    where = name if i is None else f"{name}[{i}]"
+                    names += [f"{where}.{inner}" for inner in item.ignored_fields()]
+        return sorted(names)
+
+
+#: The base of every OpenAI request body (strict types, unknown fields named by ``ignored_fields``).
+OpenAIRequest = _Request
 
 
 class StreamOptions(_Request):
@@ -137,18 +157,16 @@ class _SamplingRequest(_Request):
     cache_salt: str | None = None  # vLLM's: requests share cached prompt prefixes only with the same salt
     # accepted only at its neutral value
     logit_bias: dict[str, float] | None = None
+    # OpenAI's, accepted and without effect here
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_as_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported(f"n={value} (only n=1)")
-        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -169,7 +187,7 @@ class _SamplingRequest(_Request):
                 "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "top_k": self.top_k,
                 "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "stop_token_ids": self.stop_token_ids,
-                "cache_salt": self.cache_salt, "include_usage": True}
+                "cache_salt": self.cache_salt, "n": self.n, "include_usage": True}
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -183,20 +201,6 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("logprobs")
-        return value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise _unsupported("top_logprobs")
-        return value
 
     @field_validator("tools")
     @classmethod
@@ -232,15 +236,17 @@ class ChatCompletionRequest(_SamplingRequest):
         """
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
                     for m in self.messages]
-        return GenerationRequest.build({"messages": messages, **self._sampling(self.token_limit)})
+        return GenerationRequest.build({"messages": messages, **self._sampling(self.token_limit),
+                                        "logprobs": self.logprobs, "top_logprobs": self.top_logprobs})
 
 
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: ``prompt`` is raw text for the model to continue (no chat
-    template); a list holding one string is that string. ``max_tokens`` defaults to 16, as
-    OpenAI's."""
+    template), or a list of such texts (a batch: each prompt its own ``n`` choices, indexed
+    ``prompt index * n + i``, as vLLM's). ``logprobs`` is the number of alternatives per token
+    (0: the sampled token's alone). ``max_tokens`` defaults to 16, as OpenAI's."""
 
-    prompt: str = Field(min_length=1)
+    prompt: list[str] = Field(min_length=1)
     echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None
@@ -248,32 +254,16 @@ class CompletionRequest(_SamplingRequest):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if len(value) != 1 or not isinstance(value[0], str):
-                raise _unsupported("a prompt other than one string (a batch of prompts or token ids)")
-            return value[0]
-        return value
+    def _prompts(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and not all(isinstance(item, str) for item in value):
+            raise _unsupported("a prompt of token ids (send text)")
+        return [value] if isinstance(value, str) else value
 
-    @field_validator("echo")
+    @field_validator("prompt")
     @classmethod
-    def _no_echo(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("echo")
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise _unsupported("logprobs")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _no_best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported("best_of > 1")
+    def _no_empty_prompt(cls, value: list[str]) -> list[str]:
+        if not all(value):
+            raise PydanticCustomError("string_too_short", "a prompt must not be empty")
         return value
 
     @field_validator("suffix")
@@ -288,9 +278,12 @@ class CompletionRequest(_SamplingRequest):
         """``max_tokens``, 16 when absent (OpenAI's default for completions)."""
         return self.max_tokens if self.max_tokens is not None else 16
 
-    def to_generation_request(self) -> GenerationRequest:
-        """The LLM request (raises ``InvalidRequest`` as the chat's does)."""
-        return GenerationRequest.build({"prompt": self.prompt, **self._sampling(self.token_limit)})
+    def to_generation_requests(self) -> list[GenerationRequest]:
+        """The LLM request of each prompt (raises ``InvalidRequest`` as the chat's does)."""
+        logprobs = {"logprobs": self.logprobs is not None or None, "top_logprobs": self.logprobs,
+                    "best_of": self.best_of}
+        return [GenerationRequest.build({"prompt": prompt, **self._sampling(self.token_limit), **logprobs})
+                for prompt in self.prompt]
 
 
 def validation_error_param(error: ValidationError) -> tuple[str | None, str]:
@@ -325,12 +318,12 @@ class ResponseMessage(_Response):
 
 
 class ChatChoice(_Response):
-    """The one choice of a :class:`ChatCompletion`."""
+    """One choice of a :class:`ChatCompletion`."""
 
     index: int = 0
     message: ResponseMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -353,12 +346,12 @@ class Delta(_Response):
 
 
 class ChatChunkChoice(_Response):
-    """The one choice of a :class:`ChatCompletionChunk`; ``finish_reason`` only on the last."""
+    """One choice of a :class:`ChatCompletionChunk`; ``finish_reason`` only on its last."""
 
     index: int = 0
     delta: Delta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -378,13 +371,13 @@ class ChatCompletionChunk(_Response):
 
 
 class CompletionChoice(_Response):
-    """The one choice of a :class:`Completion` or :class:`CompletionChunk` (``text`` is the
+    """One choice of a :class:`Completion` or :class:`CompletionChunk` (``text`` is the
     whole text, or a chunk's new text)."""
 
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):
