@@ -304,8 +304,8 @@ MESSAGES_OK = [{"role": "user", "content": "hi"}]
             "'messages[0].role' must be a non-empty string",
         ),
         (
-            b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
-            "'messages[0]' has unknown field(s): name",
+            b'{"messages": [{"role": "user", "content": "x", "weight": 1}]}',
+            "'messages[0]' has unknown field(s): weight",
         ),
     ],
 )

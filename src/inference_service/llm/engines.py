@@ -116,7 +116,7 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     from transformers import AutoTokenizer
 
     from inference_service.llm.model import resolve_model_dir
-    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, is_ir_dir, prepare_ir
+    from inference_service.llm.openvino_ir import DEFAULT_WEIGHT_FORMAT, add_detokenizer, is_ir_dir, prepare_ir
     from inference_service.llm.request_state import eos_token_ids
 
     weight_format = config.weight_format or DEFAULT_WEIGHT_FORMAT
@@ -129,6 +129,7 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
         ir_dir, seconds = prepare_ir(resolve_model_dir(config), weight_format, config.cache_dir)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+        add_detokenizer(ir_dir)  # in our cache: an IR directory of the config's is used as it is
     weight_format = ir_weight_format(ir_dir, weight_format)
     tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
     model_config = _read_json(ir_dir / "config.json")

@@ -39,6 +39,8 @@ _PREPARE_WAIT_S = 0.05
 #: Request bodies up to this many bytes are parsed and tokenized in the step itself (well
 #: under a millisecond); larger ones on a thread, so the running streams do not wait for them.
 _INLINE_BODY_BYTES = 16384
+#: The request fields that carry a structured output.
+_CONSTRAINT_FIELDS = ("structured_outputs", "response_format")
 
 
 def _body_size(row: Any) -> int:
@@ -51,6 +53,18 @@ def _body_size(row: Any) -> int:
             texts += [m.get("content") for m in messages if isinstance(m, dict)]
         return sum(len(text) for text in texts if isinstance(text, str))
     return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
+
+
+def _constrained(row: Any) -> bool:
+    """Whether a request may ask for a structured output (its grammar is compiled on a thread)."""
+    body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    if isinstance(body, dict):
+        return any(body.get(key) is not None for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, str):
+        return any(key in body for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return any(key.encode() in bytes(body) for key in _CONSTRAINT_FIELDS)
+    return False
 
 
 def _criterion(finished: bool) -> Callable[[Any], bool]:
@@ -153,13 +167,16 @@ class LLMHandler(BaseHandler):
             return str(exc)
 
     def _tokenize(self, row: Any) -> tuple[GenerationRequest, list[int]]:
-        """Parse and tokenize ``row``; InvalidRequest if malformed or its prompt cannot fit."""
+        """Parse and tokenize ``row``, and have the engine check it (a structured output compiles);
+        InvalidRequest if malformed, if its prompt cannot fit or its constraint does not compile."""
         request = parse_input_row(row, self.defaults)
         refused = refusal(self._engine().capabilities, request.params, tuple(CAPABILITIES.values()))
         if refused is not None:
             raise InvalidRequest(refused)
         check_prompt_size(request, self.max_prompt_chars)
-        return request, build_prompt_ids(self.tokenizer, request, self.context_length)
+        prompt_ids = build_prompt_ids(self.tokenizer, request, self.context_length)
+        self._engine().check(request.params)
+        return request, prompt_ids
 
     def _count(self, job: ActiveRequest, tokens: int | None) -> None:
         """Count a step's sampled ``tokens`` (the prompt with the first; ``None``: cancelled)."""
@@ -309,7 +326,7 @@ class LLMHandler(BaseHandler):
         """The tokenized request, its error, or ``None`` while a thread still tokenizes a large body."""
         future = self._preparing.get(key)
         if future is None:
-            if _body_size(row) <= _INLINE_BODY_BYTES:
+            if _body_size(row) <= _INLINE_BODY_BYTES and not _constrained(row):
                 try:
                     return self._tokenize(row)
                 except InvalidRequest as exc:

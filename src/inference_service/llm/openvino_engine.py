@@ -29,7 +29,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -122,6 +122,11 @@ class OpenVINOEngine:
 
             tokenizer = GenAITokenizer(self.pipeline.get_tokenizer())
         self.tokenizer = tokenizer
+        if not _has_vocabulary(self.pipeline):
+            self.capabilities = replace(self.capabilities, unsupported=MappingProxyType({
+                **self.capabilities.unsupported,
+                "structured_outputs": "this model's OpenVINO IR has no detokenizer (openvino_detokenizer.xml), whose "
+                                      "vocabulary the grammar needs"}))
         if eos_ids is None:
             eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.eos: frozenset[int] = frozenset(eos_ids)
@@ -166,6 +171,18 @@ class OpenVINOEngine:
         )
 
     # --- requests --------------------------------------------------------------------
+    def check(self, params: GenerationParams) -> None:
+        """Compile the request's structured output, if any, with the XGrammar the pipeline uses: a
+        constraint that fails in the pipeline fails its step, for every request. Thread-safe.
+
+        Raises:
+            InvalidRequest: the constraint does not compile (names the field).
+        """
+        if params.structured_outputs is not None:
+            from inference_service.llm.grammar import check_constraint
+
+            check_constraint(params.structured_outputs)
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; the pipeline schedules its prefill from the next :meth:`step` on.
 
@@ -217,10 +234,11 @@ class OpenVINOEngine:
 
     def preempt(self, key: str) -> bool:
         """Drop request ``key``'s pipeline handle and KV cache; it is added anew (recomputed)
-        when it is active again. False when it is unknown or already preempted."""
+        when it is active again. False when it is unknown, already preempted, or under a structured
+        output (the pipeline holds its grammar state)."""
         live = self._requests.get(key)
-        if live is None or live.handle is None:
-            return False
+        if live is None or live.handle is None or live.state.params.structured_outputs is not None:
+            return False  # a structured output's grammar state lives in the pipeline: it keeps its cache
         self._drain(live)  # tokens already generated stay with the request
         live.handle.cancel()
         live.handle = None
@@ -367,7 +385,19 @@ def generation_config(params: GenerationParams, generated: int, eos_ids: Collect
         config.rng_seed = (seed + generated) % (2**64)
     else:
         config.do_sample = False
+    if params.structured_outputs is not None:
+        from inference_service.llm.grammar import openvino_config
+
+        config.structured_output_config = openvino_config(params.structured_outputs)
     return config
+
+
+def _has_vocabulary(pipeline: Any) -> bool:
+    """Whether the pipeline's tokenizer exposes its vocabulary (structured outputs need it)."""
+    try:
+        return bool(len(pipeline.get_tokenizer().get_vocab()))
+    except RuntimeError:  # "Tokenizer vocab is empty": no detokenizer model
+        return False
 
 
 def _kv_bytes_per_token(ir_dir: Path, precision: Any) -> int:
