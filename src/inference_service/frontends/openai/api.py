@@ -46,6 +46,8 @@ from inference_service.frontends.openai.schemas import (
     ModelList,
     validation_error_param,
 )
+from inference_service.frontends.openai.tool_calls import ToolChatFormat
+from inference_service.frontends.openai.tools import constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
 from inference_service.serving.core import InferenceCore
 
@@ -106,10 +108,23 @@ class OpenAIError(Exception):
 
 def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, field: str | None) -> str | None:
     """The OpenAI request field that set the LLM request's ``field`` (``max_new_tokens`` comes
-    from ``max_completion_tokens`` or ``max_tokens``)."""
+    from ``max_completion_tokens`` or ``max_tokens``, ``structured_outputs`` from ``tools`` or
+    ``response_format`` when they set it)."""
     if field != "max_new_tokens":
-        return field
+        tool_choice = getattr(openai_request, "tool_choice", None)
+        return constraint_param(field, tools_constrain=tool_choice not in (None, "none", "auto"),
+                                response_format=openai_request.response_format is not None)
     return "max_completion_tokens" if getattr(openai_request, "max_completion_tokens", None) else "max_tokens"
+
+
+def _prepared(openai_request: ChatCompletionRequest | CompletionRequest) -> tuple[bytes, AnswerFormat]:
+    """The LLM request body of an OpenAI request, and the shape of its answers (InvalidRequest)."""
+    if isinstance(openai_request, CompletionRequest):
+        return openai_request.to_generation_request().to_body(), CompletionFormat(openai_request.model)
+    plan = openai_request.tool_plan()
+    body = openai_request.to_generation_request(plan).to_body()
+    model = openai_request.model
+    return body, (ChatFormat(model) if plan.mode == "none" else ToolChatFormat(model, plan))
 
 
 class OpenAIApi:
@@ -205,13 +220,11 @@ class OpenAIApi:
     # ------------------------------------------------------------ generation
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (answers and errors: docs/clients.md)."""
-        chat = await self._parse(request, ChatCompletionRequest)
-        return await self._run(request, chat, ChatFormat(chat.model))
+        return await self._run(request, await self._parse(request, ChatCompletionRequest))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (answers and errors: docs/clients.md)."""
-        completion = await self._parse(request, CompletionRequest)
-        return await self._run(request, completion, CompletionFormat(completion.model))
+        return await self._run(request, await self._parse(request, CompletionRequest))
 
     async def embeddings(self, request: web.Request) -> web.Response:
         """``POST /v1/embeddings``: the body, checked, to the model's handler, which answers
@@ -254,23 +267,29 @@ class OpenAIApi:
             param, message = validation_error_param(exc)
             raise OpenAIError(400, message, param=param) from None
 
-    async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
-                   fmt: AnswerFormat) -> web.StreamResponse:
-        """Run the LLM request on the core and answer in ``fmt``'s shape.
+    async def _run(self, request: web.Request,
+                   openai_request: ChatCompletionRequest | CompletionRequest) -> web.StreamResponse:
+        """Run the LLM request on the core and answer in its endpoint's shape.
 
         A failure before the first message is an error answer with its own status; closing the
         core's stream (always) aborts the request in the worker if it still runs.
         """
         request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
-        try:
-            body = openai_request.to_generation_request().to_body()
+        try:  # tools and schemas are checked in a thread when the body is large
+            body, fmt = await off_loop(_prepared, openai_request, size=len(await request.read()))
         except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
             raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
         stream = self.core.stream(name, version, {"body": body}, headers)
         async with contextlib.aclosing(stream):
-            first = await anext(stream)
+            try:
+                first = await anext(stream)
+            except InferenceError as exc:  # the handler's 400 names the LLM's field: OpenAI's param
+                error = self.error_of(exc)
+                if exc.http_status == 400 and exc.message.startswith("'structured_outputs"):
+                    error.param = openai_param(openai_request, "structured_outputs")
+                raise error from None
             if openai_request.stream:
                 return await self._stream(request, stream, first, fmt, openai_request.include_usage)
             parts = [first[0]]
@@ -300,8 +319,8 @@ class OpenAIApi:
                         events.append(fmt.usage(usage))
                     await response.write(b"".join(sse_event(event, exclude) for event in events) + _DONE)
                     break
-                if payload:
-                    events.append(fmt.piece(payload.decode("utf-8", "replace")))
+                if payload and (event := fmt.piece(payload.decode("utf-8", "replace"))) is not None:
+                    events.append(event)
                 if events:
                     await response.write(b"".join(sse_event(event, exclude) for event in events))
                     events = []

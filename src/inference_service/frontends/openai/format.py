@@ -53,8 +53,8 @@ class AnswerFormat(Protocol):
         """The chunks a stream starts with (chat: the assistant role)."""
         ...
 
-    def piece(self, text: str) -> BaseModel:
-        """The chunk of one piece of generated text."""
+    def piece(self, text: str) -> BaseModel | None:
+        """The chunk of one piece of generated text (``None``: nothing to send for it yet)."""
         ...
 
     def closing(self, text: str, reason: FinishReason) -> list[BaseModel]:
@@ -85,11 +85,11 @@ class ChatFormat:
     def opening(self) -> list[BaseModel]:
         return [self._chunk(Delta(role="assistant", content=""))]
 
-    def piece(self, text: str) -> BaseModel:
+    def piece(self, text: str) -> BaseModel | None:
         return self._chunk(Delta(content=text))
 
     def closing(self, text: str, reason: FinishReason) -> list[BaseModel]:
-        return [*([self.piece(text)] if text else []), self._chunk(Delta(), reason)]
+        return [*([self._chunk(Delta(content=text))] if text else []), self._chunk(Delta(), reason)]
 
     def usage(self, usage: Usage) -> BaseModel:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
@@ -114,7 +114,7 @@ class CompletionFormat:
     def opening(self) -> list[BaseModel]:
         return []
 
-    def piece(self, text: str) -> BaseModel:
+    def piece(self, text: str) -> BaseModel | None:
         return self._chunk(text)
 
     def closing(self, text: str, reason: FinishReason) -> list[BaseModel]:
