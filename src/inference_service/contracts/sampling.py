@@ -256,11 +256,7 @@ class GenerationRequest:
         if "response_format" in given:
             if "structured_outputs" in given:
                 raise InvalidRequest("give one of 'response_format' and 'structured_outputs'", field="response_format")
-            try:
-                constraint = from_response_format(given.pop("response_format"))
-            except InvalidRequest as exc:
-                exc.field = "response_format"
-                raise
+            constraint = from_response_format(given.pop("response_format"))  # names response_format's field
             if constraint is not None:
                 given["structured_outputs"] = constraint
         prompt = given.get("prompt")

@@ -101,11 +101,14 @@ def check_schema(name: str, value: Any) -> str:
             raise _refuse(name, "is not valid JSON") from None
     if not isinstance(value, dict):
         raise _refuse(name, f"must be a JSON schema object, got {type(value).__name__}")
-    if not _depth_within(value, MAX_SCHEMA_DEPTH):
-        raise _refuse(name, f"nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays")
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # C speed: bounds the walk below
+    except RecursionError:
+        raise _refuse(name, f"nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays") from None
     if len(text) > MAX_CONSTRAINT_CHARS:
         raise _refuse(name, f"must be at most {MAX_CONSTRAINT_CHARS} characters as JSON, got {len(text)}")
+    if not _depth_within(value, MAX_SCHEMA_DEPTH):
+        raise _refuse(name, f"nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays")
     return text
 
 

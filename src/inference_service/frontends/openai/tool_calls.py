@@ -156,22 +156,27 @@ class HermesReader:
                 if end < 0:
                     return items
                 items += self._call(self._held[:end], self._held[:end + len(CLOSE_TAG)])
-                self._held = self._held[end + len(CLOSE_TAG):].lstrip("\n")
+                self._held = self._held[end + len(CLOSE_TAG):]
                 self._in_call = False
                 continue
             start = self._held.find(OPEN_TAG)
             if start >= 0:
-                if start:
+                if self._content(self._held[:start]):
                     items.append(self._held[:start])
                 self._held = self._held[start + len(OPEN_TAG):]
                 self._in_call = True
                 continue
             keep = next((k for k in range(min(len(OPEN_TAG) - 1, len(self._held)), 0, -1)
                          if self._held.endswith(OPEN_TAG[:k])), 0)
-            if len(self._held) > keep:
+            if self._content(self._held[:len(self._held) - keep]):
                 items.append(self._held[:len(self._held) - keep])
                 self._held = self._held[len(self._held) - keep:]
             return items
+
+    def _content(self, text: str) -> bool:
+        """Whether ``text`` goes to the client as content: whitespace around calls does not (held
+        until more text shows what it is, dropped at the end)."""
+        return bool(text.strip()) or bool(text and not self.calls)
 
     def _call(self, body: str, raw: str) -> list[Item]:
         try:
@@ -188,7 +193,7 @@ class HermesReader:
     def finish(self) -> list[Item]:
         held, self._held = self._held, ""
         if not self._in_call:
-            return [held] if held else []
+            return [held] if self._content(held) else []
         return self._call(held, held)  # no closing tag: the end of the answer closes it
 
 
