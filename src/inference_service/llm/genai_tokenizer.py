@@ -26,7 +26,9 @@ class GenAITokenizer:
         encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return {"input_ids": [int(i) for i in encoded.input_ids.data[0]]}
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool = False) -> str:
+        """``clean_up_tokenization_spaces`` is accepted as transformers' is; OpenVINO's decoder does no such rewrite."""
         return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,

@@ -144,12 +144,15 @@ class TokenMask:
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
 
     def apply(self, logits: Any) -> None:
-        """Set the logits (``[vocab]``, float, on the CPU) of tokens the grammar forbids now to -inf."""
+        """Set the logits (``[vocab]``, float) of tokens the grammar forbids now to -inf (off the CPU with
+        XGrammar's plain-torch kernel: its default one on a GPU needs triton, which is not installed)."""
         import xgrammar
 
         if not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(self._bitmask)
-            xgrammar.apply_token_bitmask_inplace(logits, self._bitmask.to(logits.device))
+            on_cpu = logits.device.type == "cpu"
+            xgrammar.apply_token_bitmask_inplace(logits.unsqueeze(0), self._bitmask.to(logits.device),
+                                                 backend="cpu" if on_cpu else "torch_native")
 
     def accept(self, token: int) -> None:
         """Advance by the sampled ``token`` (the mask allowed it)."""
