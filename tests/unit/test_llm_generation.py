@@ -73,6 +73,12 @@ def tiny_model(tokenizer: Any) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
+def decoded(tokenizer: Any, ids: list[int]) -> str:
+    """The text of ``ids`` as the engines release it (no ``clean_up_tokenization_spaces``)."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+
 @pytest.fixture(scope="module")
 def prompt_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer("Once upon a time")["input_ids"])
@@ -121,8 +127,17 @@ def test_incremental_decoder_long_text_windowed(tokenizer: Any) -> None:
     assert len(ids) > 3 * IncrementalDecoder._WINDOW  # exercises moving the decode window
     decoder = IncrementalDecoder(tokenizer)
     out = "".join(decoder.push(i) for i in ids) + decoder.flush()
-    assert out == text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert out == text == decoded(tokenizer, ids)
     assert decoder.token_ids == ids
+
+
+def test_incremental_decoder_keeps_a_space_before_punctuation(tokenizer: Any) -> None:
+    """transformers' clean-up turns " ," into "," and so rewrites text already released: a stream
+    of ``"\n``, `` ``, ``,"`` lost its comma (a JSON answer under a schema came out invalid)."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ('"', "\u010a\u0120", "\u0120", ',"', "quantity")]
+    decoder = IncrementalDecoder(tokenizer)
+    text = "".join(decoder.push(i) for i in ids) + decoder.flush()
+    assert text == '"\n  ,"quantity' == decoded(tokenizer, ids)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -134,7 +149,7 @@ def test_incremental_decoder_random_ids_matches_full_decode(tokenizer: Any, seed
     ids[40:42] = [tokenizer.eos_token_id, 1]
     decoder = IncrementalDecoder(tokenizer)
     pieces = [decoder.push(i) for i in ids]
-    assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=True)
+    assert "".join(pieces) + decoder.flush() == decoded(tokenizer, ids)
     assert all(not p.endswith("\ufffd") for p in pieces)
 
 
@@ -311,8 +326,8 @@ MESSAGES_OK = [{"role": "user", "content": "hi"}]
         (b'{"messages": [{"role": ["user"], "content": "x"}]}', "got list"),
         (b'{"messages": [{"content": "x"}]}', "got NoneType"),
         (
-            b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
-            "'messages[0]' has unknown field(s): name",
+            b'{"messages": [{"role": "user", "content": "x", "weight": 1}]}',
+            "'messages[0]' has unknown field(s): weight",
         ),
     ],
 )
@@ -407,7 +422,7 @@ def test_greedy_uses_kv_cache_correctly(tiny_model: Any, tokenizer: Any, prompt_
             ids.append(int(logits.argmax()))
     assert result.token_ids == ids[len(prompt_ids) :]
     assert len(set(result.token_ids)) > 3  # the tiny model's text is not degenerate
-    assert "".join(pieces) + result.remaining_text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert "".join(pieces) + result.remaining_text == decoded(tokenizer, result.token_ids)
     assert result.finish_reason == "length" and result.completion_tokens == 12
     assert result.prompt_tokens == len(prompt_ids)
     assert all(pieces)  # no empty piece is yielded
@@ -425,7 +440,7 @@ def test_seed_determinism(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
     )
     assert r1.token_ids == r2.token_ids and text1 == text2
     assert r1.token_ids != r3.token_ids and text1 != text3
-    assert text1 == tokenizer.decode(r1.token_ids, skip_special_tokens=True)
+    assert text1 == decoded(tokenizer, r1.token_ids)
 
 
 def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
@@ -443,7 +458,7 @@ def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, promp
 def test_stop_string_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     full, ref = sampled(tiny_model, tokenizer, prompt_ids)
     # a stop string straddling the boundary between the 8th and 9th token
-    boundary = len(tokenizer.decode(ref.token_ids[:8], skip_special_tokens=True))
+    boundary = len(decoded(tokenizer, ref.token_ids[:8]))
     stop = full[boundary - 2 : boundary + 2]
     assert len(stop) == 4 and "\ufffd" not in stop
     expected = full[: full.index(stop)]
@@ -486,7 +501,7 @@ def test_eos_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[i
     assert result.token_ids == ref.token_ids[: first + 1]  # the EOS token counts ...
     assert result.completion_tokens == first + 1
     text = "".join(pieces) + result.remaining_text
-    assert text == tokenizer.decode(ref.token_ids[:first], skip_special_tokens=True)  # ... but is not decoded
+    assert text == decoded(tokenizer, ref.token_ids[:first])  # ... but is not decoded
     # ignore_eos keeps going past it
     params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, eos_ids={eos}))
@@ -906,9 +921,12 @@ def test_the_json_doors_take_the_roles_of_the_openai_door() -> None:
     from inference_service.frontends.openai.schemas import ChatMessage
 
     assert get_args(ChatMessage.model_fields["role"].annotation) == CHAT_ROLES
-    messages = [{"role": role, "content": role} for role in CHAT_ROLES]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": role, "content": role} for role in CHAT_ROLES if role != "tool"]
+    messages[-1]["tool_calls"] = [call]  # a tool message answers an earlier call
+    messages.append({"role": "tool", "content": "42", "tool_call_id": "c1"})
     parsed = parse_request(json.dumps({"messages": messages}).encode()).messages
     assert [m["role"] for m in parsed or ()] == ["system", "system", "user", "assistant", "tool"]  # as /v1 sends
     with pytest.raises(InvalidRequest) as refused:
         parse_request(b'{"messages": [{"role": "moderator", "content": "x"}]}')
-    assert refused.value.field == "messages"
+    assert refused.value.field == "messages[0].role"

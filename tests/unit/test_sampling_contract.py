@@ -29,14 +29,14 @@ def test_one_declaration_of_the_parameters():
     assert llm_requests.InvalidRequest is InvalidRequest and llm_requests.parse_request is parse_request
     assert PARAM_FIELDS == ("max_new_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "include_usage",
                             "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids",
-                            "cache_salt", "n", "best_of", "logprobs", "top_logprobs")
+                            "cache_salt", "n", "best_of", "logprobs", "top_logprobs", "structured_outputs")
     assert CONFIG_FIELDS == ("max_new_tokens", "temperature", "top_p")
-    assert REQUEST_FIELDS == {"prompt", "messages", *PARAM_FIELDS}
+    assert REQUEST_FIELDS == {"prompt", "messages", "tools", "response_format", *PARAM_FIELDS}
     assert GenerationParams().to_json(frozenset(PARAM_FIELDS)) == {
         "max_new_tokens": 256, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": [], "ignore_eos": False,
         "include_usage": False, "top_k": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "stop_token_ids": [], "cache_salt": None, "n": 1, "best_of": None,
-        "logprobs": False, "top_logprobs": 0}
+        "logprobs": False, "top_logprobs": 0, "structured_outputs": None}
     assert GenerationParams().updated({"top_k": 3, "stop_token_ids": [2, 2, 5]}) == \
         GenerationParams(top_k=3, stop_token_ids=(2, 5))
     assert GenerationRequest.build({"prompt": "x", "top_k": 3}).params.top_k == 3

@@ -37,6 +37,7 @@ without them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
@@ -112,6 +113,8 @@ class GenerationEngine:
         self.runner.capacity_tokens = (max_num_seqs or 0) * (max_model_len or 0)
         self._requests: dict[str, RequestState] = {}
         self._prompt_tokens = 0  # prefix cache queries: it has no prefix cache, so never a hit
+        self._grammars: Any = None  # llm.grammar.GrammarMasks, made for the first structured output
+        self._grammars_lock = threading.Lock()
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -159,6 +162,26 @@ class GenerationEngine:
             prefix_cache_queries_total=self._prompt_tokens,
         )
 
+    def _grammar_masks(self) -> Any:
+        """The engine's XGrammar compiler and masks, made once (about 1 s: the vocabulary is read)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from inference_service.llm.grammar import GrammarMasks
+
+                vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+                self._grammars = GrammarMasks(self.tokenizer, vocab if isinstance(vocab, int) else len(self.tokenizer),
+                                              self.eos)
+            return self._grammars
+
+    def check(self, params: GenerationParams) -> None:
+        """Compile the request's structured output, if any (cached for its :meth:`add`); thread-safe.
+
+        Raises:
+            InvalidRequest: the constraint does not compile (names the field).
+        """
+        if params.structured_outputs is not None:
+            self._grammar_masks().compile(params.structured_outputs)
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; its prefill (and first token) starts at the next :meth:`step`
         that includes it.
@@ -176,6 +199,8 @@ class GenerationEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         request = RequestState(key, [int(i) for i in prompt_ids], params, self.tokenizer)
+        if params.structured_outputs is not None:
+            request.mask = self._grammar_masks().matcher(params.structured_outputs)
         self.scheduler.add(key, len(request.prompt_ids))
         self._requests[key] = request
         self._prompt_tokens += len(request.prompt_ids)

@@ -90,6 +90,12 @@ class Engine(Protocol):
 
     def stats(self) -> SchedulerStats: ...
 
+    def check(self, params: GenerationParams) -> None:
+        """What the engine must check before :meth:`add` and may take long for (compiling a
+        structured output's grammar); thread-safe, so the handler runs it beside the step loop.
+        Raises InvalidRequest naming the field."""
+        ...
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request. Raises ValueError for a key already in the engine or empty ``prompt_ids``."""
         ...

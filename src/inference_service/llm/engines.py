@@ -163,6 +163,7 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     from inference_service.llm.openvino_ir import (
         DEFAULT_IR_CACHE_LIMIT_GB,
         DEFAULT_WEIGHT_FORMAT,
+        add_detokenizer,
         looks_like_ir,
         prepare_ir,
         read_ir_config,
@@ -178,6 +179,7 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
                                      config.ir_cache_limit_gb or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+        add_detokenizer(ir_dir)  # in our cache: an IR directory of the config's is used as it is
     model_config = read_ir_config(ir_dir)
     weight_format = ir_weight_format(ir_dir, weight_format)
     context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None

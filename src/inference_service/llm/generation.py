@@ -6,6 +6,7 @@ one generation loop of this package; torch is imported inside the functions that
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
@@ -44,7 +45,8 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
         from jinja2 import TemplateError
 
         try:
-            text = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(template_messages(request.messages), add_generation_prompt=True,
+                                                 tokenize=False, tools=list(request.tools) or None)
         except TemplateError as exc:  # raised by the template itself (e.g. unsupported role order)
             raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -58,6 +60,28 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
             f"exceeds the model's context length ({context_length})"
         )
     return ids
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat as chat templates read it: a tool call's ``arguments`` as an object (transformers'
+    convention; OpenAI's JSON text when it is not an object)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _arguments(call["function"]["arguments"])}}
+                for call in calls]}
+        out.append(message)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def generate_pieces(

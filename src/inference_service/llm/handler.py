@@ -59,6 +59,9 @@ _ONE_CHOICE = ("'{}' above 1 is answered by the OpenAI door (/v1/chat/completion
 #: What a request becomes in the handler: the request and its prompt ids, or a tokenizer request's answer.
 Prepared = tuple[GenerationRequest, list[int]] | dict[str, Any]
 
+#: The request fields that carry a structured output.
+_CONSTRAINT_FIELDS = ("structured_outputs", "response_format")
+
 
 def _body_size(row: Any) -> int:
     """The size of a request's raw body, or of a decoded JSON body's prompt or message contents."""
@@ -72,6 +75,18 @@ def _body_size(row: Any) -> int:
             texts += [m.get("content") for m in messages if isinstance(m, dict)]
         return sum(len(text) for text in texts if isinstance(text, str))
     return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
+
+
+def _constrained(row: Any) -> bool:
+    """Whether a request may ask for a structured output (its grammar is compiled on a thread)."""
+    body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    if isinstance(body, dict):
+        return any(body.get(key) is not None for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, str):
+        return any(key in body for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return any(key.encode() in bytes(body) for key in _CONSTRAINT_FIELDS)
+    return False
 
 
 def _criterion(finished: bool) -> Callable[[Any], bool]:
@@ -181,8 +196,9 @@ class LLMHandler(BaseHandler):
             return str(exc)
 
     def _tokenize(self, row: Any) -> Prepared:
-        """Parse and tokenize ``row`` (or answer its tokenizer request); InvalidRequest if malformed
-        or its prompt cannot fit."""
+        """Parse and tokenize ``row`` (or answer its tokenizer request), and have the engine check it (a
+        structured output compiles); InvalidRequest if malformed, if its prompt cannot fit or its
+        constraint does not compile."""
         body = row.get("data", row.get("body")) if isinstance(row, dict) else row
         asked = parse_tokenizer_request(body)
         if asked is not None:
@@ -195,7 +211,9 @@ class LLMHandler(BaseHandler):
         if refused is not None:
             raise InvalidRequest(refused)
         check_prompt_size(request, self.max_prompt_chars)
-        return request, build_prompt_ids(self.tokenizer, request, self.context_length)
+        prompt_ids = build_prompt_ids(self.tokenizer, request, self.context_length)
+        self._engine().check(request.params)
+        return request, prompt_ids
 
     def _message(self, job: ActiveRequest, out: StepOutput) -> str | dict[str, Any] | None:
         """What a step output sends: its text piece, or with ``logprobs`` the piece object (``None``: nothing)."""
@@ -360,7 +378,7 @@ class LLMHandler(BaseHandler):
         tokenizes a large body."""
         future = self._preparing.get(key)
         if future is None:
-            if _body_size(row) <= _INLINE_BODY_BYTES:
+            if _body_size(row) <= _INLINE_BODY_BYTES and not _constrained(row):
                 try:
                     return self._tokenize(row)
                 except InvalidRequest as exc:

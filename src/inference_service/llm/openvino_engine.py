@@ -26,7 +26,6 @@ the worker's I/O threads go on while a step runs. One thread drives the engine.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,12 @@ from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
+from inference_service.llm.openvino_settings import (
+    KV_BLOCK_TOKENS,
+    generation_config,
+    kv_bytes_per_token,
+    kv_cache_blocks,
+)
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.prefix_cache import BLOCK_TOKENS, PrefixCacheTally
 from inference_service.llm.request_state import RequestState
@@ -114,7 +119,7 @@ class OpenVINOEngine:
         if threads is not None:
             config["INFERENCE_NUM_THREADS"] = threads
         config.update(properties or {})
-        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
+        self._token_bytes = kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.cache_size = 0
         scheduler.num_kv_blocks = kv_cache_blocks(kv_cache_gb, self._token_bytes, max_num_seqs, max_model_len)
@@ -127,6 +132,11 @@ class OpenVINOEngine:
             unsupported = {k: v for k, v in self.capabilities.unsupported.items() if k != "cache_salt"}
             self.capabilities = replace(self.capabilities, unsupported=MappingProxyType(unsupported))
         self.tokenizer = tokenizer
+        if not _has_vocabulary(self.pipeline):
+            self.capabilities = replace(self.capabilities, unsupported=MappingProxyType({
+                **self.capabilities.unsupported,
+                "structured_outputs": "this model's OpenVINO IR has no detokenizer (openvino_detokenizer.xml), whose "
+                                      "vocabulary the grammar needs"}))
         self.eos: frozenset[int] = frozenset(eos_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -183,6 +193,18 @@ class OpenVINOEngine:
         )
 
     # --- requests --------------------------------------------------------------------
+    def check(self, params: GenerationParams) -> None:
+        """Compile the request's structured output, if any, with the XGrammar the pipeline uses: a
+        constraint that fails in the pipeline fails its step, for every request. Thread-safe.
+
+        Raises:
+            InvalidRequest: the constraint does not compile (names the field).
+        """
+        if params.structured_outputs is not None:
+            from inference_service.llm.grammar import check_constraint
+
+            check_constraint(params.structured_outputs)
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; the pipeline schedules its prefill from the next :meth:`step` on.
 
@@ -247,10 +269,11 @@ class OpenVINOEngine:
 
     def preempt(self, key: str) -> bool:
         """Drop request ``key``'s pipeline handle and KV cache; it is added anew (recomputed)
-        when it is active again. False when it is unknown or already preempted."""
+        when it is active again. False when it is unknown, already preempted, or under a structured
+        output (the pipeline holds its grammar state)."""
         live = self._requests.get(key)
-        if live is None or live.handle is None:
-            return False
+        if live is None or live.handle is None or live.state.params.structured_outputs is not None:
+            return False  # a structured output's grammar state lives in the pipeline: it keeps its cache
         self._drain(live)  # tokens already generated stay with the request
         live.handle.cancel()
         live.handle = None
@@ -383,65 +406,9 @@ class OpenVINOEngine:
         return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled)
 
 
-def generation_config(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:
-    """``openvino_genai.GenerationConfig`` for a request that has already ``generated`` tokens.
-
-    Greedy when ``temperature`` is 0; otherwise multinomial sampling with ``top_p`` and a seed
-    (``params.seed``, or a random one), offset by ``generated`` after a preemption. The
-    end-of-sequence ids stop generation unless ``ignore_eos``; stop strings are ours.
-    """
-    import openvino_genai
-
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens = max(1, params.max_new_tokens - generated)
-    config.ignore_eos = params.ignore_eos
-    config.stop_token_ids = {int(i) for i in eos_ids} | {int(i) for i in getattr(params, "stop_token_ids", ())}
-    config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
-    config.logprobs = 1 if getattr(params, "logprobs", False) else 0
-    if params.temperature > 0:
-        if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all
-            config.top_k = int(params.top_k)
-        config.do_sample = True
-        config.temperature = params.temperature
-        config.top_p = params.top_p
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        config.rng_seed = (seed + generated) % (2**64)
-    else:
-        config.do_sample = False
-    return config
-
-
-#: Tokens per KV cache block of OpenVINO GenAI's CPU pipeline.
-KV_BLOCK_TOKENS = BLOCK_TOKENS
-
-
-def kv_cache_blocks(cache_gb: float | None, token_bytes: int, max_num_seqs: int | None,
-                    max_model_len: int | None) -> int:
-    """The KV cache's blocks: ``cache_gb`` GiB's worth, else enough for ``max_num_seqs`` requests at
-    ``max_model_len`` tokens each (so the pipeline never preempts on its own; the memory is taken as
-    it is used), else 1 GiB's worth. At least one block per request."""
-    if cache_gb is None and max_num_seqs and max_model_len:
-        blocks = max_num_seqs * -(-max_model_len // KV_BLOCK_TOKENS)
-    else:
-        blocks = int((cache_gb or 1.0) * 2**30) // max(1, token_bytes * KV_BLOCK_TOKENS)
-    return max(blocks, max_num_seqs or 1)
-
-
-def _kv_bytes_per_token(ir_dir: Path, precision: Any) -> int:
-    """Bytes of KV cache one token takes: 2 (keys, values) x layers x KV heads x head size x the
-    element size, from the IR directory's ``config.json``; 0 when it cannot be read."""
-    import json
-
+def _has_vocabulary(pipeline: Any) -> bool:
+    """Whether the pipeline's tokenizer exposes its vocabulary (structured outputs need it)."""
     try:
-        config = json.loads((ir_dir / "config.json").read_text(encoding="utf-8"))
-        layers = int(config["num_hidden_layers"])
-        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return 2 * layers * heads * head_dim * kv_element_bytes(precision)
-
-
-def kv_element_bytes(precision: Any) -> int:
-    """Bytes of one KV cache value at OpenVINO's ``KV_CACHE_PRECISION`` (its CPU default: u8)."""
-    return {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "i8": 1}.get(str(precision).lower(), 1)
+        return bool(len(pipeline.get_tokenizer().get_vocab()))
+    except RuntimeError:  # "Tokenizer vocab is empty": no detokenizer model
+        return False

@@ -29,7 +29,7 @@ class RequestState:
     """The state of one request: sampling, decoding, stop strings, the tokens so far."""
 
     __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token",
-                 "pending", "pending_logprobs")
+                 "pending", "pending_logprobs", "mask")
 
     def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any,
                  sampler: bool = True) -> None:
@@ -45,6 +45,7 @@ class RequestState:
         self.stop_filter = StopStringFilter(params.stop)
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self.last_token = 0  # the token the next decode step feeds
+        self.mask: Any = None  # a structured output's grammar state (llm.grammar.TokenMask), torch engine only
 
     def all_tokens(self) -> list[int]:
         """The prompt ids followed by the generated ids: what a recompute after preemption feeds."""
@@ -58,6 +59,8 @@ class RequestState:
     def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
         """Take one sampled token: ``(released text, finish reason or None while running)``."""
         self.result.token_ids.append(token)
+        if self.mask is not None:
+            self.mask.accept(token)
         if self.ends_on(token, eos):
             return "", "stop"  # the end-of-sequence (or a stop) token counts but is not decoded
         piece = self.stop_filter.push(self.decoder.push(token))

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from inference_service.contracts import wire
@@ -141,8 +142,13 @@ class VLLMEngine:
     """
 
     #: vLLM's penalties follow OpenAI's rules (presence and frequency over the output) and its
-    #: repetition penalty transformers' rule, as the torch engine's: every field is honoured.
-    capabilities = EngineCapabilities("vllm", default_batched_tokens=2048, on_cpu=True, on_gpu=True)
+    #: repetition penalty transformers' rule, as the torch engine's. Its structured outputs need the
+    #: tokenizer vLLM is started without (the text is ours, so that stop strings and the stream
+    #: behave as on the other engines).
+    capabilities = EngineCapabilities("vllm", default_batched_tokens=2048, on_cpu=True, on_gpu=True,
+                                      unsupported=MappingProxyType({
+                                          "structured_outputs": "vLLM runs here without its tokenizer, which its "
+                                                                "grammar backends need"}))
 
     def __init__(self, model_dir: Path, tokenizer: Any, eos_ids: Collection[int], *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
@@ -273,6 +279,9 @@ class VLLMEngine:
         shutdown = getattr(getattr(self.engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+    def check(self, params: GenerationParams) -> None:
+        """Nothing to compile ahead: what this engine cannot do is refused by its capabilities."""
 
     # --- one step --------------------------------------------------------------------
     def step(self, active: Collection[str] | None = None) -> dict[str, StepOutput]:

@@ -27,7 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
-from inference_service.contracts.sampling import InvalidRequest
+from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.limits import check_json_nodes, off_loop, refuse_form
 from inference_service.frontends.openai.choices import (
@@ -58,6 +58,8 @@ from inference_service.frontends.openai.schemas import (
     validation_error_param,
 )
 from inference_service.frontends.openai.tokenizer import DetokenizeBody, TokenizeBody
+from inference_service.frontends.openai.tool_calls import ToolChatFormat
+from inference_service.frontends.openai.tools import constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
 from inference_service.serving.core import InferenceCore
 
@@ -125,12 +127,22 @@ class OpenAIError(Exception):
 
 def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, field: str | None) -> str | None:
     """The OpenAI request field that set the LLM request's ``field`` (``max_new_tokens`` comes
-    from ``max_completion_tokens`` or ``max_tokens``; a completion's ``top_logprobs`` from ``logprobs``)."""
+    from ``max_completion_tokens`` or ``max_tokens``; a completion's ``top_logprobs`` from ``logprobs``;
+    ``structured_outputs`` from ``tools`` or ``response_format`` when they set it)."""
     if field == "top_logprobs" and isinstance(openai_request, CompletionRequest):
         return "logprobs"
     if field != "max_new_tokens":
-        return field
+        tool_choice = getattr(openai_request, "tool_choice", None)
+        return constraint_param(field, tools_constrain=tool_choice not in (None, "none", "auto"),
+                                response_format=openai_request.response_format is not None)
     return "max_completion_tokens" if getattr(openai_request, "max_completion_tokens", None) else "max_tokens"
+
+
+def _generation_requests(openai_request: ChatCompletionRequest | CompletionRequest) -> list[GenerationRequest]:
+    """The LLM requests of an OpenAI request, one per prompt (InvalidRequest names the LLM's field)."""
+    if isinstance(openai_request, CompletionRequest):
+        return openai_request.to_generation_requests()
+    return [openai_request.to_generation_request()]
 
 
 class OpenAIApi:
@@ -227,7 +239,12 @@ class OpenAIApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (answers and errors: docs/clients.md)."""
         chat = await self._parse(request, ChatCompletionRequest)
-        return await self._run(request, chat, ChatFormat(chat.model))
+        try:
+            plan = await off_loop(chat.tool_plan, size=request.content_length or 0)
+        except InvalidRequest as exc:
+            raise OpenAIError(400, str(exc), param=openai_param(chat, exc.field)) from None
+        return await self._run(request, chat, ChatFormat(chat.model) if plan.mode == "none"
+                               else ToolChatFormat(chat.model, plan))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (answers and errors: docs/clients.md)."""
@@ -325,9 +342,8 @@ class OpenAIApi:
         """
         request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
-        try:
-            requests = (openai_request.to_generation_requests() if isinstance(openai_request, CompletionRequest)
-                        else [openai_request.to_generation_request()])
+        try:  # tools and schemas are checked in a thread when the body is large
+            requests = await off_loop(_generation_requests, openai_request, size=request.content_length or 0)
             plan = ChoicePlan.of(requests, bool(openai_request.stream))
         except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
             raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
@@ -382,7 +398,9 @@ class OpenAIApi:
                 return
             piece = piece_of(payload, plan.logprobs)
             if piece.text or piece.logprobs:
-                events.append(fmt.piece(index, piece.text, piece.logprobs if plan.logprobs else None))
+                event = fmt.piece(index, piece.text, piece.logprobs if plan.logprobs else None)
+                if event is not None:  # None: held (a tool call read so far)
+                    events.append(event)
 
         try:
             await response.prepare(request)

@@ -75,8 +75,9 @@ class AnswerFormat(Protocol):
         """The chunks a choice's stream starts with (chat: the assistant role; echo: the prompt)."""
         ...
 
-    def piece(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] | None) -> BaseModel:
-        """The chunk of one piece of generated text (and its tokens' entries, if asked for)."""
+    def piece(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] | None) -> BaseModel | None:
+        """The chunk of one piece of generated text and its tokens' entries, if asked for (``None``:
+        nothing to send for it yet)."""
         ...
 
     def closing(self, index: int, outcome: Outcome) -> list[BaseModel]:
@@ -110,11 +111,12 @@ class ChatFormat:
     def opening(self, index: int) -> list[BaseModel]:
         return [self._chunk(index, Delta(role="assistant", content=""))]
 
-    def piece(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] | None) -> BaseModel:
+    def piece(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] | None) -> BaseModel | None:
         return self._chunk(index, Delta(content=text), logprobs=logprobs)
 
     def closing(self, index: int, outcome: Outcome) -> list[BaseModel]:
-        head = [self.piece(index, outcome.text, outcome.logprobs)] if outcome.text or outcome.logprobs else []
+        head = [self._chunk(index, Delta(content=outcome.text), logprobs=outcome.logprobs)
+                ] if outcome.text or outcome.logprobs else []
         return [*head, self._chunk(index, Delta(), outcome.reason)]
 
     def usage(self, usage: Usage) -> BaseModel:

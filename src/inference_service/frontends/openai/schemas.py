@@ -9,13 +9,14 @@ Requests (validated from the JSON body; a failure is a 400 ``invalid_request_err
   or a list of them), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
   ``seed``, ``stop``, ``n``, ``best_of`` and ``echo`` (completions), ``logprobs`` /
   ``top_logprobs``, ``stream``, ``stream_options.include_usage``, ``frequency_penalty``,
-  ``presence_penalty``) plus vLLM's ``ignore_eos``, ``top_k``, ``repetition_penalty``,
-  ``stop_token_ids`` and ``cache_salt`` extensions. Fields asking for something the handler cannot
-  do (``tools``, a JSON ``response_format``, ...) are refused with their name as ``param``, unless
-  they hold their neutral value. OpenAI's fields that change nothing here (``user``, ``metadata``,
-  ``store``, ``service_tier``) are accepted; any other field is ignored, as vLLM does, and named by
-  :meth:`~_Request.ignored_fields` (the door logs a warning and answers ``x-ignored-fields``).
-  Types are strict, as OpenAI's: ``"1"`` is not a number.
+  ``presence_penalty``, ``response_format``; on chat ``tools``, ``tool_choice``,
+  ``parallel_tool_calls``) plus vLLM's ``ignore_eos``, ``top_k``, ``repetition_penalty``,
+  ``stop_token_ids``, ``structured_outputs`` and ``cache_salt`` extensions. Fields asking for
+  something the handler cannot do (``logit_bias``, ``suffix``) are refused with their name as
+  ``param``, unless they hold their neutral value. OpenAI's fields that change nothing here
+  (``user``, ``metadata``, ``store``, ``service_tier``) are accepted; any other field is ignored,
+  as vLLM does, and named by :meth:`~_Request.ignored_fields` (the door logs a warning and answers
+  ``x-ignored-fields``). Types are strict, as OpenAI's: ``"1"`` is not a number.
 
 Responses (serialized with ``model_dump_json``): :class:`ChatCompletion` /
 :class:`ChatCompletionChunk`, :class:`Completion` / :class:`CompletionChunk`,
@@ -33,8 +34,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from inference_service.contracts.sampling import GenerationRequest
+from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
+from inference_service.contracts.structured import MAX_TOOLS
 from inference_service.frontends.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from inference_service.frontends.openai.tool_schemas import ToolCall, ToolCallDelta
+from inference_service.frontends.openai.tools import ToolPlan, tool_plan
 
 __all__ = [
     "ChatChoice",
@@ -59,8 +63,9 @@ __all__ = [
     "validation_error_param",
 ]
 
-#: Why a choice ended: ``stop`` (end of sequence or a stop string), ``length`` (the token limit).
-FinishReason = Literal["stop", "length"]
+#: Why a choice ended: ``stop`` (end of sequence or a stop string), ``length`` (the token limit),
+#: ``tool_calls`` (the answer called tools).
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def _unsupported(what: str) -> PydanticCustomError:
@@ -125,10 +130,25 @@ class StreamOptions(_Request):
 
 class ChatMessage(_Request):
     """One message of a chat. ``content`` is a string or a list of text parts (joined);
-    ``developer`` is sent to the chat template as ``system`` (templates predate that role)."""
+    ``developer`` is sent to the chat template as ``system`` (templates predate that role). An
+    assistant message may carry ``tool_calls``, a ``tool`` message answers one (``tool_call_id``);
+    the LLM request checks them (contracts/structured.py)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_llm(self) -> dict[str, Any]:
+        """The message as the LLM request takes it: ``developer`` as ``system``, no content as ``""``
+        (``None`` beside tool calls), unset fields left out."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.content if self.content is not None or self.tool_calls else ""}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
     @field_validator("content", mode="before")
     @classmethod
@@ -155,6 +175,8 @@ class _SamplingRequest(_Request):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     cache_salt: str | None = None  # vLLM's: requests share cached prompt prefixes only with the same salt
+    response_format: dict[str, Any] | None = None  # OpenAI's; checked by the LLM request
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension
     # accepted only at its neutral value
     logit_bias: dict[str, float] | None = None
     # OpenAI's, accepted and without effect here
@@ -187,7 +209,8 @@ class _SamplingRequest(_Request):
                 "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "top_k": self.top_k,
                 "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "stop_token_ids": self.stop_token_ids,
-                "cache_salt": self.cache_salt, "n": self.n, "include_usage": True}
+                "cache_salt": self.cache_salt, "n": self.n, "response_format": self.response_format,
+                "structured_outputs": self.structured_outputs, "include_usage": True}
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -198,46 +221,33 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise _unsupported("tools")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none", "auto"):
-            raise _unsupported("tool_choice")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise _unsupported(f"response_format {value.get('type')!r} (only 'text')")
-        return value
+    parallel_tool_calls: bool | None = None
 
     @property
     def token_limit(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens``, else ``None`` (the model's default)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_generation_request(self) -> GenerationRequest:
-        """The LLM request: ``developer`` messages as ``system``, no content as ``""``.
+    def tool_plan(self) -> ToolPlan:
+        """How the request uses its tools (InvalidRequest naming the field when they are malformed)."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
 
-        Raises:
-            InvalidRequest: a value beyond the LLM's limits (e.g. ``max_tokens`` above 4096).
-        """
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-                    for m in self.messages]
-        return GenerationRequest.build({"messages": messages, **self._sampling(self.token_limit),
-                                        "logprobs": self.logprobs, "top_logprobs": self.top_logprobs})
+    def to_generation_request(self, plan: ToolPlan | None = None) -> GenerationRequest:
+        """The LLM request, with ``plan``'s tools and constraint. InvalidRequest for a value beyond the
+        LLM's limits (``max_tokens`` above 4096), or a constraint beside the tool choice's (``tool_choice``)."""
+        plan = plan or self.tool_plan()
+        values = {"messages": [m.to_llm() for m in self.messages], **self._sampling(self.token_limit),
+                  "logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+        if plan.tools:
+            values["tools"] = list(plan.tools)
+        if plan.constraint is not None:
+            if self.response_format not in (None, {"type": "text"}) or self.structured_outputs is not None:
+                raise InvalidRequest(f"'tool_choice' {plan.mode!r} constrains the answer to tool calls: it cannot be "
+                                     "combined with 'response_format' or 'structured_outputs'", "tool_choice")
+            values["structured_outputs"] = plan.constraint
+        return GenerationRequest.build(values)
 
 
 class CompletionRequest(_SamplingRequest):
@@ -311,10 +321,11 @@ class Usage(_Response):
 
 
 class ResponseMessage(_Response):
-    """The assistant's message of a non-streamed chat completion."""
+    """The assistant's message of a non-streamed chat completion (``content`` ``null`` beside tool calls)."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(_Response):
@@ -343,6 +354,7 @@ class Delta(_Response):
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(_Response):
