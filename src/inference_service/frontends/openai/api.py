@@ -74,7 +74,7 @@ IGNORED_FIELDS_HEADER = "x-ignored-fields"
 IGNORED_HEADERS = "openai_ignored_headers"
 _SHOWN_IGNORED = 20
 #: A refusal of the LLM handler that names its field first (contracts/sampling.py's messages).
-_NAMED_FIELD = re.compile(r"'([A-Za-z_][\w.\[\]]*)' ")
+_NAMED_FIELD = re.compile(r"'([A-Za-z_][\w.\[\]]*)'[ :]")
 
 
 def error_type(status: int) -> str:
