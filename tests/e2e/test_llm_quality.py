@@ -72,7 +72,7 @@ def eager() -> dict[str, Any]:
     from inference_service.llm.params import GenerationParams
     from inference_service.llm.requests import parse_request
 
-    model, tokenizer = load_model(resolve_model_dir({}))
+    model, tokenizer = load_model(resolve_model_dir())
     ids = torch.tensor([tokenizer(TEXT_FILE.read_text(encoding="utf-8"))["input_ids"]])
     assert ids.shape[1] >= 2000
     bodies = json.loads(PROMPTS_FILE.read_text())
@@ -142,7 +142,7 @@ def test_openvino_format_holds_the_quality_bar(eager: dict[str, Any], torch_fact
     from inference_service.llm.openvino_engine import QUALITY_PROPERTIES
     from inference_service.llm.openvino_ir import prepare_ir
 
-    ir_dir, _ = prepare_ir(resolve_model_dir({}), weight_format)
+    ir_dir, _ = prepare_ir(resolve_model_dir(), weight_format)
     properties = {**QUALITY_PROPERTIES[weight_format], **choose_weight_format(weight_format).properties}
     config = {key: str(value) for key, value in properties.items()}
     model = OVModelForCausalLM.from_pretrained(str(ir_dir), ov_config={**config, "INFERENCE_NUM_THREADS": "2"})
