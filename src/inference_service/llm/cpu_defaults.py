@@ -102,7 +102,12 @@ def _unmeasured(kind: str) -> CpuDefaults:
 
 
 #: The measured rows, by CPU kind; a kind absent here gets :func:`_unmeasured`'s row.
-TABLE: Mapping[str, CpuDefaults] = MappingProxyType({})
+#: avx2: int8 against int4 in-process, 5 alternating rounds under load (benchmarks/cpu_defaults.py):
+#: int4 was faster at 8 streams but not at 1, and int8 is closer to fp32 (+0.9 % against +1.6 %).
+TABLE: Mapping[str, CpuDefaults] = MappingProxyType({
+    "avx2": CpuDefaults("avx2", "int8", MappingProxyType({}),
+                        measured='AMD EPYC, 2 cores (benchmarks/RESULTS.md, "Issue 40")'),
+})
 
 
 def defaults_for(kind: str) -> CpuDefaults:
