@@ -26,9 +26,9 @@ WORKDIR /opt/inference-service
 COPY requirements.txt constraints.txt pyproject.toml README.md ./
 COPY src ./src
 # torch==2.13.0 (constraints.txt) as the CPU wheel from PyTorch's index; optimum-intel (the OpenVINO
-# exporter) without its torchvision requirement, as scripts/install does
+# exporter) without its torchvision requirement and xgrammar without triton, as scripts/install does
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt -r requirements.txt \
-    && pip install --no-deps -c constraints.txt optimum-intel \
+    && pip install --no-deps -c constraints.txt optimum-intel xgrammar \
     && pip install --no-deps .
 
 # the working directory (key_file.json, logs/, .inference_service/) is writable by group 0 too: a

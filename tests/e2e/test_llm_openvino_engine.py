@@ -126,7 +126,8 @@ def test_seeded_sampling_repeats_and_top_k_1_is_greedy(ir):
 def test_sampling_options_map_to_openvino_and_opposite_penalties_are_refused():
     from inference_service.llm.engine_protocol import refusal
     from inference_service.llm.engines import CAPABILITIES
-    from inference_service.llm.openvino_engine import OpenVINOEngine, generation_config
+    from inference_service.llm.openvino_engine import OpenVINOEngine
+    from inference_service.llm.openvino_settings import generation_config
 
     config = generation_config(_params(temperature=0.5, top_p=0.9, top_k=5, repetition_penalty=1.3, seed=11),
                                4, {2})

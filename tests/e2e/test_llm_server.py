@@ -1,7 +1,9 @@
 """The main job end to end: a real LLM (SmolLM2-135M-Instruct) streamed through the real server.
 
 The real model is loaded once for this module (one worker). A tiny random-weight
-Llama with the same tokenizer serves the faster checks of both handler forms.
+Llama with the same tokenizer serves the faster checks of both handler forms (``tiny``,
+``tiny_gen``), of the torch engine (``tiny_torch``) and of the OpenVINO engine's exact weight
+format (``tiny_fp32``).
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory):
                            converted_model_dir(find_default_gguf()))
     _build(store, "--model-path", str(tiny), "--name", "tiny")
     _build(store, "--model-path", str(tiny), "--name", "tiny_gen", "--generator")
+    _build(store, "--model-path", str(tiny), "--name", "tiny_torch", "--engine", "torch")
+    _build(store, "--model-path", str(tiny), "--name", "tiny_fp32", "--weight-format", "fp32")
     srv = ServerProcess(tmp_path_factory.mktemp("llm_work"), store,
-                        ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar", "tiny_gen=tiny_gen.mar"])
+                        ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar", "tiny_gen=tiny_gen.mar",
+                         "tiny_torch=tiny_torch.mar", "tiny_fp32=tiny_fp32.mar"])
     try:
-        for name in ("smollm2", "tiny", "tiny_gen"):
+        for name in ("smollm2", "tiny", "tiny_gen", "tiny_torch", "tiny_fp32"):
             srv.wait_workers(name, 1, timeout=600)
         yield srv
     finally:

@@ -103,15 +103,30 @@ def test_v1_models_lists_the_models_the_openai_door_serves(srv):
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x"])
 def test_a_form_body_at_a_json_door_is_a_400_that_says_so(srv, content_type):
     chat = json.dumps({"model": "router", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    status, body = call(srv, "POST", "/v1/chat/completions", chat, {"Content-Type": content_type})
-    error = json.loads(body)["error"]
-    assert status == 400 and error["code"] == "form_body", body
+    fields = b"model=router&prompt=hi"
+    body = fields if content_type.startswith("application/x-www") else chat
+    status, answer = call(srv, "POST", "/v1/chat/completions", body, {"Content-Type": content_type})
+    error = json.loads(answer)["error"]
+    assert status == 400 and error["code"] == "form_body", answer
     assert "sent as a form" in error["message"] and "Content-Type: application/json" in error["message"]
     tensors = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
-    status, body = call(srv, "POST", "/v2/models/echo/infer", tensors, {"Content-Type": content_type})
-    assert status == 400 and "sent as a form" in json.loads(body)["error"], body
+    body = fields if content_type.startswith("application/x-www") else tensors
+    status, answer = call(srv, "POST", "/v2/models/echo/infer", body, {"Content-Type": content_type})
+    assert status == 400 and "sent as a form" in json.loads(answer)["error"], answer
     # the same body as JSON is served
     assert call(srv, "POST", "/v1/chat/completions", chat, {"Content-Type": "application/json"})[0] == 200
     # TorchServe's own API reads a form as form fields, as TorchServe does
     if content_type.startswith("application/x-www-form-urlencoded"):
         assert call(srv, "POST", "/predictions/echo", b"data=x", {"Content-Type": content_type}) == (200, b"x")
+
+
+def test_json_text_sent_as_curl_d_sends_it_is_read_as_json(srv):
+    """``curl -d @request.json`` (urlencoded Content-Type, JSON text), as KServe's samples send it."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    chat = json.dumps({"model": "router", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    assert call(srv, "POST", "/v1/chat/completions", chat, form)[0] == 200
+    tensors = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
+    as_json = call(srv, "POST", "/v2/models/echo/infer", tensors, {"Content-Type": "application/json"})
+    assert call(srv, "POST", "/v2/models/echo/infer", tensors, form) == as_json  # the same answer as JSON's
+    status, answer = call(srv, "POST", "/v2/models/echo/infer", b"{not json", form)
+    assert status == 400 and "sent as a form" not in json.loads(answer)["error"], answer

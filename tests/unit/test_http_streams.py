@@ -59,3 +59,17 @@ def test_ndjson_form_is_one_object_per_line() -> None:
     lines = [json.loads(line) for line in out.decode().splitlines()]
     assert lines == [{"text": "Pa"}, {"text": "ris"}, USAGE]
     assert StreamFraming(ndjson=True).final(b"end") == b'{"text": "end"}\n'
+
+
+@pytest.mark.parametrize("ndjson", [False, True])
+def test_piece_objects_of_a_logprobs_request_are_lines_of_their_own(ndjson: bool) -> None:
+    """With logprobs every message is an object: each one line, in both forms, the last as it is."""
+    entry = {"token": "Pa", "logprob": -0.5, "bytes": [80, 97], "top_logprobs": []}
+    piece = json.dumps({"text": "Pa", "logprobs": [entry]}).encode()
+    last = {"text": "ris", "finish_reason": "stop", "logprobs": [{**entry, "token": "ris", "bytes": [114, 105, 115]}]}
+    framing = StreamFraming(ndjson=ndjson)
+    out = framing.piece(piece) + framing.final(json.dumps(last).encode())
+    assert [json.loads(line) for line in out.decode().splitlines()] == [json.loads(piece), last]
+    assert out.endswith(b"}\n") and b"\n\n" not in out
+    # text that only looks like a piece object stays text
+    assert StreamFraming(ndjson=False).piece(b'{"text": "x"}') == b'{"text": "x"}'

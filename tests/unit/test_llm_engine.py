@@ -31,6 +31,11 @@ NEAR_TIE = 1e-4
 LENGTHS = [1, 4, 9, 16, 23, 31, 40, 57]  # prompt lengths (tokens)
 
 
+def decoded(tokenizer: Any, ids: list[int]) -> str:
+    """The text of ``ids`` as the engines release it (no ``clean_up_tokenization_spaces``)."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 @pytest.fixture(scope="module")
 def model(tokenizer: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -125,7 +130,7 @@ def test_alone_equals_generate(model: Any, tokenizer: Any, prompts: dict[int, li
     assert len(set(want)) > 3  # the tiny model's text is not degenerate
     assert_greedy_equal(model, prompts[length], result.token_ids, want)
     assert result.prompt_tokens == length and result.completion_tokens == len(result.token_ids)
-    assert text_of(outputs) == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert text_of(outputs) == decoded(tokenizer, result.token_ids)
 
 
 @pytest.mark.parametrize("lengths", [[1, 16, 40], [4, 57, 9], LENGTHS])
@@ -153,7 +158,7 @@ def test_batch_of_8_tokens_and_text(model: Any, tokenizer: Any, prompts: dict[in
         result = final(seen[str(n)])
         assert_greedy_equal(model, prompts[n], result.token_ids, reference(model, prompts[n], 16))
         assert len(seen[str(n)]) == 16  # one output per step, the first one from the prefill
-        assert text_of(seen[str(n)]) == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        assert text_of(seen[str(n)]) == decoded(tokenizer, result.token_ids)
 
 
 def test_max_prefill_takes_a_burst_a_few_at_a_time(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
@@ -299,8 +304,8 @@ def test_seeded_sampling_reproducible_in_any_batch(model: Any, tokenizer: Any, p
 
 def test_stop_string_in_a_batch(model: Any, tokenizer: Any, prompts: dict[int, list[int]]) -> None:
     ref = reference(model, prompts[16], 24)
-    full = tokenizer.decode(ref, skip_special_tokens=True)
-    boundary = len(tokenizer.decode(ref[:8], skip_special_tokens=True))
+    full = decoded(tokenizer, ref)
+    boundary = len(decoded(tokenizer, ref[:8]))
     stop = full[boundary - 2 : boundary + 2]  # straddles the 8th and 9th token
     assert len(stop) == 4 and "\ufffd" not in stop
     engine = GenerationEngine(model, tokenizer)
@@ -340,7 +345,7 @@ def test_eos_and_ignore_eos(model: Any, tokenizer: Any, prompts: dict[int, list[
     seen = drain(engine)
     stopped = final(seen["eos"])
     assert stopped.finish_reason == "stop" and stopped.token_ids == ref[: first + 1]  # the EOS token counts ...
-    assert text_of(seen["eos"]) == tokenizer.decode(ref[:first], skip_special_tokens=True)  # ... but is not decoded
+    assert text_of(seen["eos"]) == decoded(tokenizer, ref[:first])  # ... but is not decoded
     kept = final(seen["ignore"])
     assert kept.finish_reason == "length" and kept.completion_tokens == 12
     assert_greedy_equal(model, prompts[23], kept.token_ids, ref)

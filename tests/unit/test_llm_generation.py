@@ -73,6 +73,12 @@ def tiny_model(tokenizer: Any) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
+def decoded(tokenizer: Any, ids: list[int]) -> str:
+    """The text of ``ids`` as the engines release it (no ``clean_up_tokenization_spaces``)."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+
 @pytest.fixture(scope="module")
 def prompt_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer("Once upon a time")["input_ids"])
@@ -121,8 +127,17 @@ def test_incremental_decoder_long_text_windowed(tokenizer: Any) -> None:
     assert len(ids) > 3 * IncrementalDecoder._WINDOW  # exercises moving the decode window
     decoder = IncrementalDecoder(tokenizer)
     out = "".join(decoder.push(i) for i in ids) + decoder.flush()
-    assert out == text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert out == text == decoded(tokenizer, ids)
     assert decoder.token_ids == ids
+
+
+def test_incremental_decoder_keeps_a_space_before_punctuation(tokenizer: Any) -> None:
+    """transformers' clean-up turns " ," into "," and so rewrites text already released: a stream
+    of ``"\n``, `` ``, ``,"`` lost its comma (a JSON answer under a schema came out invalid)."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ('"', "\u010a\u0120", "\u0120", ',"', "quantity")]
+    decoder = IncrementalDecoder(tokenizer)
+    text = "".join(decoder.push(i) for i in ids) + decoder.flush()
+    assert text == '"\n  ,"quantity' == decoded(tokenizer, ids)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -134,7 +149,7 @@ def test_incremental_decoder_random_ids_matches_full_decode(tokenizer: Any, seed
     ids[40:42] = [tokenizer.eos_token_id, 1]
     decoder = IncrementalDecoder(tokenizer)
     pieces = [decoder.push(i) for i in ids]
-    assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=True)
+    assert "".join(pieces) + decoder.flush() == decoded(tokenizer, ids)
     assert all(not p.endswith("\ufffd") for p in pieces)
 
 
@@ -311,8 +326,8 @@ MESSAGES_OK = [{"role": "user", "content": "hi"}]
         (b'{"messages": [{"role": ["user"], "content": "x"}]}', "got list"),
         (b'{"messages": [{"content": "x"}]}', "got NoneType"),
         (
-            b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
-            "'messages[0]' has unknown field(s): name",
+            b'{"messages": [{"role": "user", "content": "x", "weight": 1}]}',
+            "'messages[0]' has unknown field(s): weight",
         ),
     ],
 )
@@ -407,7 +422,7 @@ def test_greedy_uses_kv_cache_correctly(tiny_model: Any, tokenizer: Any, prompt_
             ids.append(int(logits.argmax()))
     assert result.token_ids == ids[len(prompt_ids) :]
     assert len(set(result.token_ids)) > 3  # the tiny model's text is not degenerate
-    assert "".join(pieces) + result.remaining_text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert "".join(pieces) + result.remaining_text == decoded(tokenizer, result.token_ids)
     assert result.finish_reason == "length" and result.completion_tokens == 12
     assert result.prompt_tokens == len(prompt_ids)
     assert all(pieces)  # no empty piece is yielded
@@ -425,7 +440,7 @@ def test_seed_determinism(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]
     )
     assert r1.token_ids == r2.token_ids and text1 == text2
     assert r1.token_ids != r3.token_ids and text1 != text3
-    assert text1 == tokenizer.decode(r1.token_ids, skip_special_tokens=True)
+    assert text1 == decoded(tokenizer, r1.token_ids)
 
 
 def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
@@ -443,7 +458,7 @@ def test_max_new_tokens_bounds_generation(tiny_model: Any, tokenizer: Any, promp
 def test_stop_string_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[int]) -> None:
     full, ref = sampled(tiny_model, tokenizer, prompt_ids)
     # a stop string straddling the boundary between the 8th and 9th token
-    boundary = len(tokenizer.decode(ref.token_ids[:8], skip_special_tokens=True))
+    boundary = len(decoded(tokenizer, ref.token_ids[:8]))
     stop = full[boundary - 2 : boundary + 2]
     assert len(stop) == 4 and "\ufffd" not in stop
     expected = full[: full.index(stop)]
@@ -486,7 +501,7 @@ def test_eos_ends_generation(tiny_model: Any, tokenizer: Any, prompt_ids: list[i
     assert result.token_ids == ref.token_ids[: first + 1]  # the EOS token counts ...
     assert result.completion_tokens == first + 1
     text = "".join(pieces) + result.remaining_text
-    assert text == tokenizer.decode(ref.token_ids[:first], skip_special_tokens=True)  # ... but is not decoded
+    assert text == decoded(tokenizer, ref.token_ids[:first])  # ... but is not decoded
     # ignore_eos keeps going past it
     params = GenerationParams(max_new_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     _, result = run(generate_pieces(tiny_model, tokenizer, prompt_ids, params, eos_ids={eos}))
@@ -764,7 +779,8 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     assert out["a"][1] is False
     # its first token and its prompt are counted at once, not when it ends
     served = _served(context, {})
-    assert served == {"prompt_tokens": len(ids_a), "generation_tokens": 1.0}
+    # (the torch engine has no prefix cache: each prompt is looked up, none found)
+    assert served == {"prompt_tokens": len(ids_a), "generation_tokens": 1.0, "prefix_cache_queries_total": len(ids_a)}
     record({"a": out["a"]})
     # call 2: "b" joins the running "a" (which comes without inputs now)
     record(_call(handler, context, {"a": None, "b": body_b}))
@@ -785,8 +801,9 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     assert set(finals) == {"a", "b"}
     ids_b = list(tokenizer(body_b["prompt"])["input_ids"])
     # every token counted once: a's 10, b's 8 and the one "c" took before it was dropped
-    assert _served(context, served) == {"prompt_tokens": len(ids_a) + len(ids_b) + len(ids_c),
-                                        "generation_tokens": 10 + 8 + 1}
+    prompts = len(ids_a) + len(ids_b) + len(ids_c)
+    assert _served(context, served) == {"prompt_tokens": prompts, "generation_tokens": 10 + 8 + 1,
+                                        "prefix_cache_queries_total": prompts}
     text_a, result_a = generate_text(tiny_model, tokenizer, ids_a, GenerationParams(max_new_tokens=10, ignore_eos=True))
     text_b, _ = generate_text(
         tiny_model, tokenizer, ids_b, GenerationParams(max_new_tokens=8, temperature=1.0, seed=4, ignore_eos=True)
@@ -799,6 +816,73 @@ def test_handler_continuous_batching_contract(tiny_model_dir: str, tiny_model: A
     # a request the handler does not know, sent without inputs, is rejected
     out = _call(handler, context, {"ghost": None})
     assert out["ghost"][0].startswith("400: ")
+
+
+def test_handler_sends_log_probabilities_and_answers_tokenizer_requests(tiny_model_dir: str, tokenizer: Any) -> None:
+    """With ``logprobs`` every message is a JSON object: each piece with its tokens' entries, the final
+    message with the rest; a tokenizer request is answered at once; ``n`` above 1 is the OpenAI door's."""
+    from inference_service.contracts.outputs import FinalMessage, Piece
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMHandler()
+    context = _continuous_context(tiny_model_dir)
+    handler.initialize(context)
+    body = {"prompt": "Once upon", "max_new_tokens": 6, "ignore_eos": True, "logprobs": True, "top_logprobs": 3,
+            "include_usage": True}
+    pieces, final = [], None
+    out = _call(handler, context, {"r": body, "t": {"tokenize": {"prompt": "Once upon"}},
+                                   "two": {"prompt": "x", "n": 2}})
+    assert out["t"] == ({"count": len(tokenizer("Once upon")["input_ids"]), "max_model_len": 256,
+                         "tokens": tokenizer("Once upon")["input_ids"], "token_strs": None}, True)
+    assert out["two"][0].startswith("400: 'n' above 1 is answered by the OpenAI door")
+    for _ in range(10):
+        value, finished = out["r"]
+        if finished:
+            final = FinalMessage.parse(json.dumps(value).encode())
+            break
+        if value is not None:
+            pieces.append(Piece.parse(json.dumps(value).encode()))
+        out = _call(handler, context, {"r": None})
+    assert final is not None and final.usage is not None and final.usage.completion_tokens == 6
+    entries = [e for piece in pieces for e in piece.logprobs] + list(final.logprobs or ())
+    assert len(entries) == 6 and all(len(e.top_logprobs) == 3 for e in entries)
+    assert "".join(p.text for p in pieces) + final.text == "".join(e.token for e in entries)
+    greedy = [e for e in entries if e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob]
+    assert greedy == entries  # greedy: each sampled token is the most likely one
+
+
+@pytest.mark.parametrize("generator_form", [False, True])
+def test_static_batches_carry_log_probabilities_too(tiny_model_dir: str, tiny_model: Any, tokenizer: Any,
+                                                   prompt_ids: list[int], generator_form: bool) -> None:
+    """A static batch: the pieces it could not send (outside a worker) end up in the final message,
+    text and entries in order; the generator form yields the piece objects."""
+    from inference_service.contracts.outputs import FinalMessage, Piece
+    from inference_service.llm.generator_handler import LLMGeneratorHandler
+    from inference_service.llm.handler import LLMHandler
+
+    handler = LLMGeneratorHandler() if generator_form else LLMHandler()
+    context = _context(tiny_model_dir, 2)
+    handler.initialize(context)
+    data = [{"data": bytearray(b'{"prompt": "Once upon a time", "ignore_eos": true, "logprobs": true}')},
+            {"data": bytearray(b'{"detokenize": {"tokens": [1, 2]}}')}]
+    expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
+    pieces: list[Piece] = []
+    if generator_form:
+        gen = handler.handle(data, context)
+        while True:
+            try:
+                message = next(gen)
+            except StopIteration as done:
+                results = done.value
+                break
+            pieces += [p for p in (Piece.parse(json.dumps(m).encode()) for m in message if m is not None) if p]
+    else:
+        results = handler.handle(data, context)
+    final = FinalMessage.parse(json.dumps(results[0]).encode())
+    assert final is not None and final.usage is None and final.finish_reason == "length"
+    entries = [e for piece in pieces for e in piece.logprobs] + list(final.logprobs or ())
+    assert "".join(p.text for p in pieces) + final.text == expected and len(entries) == 6
+    assert results[1] == {"prompt": tokenizer.decode([1, 2])}
 
 
 def test_handler_mode_follows_continuous_batching_key() -> None:
@@ -837,9 +921,12 @@ def test_the_json_doors_take_the_roles_of_the_openai_door() -> None:
     from inference_service.frontends.openai.schemas import ChatMessage
 
     assert get_args(ChatMessage.model_fields["role"].annotation) == CHAT_ROLES
-    messages = [{"role": role, "content": role} for role in CHAT_ROLES]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": role, "content": role} for role in CHAT_ROLES if role != "tool"]
+    messages[-1]["tool_calls"] = [call]  # a tool message answers an earlier call
+    messages.append({"role": "tool", "content": "42", "tool_call_id": "c1"})
     parsed = parse_request(json.dumps({"messages": messages}).encode()).messages
     assert [m["role"] for m in parsed or ()] == ["system", "system", "user", "assistant", "tool"]  # as /v1 sends
     with pytest.raises(InvalidRequest) as refused:
         parse_request(b'{"messages": [{"role": "moderator", "content": "x"}]}')
-    assert refused.value.field == "messages"
+    assert refused.value.field == "messages[0].role"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference_service.contracts.outputs import FinalMessage, Usage
+from inference_service.contracts.outputs import FinalMessage, Piece, TokenLogprob, TopLogprob, Usage
 from inference_service.contracts.sampling import (
     CONFIG_FIELDS,
     PARAM_FIELDS,
@@ -29,13 +29,14 @@ def test_one_declaration_of_the_parameters():
     assert llm_requests.InvalidRequest is InvalidRequest and llm_requests.parse_request is parse_request
     assert PARAM_FIELDS == ("max_new_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "include_usage",
                             "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids",
-                            "cache_salt")
+                            "cache_salt", "n", "best_of", "logprobs", "top_logprobs", "structured_outputs")
     assert CONFIG_FIELDS == ("max_new_tokens", "temperature", "top_p")
-    assert REQUEST_FIELDS == {"prompt", "messages", *PARAM_FIELDS}
+    assert REQUEST_FIELDS == {"prompt", "messages", "tools", "response_format", *PARAM_FIELDS}
     assert GenerationParams().to_json(frozenset(PARAM_FIELDS)) == {
         "max_new_tokens": 256, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": [], "ignore_eos": False,
         "include_usage": False, "top_k": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "stop_token_ids": [], "cache_salt": None}
+        "frequency_penalty": 0.0, "stop_token_ids": [], "cache_salt": None, "n": 1, "best_of": None,
+        "logprobs": False, "top_logprobs": 0, "structured_outputs": None}
     assert GenerationParams().updated({"top_k": 3, "stop_token_ids": [2, 2, 5]}) == \
         GenerationParams(top_k=3, stop_token_ids=(2, 5))
     assert GenerationRequest.build({"prompt": "x", "top_k": 3}).params.top_k == 3
@@ -72,6 +73,26 @@ def test_refusals_name_the_field(values, field, message):
     assert err.value.field == field and str(err.value).startswith(message)
 
 
+def test_choices_and_logprobs_fields():
+    """n, best_of, logprobs, top_logprobs: checked alone and together; a choice is one engine request."""
+    request = GenerationRequest.build({"prompt": "x", "n": 3, "best_of": 4, "seed": 9, "temperature": 0.5})
+    third = request.choice(2)
+    assert (third.params.n, third.params.best_of, third.params.seed) == (1, None, 11)
+    assert json.loads(third.to_body()) == {"prompt": "x", "temperature": 0.5, "seed": 11}
+    ranked = request.choice(0, logprobs=True)
+    assert ranked.params.logprobs and json.loads(ranked.to_body())["logprobs"] is True
+    assert GenerationRequest.build({"prompt": "x", "seed": 2**64 - 1}).choice(1).params.seed == 0
+    for values, field, message in (
+            ({"n": 0}, "n", "'n' must be between 1 and 16, got 0"),
+            ({"n": 2, "best_of": 1}, "best_of", "'best_of' (1) must be at least 'n' (2)"),
+            ({"logprobs": 1}, "logprobs", "'logprobs' must be true or false, got int"),
+            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "'top_logprobs' must be between 0 and 20"),
+            ({"top_logprobs": 3}, "top_logprobs", "'top_logprobs' needs 'logprobs': true")):
+        with pytest.raises(InvalidRequest) as err:
+            GenerationRequest.build({"prompt": "x", **values})
+        assert err.value.field == field and str(err.value).startswith(message), err.value
+
+
 def test_final_message_round_trip():
     result = GenerationResult(remaining_text="", finish_reason="length", prompt_tokens=3, completion_tokens=4)
     payload = json.dumps(final_message(result, GenerationParams(include_usage=True))).encode()
@@ -82,6 +103,13 @@ def test_final_message_round_trip():
         FinalMessage("t", "stop", None)
     for other in (b"plain", b'{"text": 1, "finish_reason": "stop"}', b"{broken", b'{"text": ""}'):
         assert FinalMessage.parse(other) is None
+    # with logprobs: the entries of the tokens not sent before ride with it; usage only with include_usage
+    entry = TokenLogprob("a", -0.5, (97,), (TopLogprob("a", -0.5, (97,)), TopLogprob("b", -1.5, (98,))))
+    payload = json.dumps(final_message(result, GenerationParams(logprobs=True), [entry])).encode()
+    assert FinalMessage.parse(payload) == FinalMessage("", "length", None, (entry,))
+    assert Piece.parse(json.dumps(Piece("a", (entry,)).to_json()).encode()) == Piece("a", (entry,))
+    for not_a_piece in (payload, b'{"text": "a"}', b'{"text": "a", "logprobs": [{"token": 1}]}', b"a"):
+        assert Piece.parse(not_a_piece) is None
 
 
 #: Every sampling field that takes a number, and the extreme doubles a hostile client sends.

@@ -25,7 +25,7 @@ from inference_service.contracts.sampling import (
 )
 
 #: The LLM engines a handler config may name (docs/llm.md, "Engines").
-ENGINES = ("openvino", "torch")
+ENGINES = ("openvino", "torch", "vllm")
 #: The OpenVINO engine's weight formats; ``auto`` (as absent): the default of the CPU's row
 #: (``inference_service.llm.cpu_defaults``).
 WEIGHT_FORMATS = ("auto", "fp32", "int8", "int4")
@@ -80,6 +80,16 @@ def _text(key: str, value: Any) -> str:
     return value
 
 
+def _vllm_engine_config(key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+        raise HandlerConfigError(f"'{key}' must be a mapping of the engine's own argument names to values, "
+                                 f"got {_shown(value)}", key)
+    for name, item in value.items():
+        if not isinstance(item, (str, int, float, bool)):
+            raise HandlerConfigError(f"'{key}.{name}' must be a string, number or boolean, got {_shown(item)}", key)
+    return MappingProxyType(dict(value))
+
+
 def _affinity(key: str, value: Any) -> Any:
     try:
         parse_affinity(value)
@@ -115,6 +125,9 @@ class HandlerConfig:
     max_num_batched_tokens: int | None = setting(None, _count)  # None: the engine's own default
     max_prefill_requests: int | None = setting(None, _count)
     enable_prefix_caching: bool = setting(True, _flag)
+    # vLLM's EngineArgs by their names (TorchServe's vLLM handler's key)
+    vllm_engine_config: Mapping[str, Any] | None = setting(None, _vllm_engine_config)
+    python: str | None = setting(None, _text)  # the interpreter of the model's workers (engine: vllm)
     generation: GenerationParams = GenerationParams()
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 

@@ -1,8 +1,11 @@
-"""The LLM handler's final message with ``include_usage``, typed: written by the worker
-(``llm/generation.py``), read back by the doors (the OpenAI door's finish reason and usage).
+"""The LLM handler's messages that are JSON, typed: written by the worker (``llm/generation.py``,
+``llm/logprobs.py``), read back by the doors (the OpenAI door's finish reason, usage, log probabilities).
 
-On the wire it is the JSON object ``{"text": "...", "finish_reason": "stop" | "length" |
-"cancelled", "usage": {"prompt_tokens": n, "completion_tokens": m}}`` (docs/llm.md).
+The final message with ``include_usage`` (or ``logprobs``) is the JSON object ``{"text": "...",
+"finish_reason": "stop" | "length" | "cancelled", "usage": {"prompt_tokens": n, "completion_tokens":
+m}}``, with ``"logprobs": [...]`` when asked; with ``logprobs`` every intermediate message is
+``{"text": "...", "logprobs": [...]}`` (:class:`Piece`). Each entry is OpenAI's chat shape
+(:class:`TokenLogprob`). See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -11,6 +14,85 @@ import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One likely token at a position: its text, log probability and UTF-8 bytes (OpenAI's names)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TopLogprob:
+        """Raises ValueError for anything but ``{"token": str, "logprob": number, "bytes": [int]}``."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("token"), str) \
+                or not isinstance(obj.get("logprob"), (int, float)) or not isinstance(obj.get("bytes"), list):
+            raise ValueError("not a log probability entry")
+        return cls(obj["token"], float(obj["logprob"]), tuple(int(b) for b in obj["bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token: its :class:`TopLogprob` fields and the most likely tokens at its position
+    (``top_logprobs`` of them, most likely first)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes),
+                "top_logprobs": [top.to_json() for top in self.top_logprobs]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TokenLogprob:
+        """Raises ValueError for a malformed entry."""
+        head = TopLogprob.from_json(obj)
+        tops = obj.get("top_logprobs", [])
+        if not isinstance(tops, list):
+            raise ValueError("'top_logprobs' is not a list")
+        return cls(head.token, head.logprob, head.bytes, tuple(TopLogprob.from_json(t) for t in tops))
+
+
+def _logprobs(obj: Any) -> tuple[TokenLogprob, ...] | None:
+    """The ``logprobs`` entries of a message object; ``None`` when absent or malformed."""
+    entries = obj.get("logprobs")
+    if not isinstance(entries, list):
+        return None
+    try:
+        return tuple(TokenLogprob.from_json(entry) for entry in entries)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """An intermediate message of a request with ``logprobs``: new text (possibly ``""``) and the
+    tokens sampled since the message before."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "logprobs": [entry.to_json() for entry in self.logprobs]}
+
+    @classmethod
+    def parse(cls, payload: bytes) -> Piece | None:
+        """The piece in ``payload``, or ``None`` when it is not one (plain text)."""
+        obj: Any = None
+        if payload[:1] == b"{":
+            with contextlib.suppress(ValueError):
+                obj = json.loads(payload)
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or "finish_reason" in obj:
+            return None
+        entries = _logprobs(obj)
+        return None if entries is None else cls(obj["text"], entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +111,13 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class FinalMessage:
     """How a generation ended, as its final message tells it: ``text`` not sent before (``""`` when
-    streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed)."""
+    streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed), ``logprobs`` of the
+    tokens not sent before (``None``: not asked for)."""
 
     text: str
     finish_reason: str
     usage: Usage | None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the handler returns (the worker encodes it)."""
@@ -41,6 +125,8 @@ class FinalMessage:
         if self.usage is not None:
             out["usage"] = {"prompt_tokens": self.usage.prompt_tokens,
                             "completion_tokens": self.usage.completion_tokens}
+        if self.logprobs is not None:
+            out["logprobs"] = [entry.to_json() for entry in self.logprobs]
         return out
 
     @classmethod
@@ -58,4 +144,4 @@ class FinalMessage:
         if isinstance(counts, dict) and isinstance(counts.get("prompt_tokens"), int) \
                 and isinstance(counts.get("completion_tokens"), int):
             usage = Usage(counts["prompt_tokens"], counts["completion_tokens"])
-        return cls(obj["text"], str(obj["finish_reason"]), usage)
+        return cls(obj["text"], str(obj["finish_reason"]), usage, _logprobs(obj))

@@ -14,6 +14,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from inference_service.contracts.request_error import InvalidRequest
+from inference_service.contracts.structured import (
+    CHAT_ROLES,
+    StructuredOutputs,
+    check_structured_outputs,
+    check_tools,
+    from_response_format,
+    parse_messages,
+)
+
+__all__ = ["CHAT_ROLES", "GenerationParams", "GenerationRequest", "InvalidRequest", "SamplingParams",
+           "StructuredOutputs", "params_from_config", "parse_request"]
+
 #: Upper bound of ``max_new_tokens`` accepted from a request or config.
 MAX_NEW_TOKENS_LIMIT = 4096
 #: Upper bound of ``temperature``.
@@ -24,6 +37,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 #: Most stop token ids one request may give.
 MAX_STOP_TOKEN_IDS = 64
+#: Most choices (``n``) and candidates (``best_of``) of one request.
+MAX_CHOICES = 16
+#: Most alternatives per token (``top_logprobs``), OpenAI's bound.
+MAX_TOP_LOGPROBS = 20
 #: A ``temperature`` below this is greedy, as vLLM's ``_SAMPLING_EPS``: the engines compute in
 #: float32, where dividing the logits by a tinier one overflows (OpenVINO refuses it outright).
 GREEDY_TEMPERATURE = 1e-5
@@ -42,14 +59,6 @@ V2_REFUSAL = (
     "Protocol (v2) body with \"inputs\"; send it to /predictions/<model> (gRPC: StreamPredictions), "
     "or an OpenAI body to /v1/chat/completions or /v1/completions"
 )
-
-
-class InvalidRequest(ValueError):
-    """A request (or config value) is malformed; ``field`` is the parameter at fault, if any."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> int:
@@ -175,13 +184,19 @@ class GenerationParams:
     frequency_penalty: float = param(0.0, _check_penalty)
     stop_token_ids: tuple[int, ...] = param((), _check_token_ids)
     cache_salt: str | None = param(None, _check_salt)  # vLLM's: prefix caching shared per salt only
+    n: int = param(1, _int_in(1, MAX_CHOICES))  # choices: one engine request each (the OpenAI door's)
+    best_of: int | None = param(None, _int_in(1, MAX_CHOICES))  # candidates, the n best kept
+    logprobs: bool = param(False, _check_bool)  # each sampled token's log probability
+    top_logprobs: int = param(0, _int_in(0, MAX_TOP_LOGPROBS))  # and its most likely alternatives
+    structured_outputs: StructuredOutputs | None = param(None, check_structured_outputs)
 
     def updated(self, values: Mapping[str, Any]) -> GenerationParams:
         """These parameters with the set values of ``values`` (``None``: absent) checked in declaration
         order; other keys are ignored.
 
         Raises:
-            InvalidRequest: a wrong type or out of range (names the field).
+            InvalidRequest: a wrong type or out of range, ``best_of`` below ``n``, ``top_logprobs``
+                without ``logprobs`` (names the field).
         """
         changes = {}
         for f in fields(self):
@@ -191,12 +206,25 @@ class GenerationParams:
                 except InvalidRequest as exc:
                     exc.field = f.name
                     raise
-        return replace(self, **changes) if changes else self
+        params = replace(self, **changes) if changes else self
+        if params.best_of is not None and params.best_of < params.n:
+            raise InvalidRequest(f"'best_of' ({params.best_of}) must be at least 'n' ({params.n})", "best_of")
+        if params.top_logprobs and not params.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if params.structured_outputs is not None and params.ignore_eos:
+            raise InvalidRequest("'ignore_eos' cannot be combined with 'structured_outputs': the constraint ends "
+                                 "the answer", field="ignore_eos")
+        return params
 
     def to_json(self, names: frozenset[str] | None = None) -> dict[str, Any]:
         """The parameters (those in ``names`` if given) as JSON values, in declaration order."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in fields(self) if names is None or f.name in names}
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self) if names is None or f.name in names}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value.to_json() if isinstance(value, StructuredOutputs) else value
 
 
 #: vLLM's name for the same type.
@@ -205,8 +233,8 @@ SamplingParams = GenerationParams
 PARAM_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(GenerationParams) if f.metadata["request"])
 #: The handler config keys that set the defaults (``handler:`` section of model-config.yaml).
 CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(GenerationParams) if f.metadata["config"])
-#: Fields a JSON request body may carry.
-REQUEST_FIELDS = frozenset({"prompt", "messages", *PARAM_FIELDS})
+#: Fields a JSON request body may carry: ``response_format`` (OpenAI's) is read into ``structured_outputs``.
+REQUEST_FIELDS = frozenset({"prompt", "messages", "tools", "response_format", *PARAM_FIELDS})
 
 
 def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
@@ -218,42 +246,18 @@ def params_from_config(config: Mapping[str, Any]) -> GenerationParams:
         raise InvalidRequest(f"handler config: {exc}") from None
 
 
-#: The chat roles a request may use, on every door (OpenAI's; ``developer`` reaches the chat
-#: template as ``system``, which templates know).
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def _parse_messages(value: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, (list, tuple)) or not value:
-        raise InvalidRequest('\'messages\' must be a non-empty list of {"role", "content"} objects')
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"'messages[{i}]' must be an object with 'role' and 'content'")
-        extra = set(message) - {"role", "content"}
-        if extra:
-            raise InvalidRequest(f"'messages[{i}]' has unknown field(s): {', '.join(sorted(extra))}")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            shown = repr(role)[:40] if isinstance(role, str) else type(role).__name__
-            raise InvalidRequest(f"'messages[{i}].role' must be one of {', '.join(CHAT_ROLES)}, got {shown}",
-                                 "messages")
-        if not isinstance(content, str):
-            raise InvalidRequest(f"'messages[{i}].content' must be a string")
-        messages.append({"role": "system" if role == "developer" else role, "content": content})
-    return tuple(messages)
-
-
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One LLM request: exactly one of ``prompt`` / ``messages`` (chat, role and content each),
-    its parameters, and ``given``: the parameters the client set (the others are the model's
-    defaults, which the door does not know)."""
+    """One LLM request: exactly one of ``prompt`` / ``messages`` (a chat,
+    :func:`~inference_service.contracts.structured.parse_messages`), the ``tools`` its chat
+    template renders, its parameters, and ``given``: the parameters the client set (the others are
+    the model's defaults, which the door does not know)."""
 
     prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[dict[str, Any], ...] | None
     params: GenerationParams = GenerationParams()
     given: frozenset[str] = frozenset()
+    tools: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def build(cls, values: Mapping[str, Any], defaults: GenerationParams = GenerationParams()) -> GenerationRequest:
@@ -270,6 +274,12 @@ class GenerationRequest:
             allowed = ", ".join(sorted(REQUEST_FIELDS))
             raise InvalidRequest(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}; allowed: {allowed}")
         given = {k: v for k, v in values.items() if v is not None}
+        if "response_format" in given:
+            if "structured_outputs" in given:
+                raise InvalidRequest("give one of 'response_format' and 'structured_outputs'", field="response_format")
+            constraint = from_response_format(given.pop("response_format"))  # names response_format's field
+            if constraint is not None:
+                given["structured_outputs"] = constraint
         prompt = given.get("prompt")
         messages = None
         if ("prompt" in given) == ("messages" in given):
@@ -280,14 +290,30 @@ class GenerationRequest:
             if not prompt:
                 raise InvalidRequest("'prompt' must not be empty")
         else:
-            messages = _parse_messages(given["messages"])
-        return cls(prompt, messages, defaults.updated(given), frozenset(given) & frozenset(PARAM_FIELDS))
+            messages = parse_messages(given["messages"])
+        tools = check_tools(given["tools"]) if "tools" in given else ()
+        if tools and messages is None:
+            raise InvalidRequest("'tools' are rendered by the chat template: send 'messages', not 'prompt'")
+        return cls(prompt, messages, defaults.updated(given), frozenset(given) & frozenset(PARAM_FIELDS), tools)
+
+    def choice(self, index: int, *, logprobs: bool = False) -> GenerationRequest:
+        """The engine request of choice ``index`` of ``n`` (or of ``best_of`` candidates): one choice,
+        seed ``seed + index`` (mod 2**64) when seeded, so a seeded request gives the same choices
+        each time; ``logprobs`` asks for them whether or not the client did (``best_of`` ranks by them)."""
+        params = replace(self.params, n=1, best_of=None,
+                         seed=None if self.params.seed is None else (self.params.seed + index) % 2**64)
+        given = self.given - {"n", "best_of"}
+        if logprobs and not params.logprobs:
+            params, given = replace(params, logprobs=True), given | {"logprobs"}
+        return replace(self, params=params, given=given)
 
     def to_body(self) -> bytes:
         """The JSON body the worker's handler parses back (:func:`parse_request`): the prompt or
         messages and the parameters the client set."""
         obj: dict[str, Any] = ({"prompt": self.prompt} if self.prompt is not None
                                else {"messages": list(self.messages or ())})
+        if self.tools:
+            obj["tools"] = list(self.tools)
         obj.update(self.params.to_json(self.given))
         return json.dumps(obj).encode()
 

@@ -55,6 +55,11 @@ class SchedulerStats:
                                           "LLM: token positions the workers' KV caches take, padding included.")
     kv_cache_capacity_tokens: int = stat("gauge", "kv_cache_capacity_tokens",
                                          "LLM: the most token positions the workers' KV caches may hold.")
+    prefix_cache_queries_total: int = stat("total", "prefix_cache_queries",
+                                           "LLM: prompt tokens looked up in the prefix cache (each request's "
+                                           "prompt, once).")
+    prefix_cache_hits_total: int = stat("total", "prefix_cache_hits",
+                                        "LLM: prompt tokens found in the prefix cache (not computed again).")
 
 
 @dataclass(slots=True)

@@ -39,6 +39,10 @@ STREAM_WINDOW = 64
 #: The frontend returns credits in batches of this many.
 CREDIT_BATCH = STREAM_WINDOW // 2
 
+#: The server's interpreter, in the environment of every worker: a worker under another Python (an
+#: engine's own environment) has work that needs the server's packages run by it.
+SERVER_PYTHON_ENV = "INFERENCE_SERVICE_SERVER_PYTHON"
+
 #: Worker modes (:attr:`WorkerSpec.mode`).
 MODE_BATCH = "batch"  # one batch at a time, DONE when it is answered (TorchServe's default)
 MODE_CONTINUOUS = "continuous"  # continuousBatching: requests join and leave a running batch

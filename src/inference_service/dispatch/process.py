@@ -53,6 +53,7 @@ class WorkerProcess:
         env: environment of the process (thread counts, ``CUDA_VISIBLE_DEVICES``...).
         log_name: logger name for the worker's stdout/stderr lines.
         options: the server-wide worker settings (log level, handler metrics sink).
+        python: the interpreter that runs it (an engine's own environment; default: the server's).
 
     In ``batch`` mode (:attr:`wire.WorkerSpec.mode`) the worker takes one batch at a
     time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
@@ -60,8 +61,12 @@ class WorkerProcess:
     """
 
     def __init__(self, spec: wire.WorkerSpec, env: dict[str, str], log_name: str,
-                 options: WorkerOptions = WorkerOptions()) -> None:
+                 options: WorkerOptions = WorkerOptions(), python: str = sys.executable) -> None:
         self.spec = spec
+        self.python = python
+        # killed as a group: a torchrun launcher's ranks, or the processes an engine of another Python
+        # starts (vLLM's engine core on a GPU), go with it
+        self._own_group = spec.world_size > 1 or python != sys.executable
         self.metrics_sink = options.metrics_sink
         spec.forward_metrics = options.forward_handler_metrics  # prometheus mode: never logged (no sink: dropped)
         spec.log_level = options.log_level
@@ -162,8 +167,8 @@ class WorkerProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = await spawn(
-                [sys.executable, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
-                self.env, pass_fds=(child.fileno(),))
+                [self.python, "-m", "inference_service.worker.main", "--fd", str(child.fileno())],
+                self.env, pass_fds=(child.fileno(),), start_new_session=self._own_group)
         finally:
             child.close()
         self.pid = self.proc.pid
@@ -180,7 +185,7 @@ class WorkerProcess:
         listener = await asyncio.get_running_loop().create_unix_server(lambda: FrameChannel(self), path=path)
         try:
             self.proc = await spawn(
-                [sys.executable, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
+                [self.python, "-m", "inference_service.worker.launch", "--nproc-per-node", str(world),
                  "--connect", path], self.env, start_new_session=True)
             self.pid = self.proc.pid
             self.start_time = time.time()
@@ -409,7 +414,7 @@ class WorkerProcess:
         """SIGKILL the process and wait for it."""
         if self.alive and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                if self.spec.world_size > 1:  # the launcher leads its own process group
+                if self._own_group:  # the launcher, or an engine's own Python, leads its own process group
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 else:
                     self.proc.send_signal(signal.SIGKILL)

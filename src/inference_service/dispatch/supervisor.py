@@ -52,6 +52,9 @@ class SlotOwner(Protocol):
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """The environment of a worker process."""
 
+    def worker_python(self) -> str:
+        """The interpreter of a worker process."""
+
     def on_change(self) -> None:
         """A worker state changed (health)."""
 
@@ -116,7 +119,8 @@ class WorkerSlot:
             attempts += 1
             self._set_state(WorkerState.STARTING)
             process = WorkerProcess(self.model.worker_spec(self), self.model.worker_env(self),
-                                    f"inference_service.worker.{self.model.name}", self.model.worker_options)
+                                    f"inference_service.worker.{self.model.name}", self.model.worker_options,
+                                    self.model.worker_python())
             self.process = process
             try:
                 await process.start(config.startup_timeout_s)

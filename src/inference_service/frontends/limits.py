@@ -173,9 +173,16 @@ def _noun(what: str) -> str:
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-def refuse_form(content_type: str) -> None:
+def refuse_form(content_type: str, body: bytes) -> None:
     """InvalidArgument (reason ``FORM_BODY``) for a form body at a door that reads JSON (``/v1``,
-    ``/v2``); ``content_type`` as aiohttp's ``request.content_type``."""
+    ``/v2``); ``content_type`` as aiohttp's ``request.content_type``.
+
+    A urlencoded body that is JSON text (``curl -d @request.json``, as KServe's samples send it)
+    is read as JSON, as KServe's model server and vLLM's OpenAI server read it; multipart/form-data
+    and a urlencoded body of form fields are refused.
+    """
+    if content_type == FORM_TYPES[0] and body.lstrip()[:1] in (b"{", b"["):
+        return
     if content_type in FORM_TYPES:
         raise InvalidArgument(f"the body was sent as a form (Content-Type: {content_type}, what curl -d sends "
                               "unless told otherwise); this API reads JSON: send it with "

@@ -81,8 +81,9 @@ class CpuDefaults:
         weight_format: the default weight format (:data:`~inference_service.llm.openvino_ir.WEIGHT_FORMATS`).
         properties: OpenVINO CPU properties of ``weight_format`` on this kind, over its
             :data:`~inference_service.llm.openvino_engine.QUALITY_PROPERTIES` (another format keeps its own).
-        max_num_batched_tokens: tokens per step.
-        cache_size_gb: the paged KV cache (GB).
+        max_num_batched_tokens: tokens per step; ``None``: the engine's default.
+        cache_size_gb: the paged KV cache (GB); ``None``: the engine's default (enough for
+            ``batchSize`` requests at the model's full context).
         threads: ``INFERENCE_NUM_THREADS``; ``None``: every CPU the worker has.
         measured: where the row's figures are (``""``: not measured, the defaults from before the table).
     """
@@ -90,8 +91,8 @@ class CpuDefaults:
     kind: str
     weight_format: str
     properties: Mapping[str, Any]
-    max_num_batched_tokens: int = 256
-    cache_size_gb: int = 1
+    max_num_batched_tokens: int | None = None
+    cache_size_gb: float | None = None
     threads: int | None = None
     measured: str = ""
 

@@ -37,6 +37,7 @@ without them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
@@ -111,6 +112,9 @@ class GenerationEngine:
         self.runner = ModelRunner(model, pad)
         self.runner.capacity_tokens = (max_num_seqs or 0) * (max_model_len or 0)
         self._requests: dict[str, RequestState] = {}
+        self._prompt_tokens = 0  # prefix cache queries: it has no prefix cache, so never a hit
+        self._grammars: Any = None  # llm.grammar.GrammarMasks, made for the first structured output
+        self._grammars_lock = threading.Lock()
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -144,7 +148,8 @@ class GenerationEngine:
         (token positions cached for a request; padding not counted),
         ``kv_cache_allocated_tokens`` (the positions the caches take, padding included) and
         ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``; 0 when either is
-        unknown)."""
+        unknown); ``prefix_cache_queries_total`` counts the prompts' tokens and
+        ``prefix_cache_hits_total`` stays 0 (no prefix cache)."""
         sched = self.scheduler
         running = len(sched.keys(RUNNING, PREFILLING))
         return SchedulerStats(
@@ -154,7 +159,28 @@ class GenerationEngine:
             kv_cache_used_tokens=self.runner.used_tokens(),
             kv_cache_allocated_tokens=self.runner.allocated_tokens(),
             kv_cache_capacity_tokens=self.runner.capacity_tokens,
+            prefix_cache_queries_total=self._prompt_tokens,
         )
+
+    def _grammar_masks(self) -> Any:
+        """The engine's XGrammar compiler and masks, made once (about 1 s: the vocabulary is read)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from inference_service.llm.grammar import GrammarMasks
+
+                vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+                self._grammars = GrammarMasks(self.tokenizer, vocab if isinstance(vocab, int) else len(self.tokenizer),
+                                              self.eos)
+            return self._grammars
+
+    def check(self, params: GenerationParams) -> None:
+        """Compile the request's structured output, if any (cached for its :meth:`add`); thread-safe.
+
+        Raises:
+            InvalidRequest: the constraint does not compile (names the field).
+        """
+        if params.structured_outputs is not None:
+            self._grammar_masks().compile(params.structured_outputs)
 
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; its prefill (and first token) starts at the next :meth:`step`
@@ -173,8 +199,11 @@ class GenerationEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         request = RequestState(key, [int(i) for i in prompt_ids], params, self.tokenizer)
+        if params.structured_outputs is not None:
+            request.mask = self._grammar_masks().matcher(params.structured_outputs)
         self.scheduler.add(key, len(request.prompt_ids))
         self._requests[key] = request
+        self._prompt_tokens += len(request.prompt_ids)
 
     def cancel(self, key: str) -> GenerationResult | None:
         """Drop request ``key`` now and free its KV cache.
@@ -256,6 +285,9 @@ class GenerationEngine:
                 outputs[key] = StepOutput(piece, True, request.finish(reason))
                 finished.append(key)
                 del self._requests[key]
+            sampled = self.runner.logprobs.get(key)
+            if sampled is not None and not request.ends_on(token, self.eos):
+                outputs[key].logprobs.append(sampled)
         for key, cause in failed.items():
             outputs[key] = request_fault(key, cause)
             finished.append(key)

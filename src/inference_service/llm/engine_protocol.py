@@ -23,6 +23,16 @@ from inference_service.llm.params import GenerationResult
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class SampledLogprob:
+    """A sampled token's log probability under the model (``logprobs``), and the ``top_logprobs``
+    most likely ``(token id, log probability)`` at its position, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class StepOutput:
     """What one :meth:`Engine.step` produced for one request.
@@ -37,6 +47,8 @@ class StepOutput:
             engine: 1; an engine that hands over held tokens: their number, possibly 0).
         error: set when the engine failed on this request alone (``finished`` is then true and
             ``result`` ``None``): :data:`REQUEST_FAULT`; the engine logged the cause.
+        logprobs: with ``params.logprobs``, one entry per token this output accounts for, but an
+            end-of-sequence or stop token that ended it (it has no text).
     """
 
     piece: str = ""
@@ -44,6 +56,7 @@ class StepOutput:
     result: GenerationResult | None = None
     tokens: int = 1
     error: str | None = None
+    logprobs: list[SampledLogprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,12 @@ class Engine(Protocol):
     def has(self, key: str) -> bool: ...
 
     def stats(self) -> SchedulerStats: ...
+
+    def check(self, params: GenerationParams) -> None:
+        """What the engine must check before :meth:`add` and may take long for (compiling a
+        structured output's grammar); thread-safe, so the handler runs it beside the step loop.
+        Raises InvalidRequest naming the field."""
+        ...
 
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request. Raises ValueError for a key already in the engine or empty ``prompt_ids``."""

@@ -1,5 +1,5 @@
-"""The one builder of the LLM handler's engine: ``engine: openvino | torch`` of the typed handler
-config (docs/llm.md, "Engines"). Both engines implement
+"""The one builder of the LLM handler's engine: ``engine: openvino | torch | vllm`` of the typed handler
+config (docs/llm.md, "Engines"). Every engine implements
 :class:`~inference_service.llm.engine_protocol.Engine`, so nothing above the handler knows which runs."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,13 +19,16 @@ from inference_service.contracts.wire import EngineInfo
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.engine_protocol import Engine, EngineCapabilities
 from inference_service.llm.openvino_engine import OpenVINOEngine
+from inference_service.llm.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
 #: Every engine's declaration, by the name the handler config gives it.
 CAPABILITIES: dict[str, EngineCapabilities] = {
-    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine)
+    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine, VLLMEngine)
 }
+#: The vLLM engine's KV cache on a CPU when ``cache_size`` names none (GiB; on a GPU vLLM sizes it).
+VLLM_CPU_CACHE_GB = 1
 #: Newly arrived requests the torch engine prefills per step by default: a burst of 8 gets its
 #: first tokens about twice as early at the median than with all 8 prefilled in one step, at the
 #: same throughput (benchmarks/README.md, "LLM concurrency").
@@ -71,8 +75,13 @@ def build_engine(config: HandlerConfig, device: str, max_num_seqs: int | None, c
         ModelPreparationError: the model cannot be located, converted or loaded.
     """
     name = engine_name(config, "cpu" if device == "cpu" else "cuda")
+    if config.vllm_engine_config and name != "vllm":
+        raise EngineConfigError(f"handler config: 'vllm_engine_config' is for vLLM's engine; this model's engine "
+                                f"is {name}")
     if name == "openvino":
         return _build_openvino(config, max_num_seqs)
+    if name == "vllm":
+        return _build_vllm(config, device, max_num_seqs)
     return _build_torch(config, device, max_num_seqs, continuous)
 
 
@@ -109,6 +118,41 @@ def _build_torch(config: HandlerConfig, device: str, max_num_seqs: int | None, c
     return BuiltEngine(engine, tokenizer, context_length, "torch", str(model_dir), model)
 
 
+def _build_vllm(config: HandlerConfig, device: str, max_num_seqs: int | None) -> BuiltEngine:
+    """vLLM's engine on a transformers model directory (``engine: vllm``), in a worker running vLLM's own
+    Python. A GGUF is converted by the server's Python, whose transformers reads it as tested."""
+    from inference_service.llm.model import ModelPreparationError, resolve_model_dir
+    from inference_service.llm.request_state import eos_token_ids
+    from inference_service.llm.vllm_engine import load_tokenizer, prepare_model_dir
+
+    if device.startswith("cuda:") and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2]  # vLLM uses the first visible GPU
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineConfigError(
+            "handler config: 'engine: vllm' needs vLLM in the worker's Python; install it with "
+            f"scripts/install --engine vllm or name its interpreter with 'python' ({exc})") from None
+    model_dir = resolve_model_dir(config) if config.model_path else prepare_model_dir(config)
+    tokenizer = load_tokenizer(model_dir)
+    model_config = _read_json(model_dir / "config.json")
+    generation = _read_json(model_dir / "generation_config.json")
+    model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
+                                 generation_config=SimpleNamespace(**generation))
+    start = time.perf_counter()
+    try:
+        engine = VLLMEngine(
+            model_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            kv_cache_gb=config.cache_size or (VLLM_CPU_CACHE_GB if device == "cpu" else None),
+            enable_prefix_caching=config.enable_prefix_caching, on_gpu=device != "cpu",
+            engine_args=dict(config.vllm_engine_config or {}))
+    except (TypeError, ValueError) as exc:  # EngineArgs' own refusals: an unknown or bad argument
+        raise ModelPreparationError(f"vLLM refused the engine settings: {exc}") from exc
+    log.info("loaded %s on vLLM %s in %.1f s", model_dir, vllm.__version__, time.perf_counter() - start)
+    return BuiltEngine(engine, tokenizer, engine.max_model_len, "vllm", str(model_dir))
+
+
 def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
     """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
     converted once to ``weight_format`` (``auto`` or none: this CPU's default, with the settings of
@@ -118,12 +162,11 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
         ModelPreparationError: the model cannot be located or converted, or the IR directory
             lacks a file or holds a config value out of range.
     """
-    from transformers import AutoTokenizer
-
     from inference_service.llm.cpu_defaults import choose_weight_format
     from inference_service.llm.model import ModelPreparationError, resolve_model_dir
     from inference_service.llm.openvino_ir import (
         DEFAULT_IR_CACHE_LIMIT_GB,
+        add_detokenizer,
         looks_like_ir,
         prepare_ir,
         read_ir_config,
@@ -143,25 +186,32 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
                                      config.ir_cache_limit_gb or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
+        add_detokenizer(ir_dir)  # in our cache: an IR directory of the config's is used as it is
     model_config = read_ir_config(ir_dir)
     weight_format, row = choice.weight_format, choice.row
     log.info("weight format %s: %s; OpenVINO properties %s", weight_format, choice.reason,
              dict(choice.properties) or "the format's own")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
-    except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
-        raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
-    generation = _read_json(ir_dir / "generation_config.json")
     context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="openvino-compile") as pool:
+        pending = pool.submit(  # compiling releases the GIL: transformers and the tokenizer load meanwhile
+            OpenVINOEngine, ir_dir, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=(config.max_num_batched_tokens or row.max_num_batched_tokens
+                                    or OpenVINOEngine.capabilities.default_batched_tokens),
+            max_model_len=context_length, weight_format=weight_format,
+            kv_cache_gb=config.cache_size or row.cache_size_gb, threads=_threads(config, row.threads),
+            enable_prefix_caching=config.enable_prefix_caching, properties=dict(choice.properties))
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+        except Exception as exc:  # noqa: BLE001 - any tokenizer file transformers cannot read
+            raise ModelPreparationError(f"cannot load the tokenizer of {ir_dir}: {type(exc).__name__}: {exc}") from exc
+        engine = pending.result()
+    generation = _read_json(ir_dir / "generation_config.json")
     model_like = SimpleNamespace(config=SimpleNamespace(**model_config),
                                  generation_config=SimpleNamespace(**generation))
-    start = time.perf_counter()
-    engine = OpenVINOEngine(
-        ir_dir, tokenizer, eos_token_ids(model_like, tokenizer), max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens or row.max_num_batched_tokens,
-        max_model_len=context_length, weight_format=weight_format,
-        kv_cache_gb=config.cache_size or row.cache_size_gb, threads=_threads(config, row.threads),
-        enable_prefix_caching=config.enable_prefix_caching, properties=dict(choice.properties))
+    engine.set_tokenizer(tokenizer, eos_token_ids(model_like, tokenizer))
     size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
              time.perf_counter() - start)

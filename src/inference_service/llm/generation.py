@@ -6,10 +6,11 @@ one generation loop of this package; torch is imported inside the functions that
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from inference_service.contracts.outputs import FinalMessage, Usage
+from inference_service.contracts.outputs import FinalMessage, TokenLogprob, Usage
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import GenerationRequest, InvalidRequest
@@ -44,7 +45,8 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
         from jinja2 import TemplateError
 
         try:
-            text = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(template_messages(request.messages), add_generation_prompt=True,
+                                                 tokenize=False, tools=list(request.tools) or None)
         except TemplateError as exc:  # raised by the template itself (e.g. unsupported role order)
             raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -58,6 +60,28 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
             f"exceeds the model's context length ({context_length})"
         )
     return ids
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat as chat templates read it: a tool call's ``arguments`` as an object (transformers'
+    convention; OpenAI's JSON text when it is not an object)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _arguments(call["function"]["arguments"])}}
+                for call in calls]}
+        out.append(message)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def generate_pieces(
@@ -121,10 +145,13 @@ def generate_text(
             return "".join(parts) + result.remaining_text, result
 
 
-def final_message(result: GenerationResult, params: GenerationParams) -> str | dict[str, Any]:
-    """The last message of a stream: the remaining text, or with ``include_usage`` the
-    :class:`~inference_service.contracts.outputs.FinalMessage` object (as JSON)."""
-    if not params.include_usage:
+def final_message(result: GenerationResult, params: GenerationParams,
+                  logprobs: Sequence[TokenLogprob] = ()) -> str | dict[str, Any]:
+    """The last message of a stream: the remaining text, or with ``include_usage`` or ``logprobs``
+    the :class:`~inference_service.contracts.outputs.FinalMessage` object (as JSON; usage with
+    ``include_usage``, the entries ``logprobs`` of the tokens not sent before with ``logprobs``)."""
+    if not params.include_usage and not params.logprobs:
         return result.remaining_text
-    usage = Usage(result.prompt_tokens, result.completion_tokens)
-    return FinalMessage(result.remaining_text, result.finish_reason, usage).to_json()
+    usage = Usage(result.prompt_tokens, result.completion_tokens) if params.include_usage else None
+    entries = tuple(logprobs) if params.logprobs else None
+    return FinalMessage(result.remaining_text, result.finish_reason, usage, entries).to_json()

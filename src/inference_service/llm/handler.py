@@ -10,19 +10,29 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from inference_service.contracts.outputs import TokenLogprob
 from inference_service.contracts.stats import IterationStats
+from inference_service.contracts.tokenizer import parse_tokenizer_request
 from inference_service.contracts.wire import EngineInfo
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
-from inference_service.llm.engine_protocol import REQUEST_FAULT, Engine, StepOutput, add_request, refusal
+from inference_service.llm.engine_protocol import (
+    REQUEST_FAULT,
+    Engine,
+    SampledLogprob,
+    StepOutput,
+    add_request,
+    refusal,
+)
 from inference_service.llm.engines import CAPABILITIES, build_engine, engine_name
 from inference_service.llm.generation import build_prompt_ids, final_message
 from inference_service.llm.handler_config import continuous_batching, warn_retired
+from inference_service.llm.logprobs import TokenTexts
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import (
     GenerationRequest,
@@ -32,6 +42,7 @@ from inference_service.llm.requests import (
     parse_input_row,
 )
 from inference_service.llm.static_batch import Pieces, generate_batch, send_pieces
+from inference_service.llm.tokenize import answer as tokenizer_answer
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +53,41 @@ _PREPARE_WAIT_S = 0.05
 #: Request bodies up to this many bytes are parsed and tokenized in the step itself (well
 #: under a millisecond); larger ones on a thread, so the running streams do not wait for them.
 _INLINE_BODY_BYTES = 16384
+#: Why a TorchServe door's request may not ask for several choices.
+_ONE_CHOICE = ("'{}' above 1 is answered by the OpenAI door (/v1/chat/completions, /v1/completions), which "
+               "runs one request per choice; this door streams one answer")
+
+#: What a request becomes in the handler: the request and its prompt ids, or a tokenizer request's answer.
+Prepared = tuple[GenerationRequest, list[int]] | dict[str, Any]
+
+#: The request fields that carry a structured output.
+_CONSTRAINT_FIELDS = ("structured_outputs", "response_format")
 
 
 def _body_size(row: Any) -> int:
     """The size of a request's raw body, or of a decoded JSON body's prompt or message contents."""
     body = row.get("data", row.get("body")) if isinstance(row, dict) else row
     if isinstance(body, dict):  # an application/json body the worker decoded (decode_input_request)
+        inner = body.get("tokenize")
+        body = inner if isinstance(inner, dict) else body
         messages = body.get("messages")
         texts = [body.get("prompt")]
         if isinstance(messages, list):
             texts += [m.get("content") for m in messages if isinstance(m, dict)]
         return sum(len(text) for text in texts if isinstance(text, str))
     return len(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else 0
+
+
+def _constrained(row: Any) -> bool:
+    """Whether a request may ask for a structured output (its grammar is compiled on a thread)."""
+    body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+    if isinstance(body, dict):
+        return any(body.get(key) is not None for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, str):
+        return any(key in body for key in _CONSTRAINT_FIELDS)
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return any(key.encode() in bytes(body) for key in _CONSTRAINT_FIELDS)
+    return False
 
 
 def _criterion(finished: bool) -> Callable[[Any], bool]:
@@ -76,11 +110,12 @@ class LLMHandler(BaseHandler):
         self.context_length: int | None = None
         self.model_path: str | None = None
         self._jobs: dict[str, ActiveRequest] = {}  # continuous mode: request id -> job
-        self._preparing: dict[str, Future[tuple[GenerationRequest, list[int]]]] = {}  # continuous: tokenizing
+        self._preparing: dict[str, Future[Prepared]] = {}  # continuous: tokenizing
         self._prepare_pool: ThreadPoolExecutor | None = None
         self.max_prompt_chars: int | None = None
         self._batches = 0  # static mode: batch counter, makes engine keys unique
         self._iteration = IterationStats()  # tokens counted since the last report to the server
+        self._token_texts: TokenTexts | None = None  # log probability entries (built with the tokenizer)
 
     def initialize(self, context: Context) -> None:
         """Read the typed ``handler`` config, convert the model if not cached, build the engine.
@@ -93,21 +128,23 @@ class LLMHandler(BaseHandler):
         config = context.handler_config.within((context.system_properties or {}).get("model_dir", ""))
         on_gpu = (context.system_properties or {}).get("gpu_id") is not None
         name = engine_name(config, "cuda" if on_gpu else "cpu")
-        if name == "openvino":  # no torch in this worker: about 340 MB less resident memory
-            self._initialize_light(context)
-        else:
+        if name == "torch":
             super().initialize(context)  # device, manifest, model_dir; the manifest names no weights
+            device = str(self.device)
+        else:  # the engine places the model itself (OpenVINO: no torch at all, about 340 MB less memory)
+            self._initialize_light(context, name)
+            device = f"cuda:{(context.system_properties or {}).get('gpu_id')}" if on_gpu and name == "vllm" else "cpu"
         self.initialized = False
         warn_retired(config)
         self.defaults = config.generation
         batch_size = (context.system_properties or {}).get("batch_size")
         max_num_seqs = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
-        built = build_engine(config, str(self.device) if name == "torch" else "cpu", max_num_seqs,
-                             continuous_batching(context))
+        built = build_engine(config, device, max_num_seqs, continuous_batching(context))
         self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
+        self._token_texts = TokenTexts(self.tokenizer)
         self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
         self.engine_info = built.info or EngineInfo(built.name)  # READY carries it to DescribeModel
-        if name == "openvino":
+        if name != "torch":
             log.info("warm-up request took %.2f s", self._warm_up())
         self.max_prompt_chars = (
             self.context_length * max_token_chars(self.tokenizer) if self.context_length is not None else None
@@ -118,11 +155,11 @@ class LLMHandler(BaseHandler):
         self.initialized = True
         log.info("generation mode: %s", "continuous batching" if continuous_batching(context) else "static batches")
 
-    def _initialize_light(self, context: Context) -> None:
+    def _initialize_light(self, context: Context, name: str) -> None:
         """What :meth:`BaseHandler.initialize` sets, without importing torch (OpenVINO needs none)."""
         import sys
 
-        if "transformers" not in sys.modules and "torch" not in sys.modules:
+        if name == "openvino" and "transformers" not in sys.modules and "torch" not in sys.modules:
             os.environ["USE_TORCH"] = "0"  # transformers' own switch: tokenizers without torch
         self.context = context
         self.manifest = context.manifest
@@ -153,22 +190,39 @@ class LLMHandler(BaseHandler):
             raise RuntimeError("LLMHandler.initialize was not called")
         return self.engine
 
-    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str:
-        """``(request, prompt ids)``, or on bad input the error message (status 400 set)."""
+    def _prepare(self, row: Any, idx: int, context: Context) -> Prepared | str:
+        """:data:`Prepared`, or on bad input the error message (status 400 set)."""
         try:
             return self._tokenize(row)
         except InvalidRequest as exc:
             context.set_response_status(400, str(exc), idx)
             return str(exc)
 
-    def _tokenize(self, row: Any) -> tuple[GenerationRequest, list[int]]:
-        """Parse and tokenize ``row``; InvalidRequest if malformed or its prompt cannot fit."""
+    def _tokenize(self, row: Any) -> Prepared:
+        """Parse and tokenize ``row`` (or answer its tokenizer request), and have the engine check it (a
+        structured output compiles); InvalidRequest if malformed, if its prompt cannot fit or its
+        constraint does not compile."""
+        body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+        asked = parse_tokenizer_request(body)
+        if asked is not None:
+            return tokenizer_answer(self.tokenizer, asked, self.context_length)
         request = parse_input_row(row, self.defaults)
+        for name in ("n", "best_of"):
+            if (getattr(request.params, name) or 1) > 1:
+                raise InvalidRequest(_ONE_CHOICE.format(name), name)
         refused = refusal(self._engine().capabilities, request.params, tuple(CAPABILITIES.values()))
         if refused is not None:
             raise InvalidRequest(refused)
         check_prompt_size(request, self.max_prompt_chars)
-        return request, build_prompt_ids(self.tokenizer, request, self.context_length)
+        prompt_ids = build_prompt_ids(self.tokenizer, request, self.context_length)
+        self._engine().check(request.params)
+        return request, prompt_ids
+
+    def _message(self, job: ActiveRequest, out: StepOutput) -> str | dict[str, Any] | None:
+        """What a step output sends: its text piece, or with ``logprobs`` the piece object (``None``: nothing)."""
+        if not job.request.params.logprobs or self._token_texts is None:
+            return out.piece or None
+        return self._token_texts.piece(out.piece, out.logprobs)
 
     def _count(self, job: ActiveRequest, tokens: int | None) -> None:
         """Count a step's sampled ``tokens`` (the prompt with the first; ``None``: cancelled)."""
@@ -187,8 +241,10 @@ class LLMHandler(BaseHandler):
         iteration, self._iteration = self._iteration, IterationStats()
         add(engine.stats(), iteration)
 
-    def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]:
-        """Log and record the request's token counts and speed; return its final message."""
+    def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int,
+                logprobs: Sequence[SampledLogprob] = (), held: Sequence[TokenLogprob] = ()) -> str | dict[str, Any]:
+        """Log and record the request's token counts and speed; return its final message (with
+        ``logprobs``: the ``held`` entries not sent, then those of the last output)."""
         elapsed = time.perf_counter() - job.started
         log.info(
             "request %s: %d prompt + %d completion tokens in %.2f s (%.1f tokens/s), finish=%s",
@@ -205,7 +261,8 @@ class LLMHandler(BaseHandler):
             metrics.add_counter("PromptTokens", result.prompt_tokens, idx)
             metrics.add_counter("GenerationTokens", result.completion_tokens, idx)
             metrics.add_time("RequestGenerationTime", round(elapsed * 1000, 2), idx, "ms")
-        return final_message(result, job.request.params)
+        entries = [*held, *self._token_texts.entries(logprobs)] if self._token_texts is not None else []
+        return final_message(result, job.request.params, entries)
 
     @staticmethod
     def _fail(out: StepOutput, idx: int, context: Context) -> str:
@@ -275,6 +332,10 @@ class LLMHandler(BaseHandler):
                     results[idx] = message
                     finished[idx] = True
                     continue
+                if isinstance(prepared, dict):  # a tokenizer request: answered at once
+                    results[idx] = prepared
+                    finished[idx] = True
+                    continue
                 request, prompt_ids = prepared
                 fault = add_request(engine, key, prompt_ids, request.params)
                 if fault is not None:
@@ -303,22 +364,24 @@ class LLMHandler(BaseHandler):
             elif out.finished and out.result is not None:
                 job = self._jobs.pop(key)
                 text = out.piece + out.result.remaining_text
-                if text and job.request.params.include_usage and self._text_apart(idx, text, context):
+                params = job.request.params
+                if text and params.include_usage and not params.logprobs and self._text_apart(idx, text, context):
                     text = ""
                 out.result.remaining_text = text
-                results[idx] = self._finish(job, out.result, idx)
+                results[idx] = self._finish(job, out.result, idx, out.logprobs)
                 finished[idx] = True
             else:
-                results[idx] = out.piece or None
+                results[idx] = self._message(self._jobs[key], out)
         context.stopping_criteria = [_criterion(f) for f in finished]
         self._report_engine()
         return results
 
-    def _prepared(self, key: str, row: Any) -> tuple[GenerationRequest, list[int]] | BaseException | None:
-        """The tokenized request, its error, or ``None`` while a thread still tokenizes a large body."""
+    def _prepared(self, key: str, row: Any) -> Prepared | BaseException | None:
+        """The tokenized request (or tokenizer answer), its error, or ``None`` while a thread still
+        tokenizes a large body."""
         future = self._preparing.get(key)
         if future is None:
-            if _body_size(row) <= _INLINE_BODY_BYTES:
+            if _body_size(row) <= _INLINE_BODY_BYTES and not _constrained(row):
                 try:
                     return self._tokenize(row)
                 except InvalidRequest as exc:

@@ -26,7 +26,6 @@ the worker's I/O threads go on while a step runs. One thread drives the engine.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,8 +34,15 @@ from types import MappingProxyType
 from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine_protocol import EngineCapabilities, StepOutput, request_fault
+from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
+from inference_service.llm.openvino_settings import (
+    KV_BLOCK_TOKENS,
+    generation_config,
+    kv_bytes_per_token,
+    kv_cache_blocks,
+)
 from inference_service.llm.params import GenerationParams, GenerationResult
+from inference_service.llm.prefix_cache import BLOCK_TOKENS, PrefixCacheTally
 from inference_service.llm.request_state import RequestState
 
 log = logging.getLogger(__name__)
@@ -72,7 +78,9 @@ class OpenVINOEngine:
 
     Args:
         ir_dir: the IR directory.
-        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding).
+        tokenizer: the transformers tokenizer whose ids the IR was exported with (decoding);
+            ``None``: given later to :meth:`set_tokenizer`, before the first :meth:`add` (the
+            builder loads it while the pipeline compiles, which releases the GIL).
         eos_ids: end-of-sequence token ids.
         max_num_seqs: most requests the pipeline runs at once (the worker's ``batchSize``).
         max_num_batched_tokens: most tokens per step (prompt chunks plus one per decoding
@@ -93,14 +101,16 @@ class OpenVINOEngine:
     #: OpenVINO GenAI's presence and frequency penalties move a logit towards zero (a negative logit
     #: goes up), where OpenAI's rule, which the torch engine follows, always lowers it.
     #: Its prefix cache is one for every request: no per-request salt (without prefix caching, there
-    #: is nothing to share, and ``cache_salt`` is honoured).
+    #: is nothing to share, and ``cache_salt`` is honoured). Its ``logprobs`` are the sampled token's
+    #: alone ("only single top logprob can be returned", GenerationConfig's own help).
     capabilities = EngineCapabilities("openvino", MappingProxyType({
         "presence_penalty": "its rule differs from OpenAI's",
         "frequency_penalty": "its rule differs from OpenAI's",
         "cache_salt": "its prefix cache is shared by every request; set 'enable_prefix_caching: false'",
+        "top_logprobs": "OpenVINO GenAI gives the sampled token's log probability alone",
     }), default_batched_tokens=256)
 
-    def __init__(self, ir_dir: str | Path, tokenizer: Any, eos_ids: Collection[int], *,
+    def __init__(self, ir_dir: str | Path, tokenizer: Any = None, eos_ids: Collection[int] = (), *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, weight_format: str = "int8", kv_cache_gb: float | None = None,
                  threads: int | None = None,
@@ -111,7 +121,7 @@ class OpenVINOEngine:
         if threads is not None:
             config["INFERENCE_NUM_THREADS"] = threads
         config.update(properties or {})
-        self._token_bytes = _kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
+        self._token_bytes = kv_bytes_per_token(Path(ir_dir), config.get("KV_CACHE_PRECISION"))
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.cache_size = 0
         scheduler.num_kv_blocks = kv_cache_blocks(kv_cache_gb, self._token_bytes, max_num_seqs, max_model_len)
@@ -124,6 +134,11 @@ class OpenVINOEngine:
             unsupported = {k: v for k, v in self.capabilities.unsupported.items() if k != "cache_salt"}
             self.capabilities = replace(self.capabilities, unsupported=MappingProxyType(unsupported))
         self.tokenizer = tokenizer
+        if not _has_vocabulary(self.pipeline):
+            self.capabilities = replace(self.capabilities, unsupported=MappingProxyType({
+                **self.capabilities.unsupported,
+                "structured_outputs": "this model's OpenVINO IR has no detokenizer (openvino_detokenizer.xml), whose "
+                                      "vocabulary the grammar needs"}))
         self.eos: frozenset[int] = frozenset(eos_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -132,12 +147,18 @@ class OpenVINOEngine:
         self._next_id = 0
         self._preempted_total = 0
         self.capacity_tokens = scheduler.num_kv_blocks * KV_BLOCK_TOKENS
+        self.prefix_cache = PrefixCacheTally(scheduler.num_kv_blocks) if enable_prefix_caching else None
+        self._prompt_tokens = 0  # prefix cache queries without a prefix cache
         needed = (max_num_seqs or 0) * (max_model_len or 0)
         if needed > self.capacity_tokens:
             log.warning("the KV cache holds %d tokens, less than batchSize x context (%d): OpenVINO preempts "
                         "requests on its own when it fills; those preemptions are not counted, and a seeded "
                         "sampled request preempted so may give another text (docs/llm.md, 'Engines')",
                         self.capacity_tokens, needed)
+
+    def set_tokenizer(self, tokenizer: Any, eos_ids: Collection[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = frozenset(eos_ids)
 
     # --- bookkeeping ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -156,7 +177,8 @@ class OpenVINOEngine:
         """The counters of :meth:`GenerationEngine.stats`: ``running`` (scheduled in the last
         step), ``waiting`` (in the engine but not scheduled, preempted ones included),
         ``preempted_total``, ``kv_cache_used_tokens`` (the pipeline's cache use times its
-        capacity) and ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``)."""
+        capacity), ``kv_cache_capacity_tokens`` (``max_num_seqs * max_model_len``) and the
+        prefix cache's queries and hits (:class:`~inference_service.llm.prefix_cache.PrefixCacheTally`)."""
         metrics = self.pipeline.get_metrics()
         submitted = sum(1 for live in self._requests.values() if live.handle is not None)
         running = min(int(metrics.scheduled_requests), submitted)  # a preempted request is not
@@ -168,9 +190,23 @@ class OpenVINOEngine:
             kv_cache_used_tokens=used,
             kv_cache_allocated_tokens=used,  # paged: blocks, no padding
             kv_cache_capacity_tokens=self.capacity_tokens,
+            prefix_cache_queries_total=self.prefix_cache.queries if self.prefix_cache else self._prompt_tokens,
+            prefix_cache_hits_total=self.prefix_cache.hits if self.prefix_cache else 0,
         )
 
     # --- requests --------------------------------------------------------------------
+    def check(self, params: GenerationParams) -> None:
+        """Compile the request's structured output, if any, with the XGrammar the pipeline uses: a
+        constraint that fails in the pipeline fails its step, for every request. Thread-safe.
+
+        Raises:
+            InvalidRequest: the constraint does not compile (names the field).
+        """
+        if params.structured_outputs is not None:
+            from inference_service.llm.grammar import check_constraint
+
+            check_constraint(params.structured_outputs)
+
     def add(self, key: str, prompt_ids: Sequence[int], params: GenerationParams) -> None:
         """Add a request; the pipeline schedules its prefill from the next :meth:`step` on.
 
@@ -185,6 +221,18 @@ class OpenVINOEngine:
         live = _Live(state, None, -1)
         self._submit(live)
         self._requests[key] = live
+        if self.prefix_cache is None:
+            self._prompt_tokens += len(state.prompt_ids)
+        else:
+            self.prefix_cache.lookup(state.prompt_ids)
+            whole = len(state.prompt_ids) - len(state.prompt_ids) % BLOCK_TOKENS
+            self.prefix_cache.remember(state.prompt_ids[:whole])  # its blocks are shared while it runs
+
+    def _remember(self, state: RequestState) -> None:
+        """A request left: its prompt's and output's KV stay in the prefix cache (the last sampled
+        token was never computed)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.remember(state.prompt_ids + state.result.token_ids[:-1])
 
     def _submit(self, live: _Live) -> None:
         """Hand the request to the pipeline: its prompt (plus, after a preemption, the tokens it
@@ -218,14 +266,16 @@ class OpenVINOEngine:
             return None
         if live.handle is not None:
             live.handle.cancel()
+        self._remember(live.state)
         return live.state.finish("cancelled")
 
     def preempt(self, key: str) -> bool:
         """Drop request ``key``'s pipeline handle and KV cache; it is added anew (recomputed)
-        when it is active again. False when it is unknown or already preempted."""
+        when it is active again. False when it is unknown, already preempted, or under a structured
+        output (the pipeline holds its grammar state)."""
         live = self._requests.get(key)
-        if live is None or live.handle is None:
-            return False
+        if live is None or live.handle is None or live.state.params.structured_outputs is not None:
+            return False  # a structured output's grammar state lives in the pipeline: it keeps its cache
         self._drain(live)  # tokens already generated stay with the request
         live.handle.cancel()
         live.handle = None
@@ -270,8 +320,8 @@ class OpenVINOEngine:
                 out = self._fail(key, exc)
             if out is not None:
                 outputs[key] = out
-                if out.finished:
-                    self._requests.pop(key, None)
+                if out.finished and (gone := self._requests.pop(key, None)) is not None:
+                    self._remember(gone.state)
         return outputs
 
     def _fail(self, key: str, exc: Exception) -> StepOutput:
@@ -287,17 +337,23 @@ class OpenVINOEngine:
 
         handle = live.handle
         tokens: list[int] = []
+        logprobs: list[float] = []
         while handle.can_read():
             for output in handle.read().values():
                 tokens.extend(int(t) for t in output.generated_ids)
+                logprobs.extend(float(p) for p in output.generated_log_probs)
         status = handle.get_status()
         done = status != openvino_genai.GenerationStatus.RUNNING and not handle.can_read()
         if live.replay:
+            skipped = len(tokens)
             tokens = self._skip_replayed(live, tokens, done)
             if live.handle is not handle:  # diverged: resubmitted the recompute way
                 return [], False
+            logprobs = logprobs[skipped - len(tokens):]
         if tokens:
             live.state.pending.extend(tokens)
+            if live.state.params.logprobs:
+                live.state.pending_logprobs.extend(logprobs)
         return tokens, done
 
     def _skip_replayed(self, live: _Live, tokens: list[int], done: bool) -> list[int]:
@@ -331,82 +387,30 @@ class OpenVINOEngine:
         _, done = self._drain(live)
         state = live.state
         pending, state.pending = state.pending, []
+        scores, state.pending_logprobs = state.pending_logprobs, []
         pieces: list[str] = []
-        for token in pending:
+        sampled: list[SampledLogprob] = []
+        for i, token in enumerate(pending):
+            if state.params.logprobs and not state.ends_on(token, self.eos):
+                sampled.append(SampledLogprob(token, scores[i] if i < len(scores) else 0.0))
             piece, reason = state.accept(token, self.eos)
             pieces.append(piece)
             if reason is not None:
                 live.handle.cancel()
-                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
         if done:
             # the pipeline ended it without a token we stop on: its own length or stop-token rule
             generated = len(state.result.token_ids)
             reason = "length" if generated >= state.params.max_new_tokens else "stop"
-            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces))
+            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
         if not pieces:
             return None
-        return StepOutput("".join(pieces), tokens=len(pieces))
+        return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled)
 
 
-def generation_config(params: GenerationParams, generated: int, eos_ids: Collection[int]) -> Any:
-    """``openvino_genai.GenerationConfig`` for a request that has already ``generated`` tokens.
-
-    Greedy when ``temperature`` is 0; otherwise multinomial sampling with ``top_p`` and a seed
-    (``params.seed``, or a random one), offset by ``generated`` after a preemption. The
-    end-of-sequence ids stop generation unless ``ignore_eos``; stop strings are ours.
-    """
-    import openvino_genai
-
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens = max(1, params.max_new_tokens - generated)
-    config.ignore_eos = params.ignore_eos
-    config.stop_token_ids = {int(i) for i in eos_ids} | {int(i) for i in getattr(params, "stop_token_ids", ())}
-    config.repetition_penalty = float(getattr(params, "repetition_penalty", 1.0))
-    if params.temperature > 0:
-        if getattr(params, "top_k", 0) > 0:  # OpenVINO's default (the largest integer) keeps all
-            config.top_k = int(params.top_k)
-        config.do_sample = True
-        config.temperature = params.temperature
-        config.top_p = params.top_p
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        config.rng_seed = (seed + generated) % (2**64)
-    else:
-        config.do_sample = False
-    return config
-
-
-#: Tokens per KV cache block of OpenVINO GenAI's CPU pipeline (measured: 100 blocks allocate 3,200
-#: tokens' bytes).
-KV_BLOCK_TOKENS = 32
-
-
-def kv_cache_blocks(cache_gb: float | None, token_bytes: int, max_num_seqs: int | None,
-                    max_model_len: int | None) -> int:
-    """The KV cache's blocks: ``cache_gb`` GiB's worth, else enough for ``max_num_seqs`` requests at
-    ``max_model_len`` tokens each (so the pipeline never preempts on its own; the memory is taken as
-    it is used), else 1 GiB's worth. At least one block per request."""
-    if cache_gb is None and max_num_seqs and max_model_len:
-        blocks = max_num_seqs * -(-max_model_len // KV_BLOCK_TOKENS)
-    else:
-        blocks = int((cache_gb or 1.0) * 2**30) // max(1, token_bytes * KV_BLOCK_TOKENS)
-    return max(blocks, max_num_seqs or 1)
-
-
-def _kv_bytes_per_token(ir_dir: Path, precision: Any) -> int:
-    """Bytes of KV cache one token takes: 2 (keys, values) x layers x KV heads x head size x the
-    element size, from the IR directory's ``config.json``; 0 when it cannot be read."""
-    import json
-
+def _has_vocabulary(pipeline: Any) -> bool:
+    """Whether the pipeline's tokenizer exposes its vocabulary (structured outputs need it)."""
     try:
-        config = json.loads((ir_dir / "config.json").read_text(encoding="utf-8"))
-        layers = int(config["num_hidden_layers"])
-        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return 2 * layers * heads * head_dim * kv_element_bytes(precision)
-
-
-def kv_element_bytes(precision: Any) -> int:
-    """Bytes of one KV cache value at OpenVINO's ``KV_CACHE_PRECISION`` (its CPU default: u8)."""
-    return {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "i8": 1}.get(str(precision).lower(), 1)
+        return bool(len(pipeline.get_tokenizer().get_vocab()))
+    except RuntimeError:  # "Tokenizer vocab is empty": no detokenizer model
+        return False

@@ -387,3 +387,55 @@ def read_ir_config(ir_dir: Path) -> dict[str, Any]:
             bound = f" up to {high:,}" if high else ""
             raise ModelPreparationError(f"{path}: '{field}' must be a positive integer{bound}, got {value!r}")
     return config
+
+
+#: The OpenVINO tokenizer models beside an IR: OpenVINO GenAI reads its vocabulary from the
+#: detokenizer (structured outputs need it); optimum-intel's exporter writes them when it can.
+TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+
+
+def add_detokenizer(ir_dir: Path) -> bool:
+    """Write the OpenVINO tokenizer and detokenizer of ``ir_dir``'s transformers tokenizer beside its
+    IR, once (openvino-tokenizers' converter); True when they are there. The exporter leaves them
+    out when the converter fails on the tokenizer's decoder: a byte-level tokenizer is then
+    converted with ``ByteLevel`` as its only decoder step (its tokens' bytes are the same).
+    """
+    if all((ir_dir / name).is_file() for name in TOKENIZER_FILES):
+        return True
+    with _exclusive_lock(ir_dir.parent / f".{ir_dir.name}.lock"):
+        if all((ir_dir / name).is_file() for name in TOKENIZER_FILES):
+            return True
+        start = time.perf_counter()
+        try:
+            models = _convert_tokenizer(ir_dir)
+        except Exception as exc:  # noqa: BLE001 - the converter's failures are of every kind; the model still serves
+            log.warning("cannot convert the tokenizer of %s to OpenVINO (%s: %s): structured outputs are off "
+                        "for this model", ir_dir, type(exc).__name__, str(exc).strip().splitlines()[0][:200])
+            return False
+        import openvino
+
+        for name, model in zip(TOKENIZER_FILES, models, strict=True):
+            tmp = ir_dir / f".{name}.tmp.xml"
+            openvino.save_model(model, str(tmp))
+            os.replace(tmp.with_suffix(".bin"), (ir_dir / name).with_suffix(".bin"))
+            os.replace(tmp, ir_dir / name)
+        log.info("wrote the OpenVINO tokenizer of %s in %.1f s", ir_dir, time.perf_counter() - start)
+        return True
+
+
+def _convert_tokenizer(ir_dir: Path) -> tuple[object, object]:
+    """openvino-tokenizers' ``(tokenizer, detokenizer)`` models of the IR directory's tokenizer."""
+    from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ir_dir))
+    try:
+        return tuple(convert_tokenizer(tokenizer, with_detokenizer=True))  # type: ignore[return-value]
+    except RuntimeError:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or '"ByteLevel"' not in backend.to_str() or "ByteLevel" not in str(backend.pre_tokenizer):
+            raise
+        from tokenizers import decoders
+
+        backend.decoder = decoders.ByteLevel()
+        return tuple(convert_tokenizer(tokenizer, with_detokenizer=True))  # type: ignore[return-value]

@@ -29,7 +29,7 @@ class RequestState:
     """The state of one request: sampling, decoding, stop strings, the tokens so far."""
 
     __slots__ = ("key", "prompt_ids", "params", "generator", "decoder", "stop_filter", "result", "last_token",
-                 "pending")
+                 "pending", "pending_logprobs", "mask")
 
     def __init__(self, key: str, prompt_ids: list[int], params: GenerationParams, tokenizer: Any,
                  sampler: bool = True) -> None:
@@ -40,19 +40,28 @@ class RequestState:
         self.params = params
         self.generator = make_generator(params.seed) if sampler and params.temperature > 0 else None
         self.pending: list[int] = []  # tokens received from an engine, not yet accepted
+        self.pending_logprobs: list[float] = []  # their log probabilities (``params.logprobs``)
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop_filter = StopStringFilter(params.stop)
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self.last_token = 0  # the token the next decode step feeds
+        self.mask: Any = None  # a structured output's grammar state (llm.grammar.TokenMask), torch engine only
 
     def all_tokens(self) -> list[int]:
         """The prompt ids followed by the generated ids: what a recompute after preemption feeds."""
         return self.prompt_ids + self.result.token_ids
 
+    def ends_on(self, token: int, eos: frozenset[int]) -> bool:
+        """Whether ``token`` ends the request as a token (end of sequence, a stop token): it counts
+        but has no text."""
+        return (token in eos and not self.params.ignore_eos) or token in self.params.stop_token_ids
+
     def accept(self, token: int, eos: frozenset[int]) -> tuple[str, str | None]:
         """Take one sampled token: ``(released text, finish reason or None while running)``."""
         self.result.token_ids.append(token)
-        if (token in eos and not self.params.ignore_eos) or token in self.params.stop_token_ids:
+        if self.mask is not None:
+            self.mask.accept(token)
+        if self.ends_on(token, eos):
             return "", "stop"  # the end-of-sequence (or a stop) token counts but is not decoded
         piece = self.stop_filter.push(self.decoder.push(token))
         if self.stop_filter.stopped:

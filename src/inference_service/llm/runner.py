@@ -33,9 +33,10 @@ import inspect
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from inference_service.llm.engine_protocol import SampledLogprob
 from inference_service.llm.kv_cache import cache_keyword, check_cache, output_cache, pad_left, select_rows
 from inference_service.llm.request_state import RequestState
-from inference_service.llm.sampling import needs_logit_processing, penalize, sample_next_token
+from inference_service.llm.sampling import needs_logit_processing, penalize, sample_next_token, sampled_logprob
 from inference_service.llm.scheduler import PrefillChunk, SchedulerOutput
 
 __all__ = ["ModelRunner"]
@@ -68,6 +69,7 @@ class ModelRunner:
         self._ready: dict[str, Any] = {}  # key -> cache of a request whose prefill ended this step
         self.capacity_tokens = 0  # rows x columns above which the running cache is compacted (0: no bound)
         self.failed: dict[str, Exception] = {}  # requests whose sampling failed in the last step
+        self.logprobs: dict[str, SampledLogprob] = {}  # the last step's tokens of requests asking for them
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -165,6 +167,7 @@ class ModelRunner:
 
         self.free(plan.preempted)
         self.failed = {}
+        self.logprobs = {}
         tokens: dict[str, int] = {}
         with torch.inference_mode():
             if plan.decode:
@@ -199,7 +202,8 @@ class ModelRunner:
         self._mask = mask
         self._positions = self._positions + step_mask
         advanced = [i for i, f in enumerate(flags) if f]
-        chosen = self._choose(logits, advanced, [requests[self.rows[i]] for i in advanced], self.failed)
+        chosen = self._choose(logits, advanced, [requests[self.rows[i]] for i in advanced], self.failed,
+                              self.logprobs)
         for i, token in zip(advanced, chosen, strict=True):
             if token is not None:
                 tokens[self.rows[i]] = token
@@ -225,7 +229,7 @@ class ModelRunner:
         if chunk.last:
             self._prefill.pop(chunk.key, None)
             self._ready[chunk.key] = cache
-            token = self._choose(logits, [0], [request], self.failed)[0]
+            token = self._choose(logits, [0], [request], self.failed, self.logprobs)[0]
             if token is not None:
                 tokens[chunk.key] = token
         else:
@@ -256,25 +260,34 @@ class ModelRunner:
 
     @staticmethod
     def _choose(logits: Any, indices: list[int], requests: Sequence[RequestState],
-                failed: dict[str, Exception]) -> list[int | None]:
+                failed: dict[str, Exception], logprobs: dict[str, SampledLogprob]) -> list[int | None]:
         """The next token of each row in ``indices`` (``requests[j]`` samples row ``indices[j]``);
-        ``None`` for a request whose sampling raised, recorded in ``failed``."""
+        ``None`` for a request whose sampling raised, recorded in ``failed``. The tokens of requests
+        with ``logprobs`` have theirs in ``logprobs``."""
         greedy = None
         tokens: list[int | None] = []
         for i, request in zip(indices, requests, strict=True):
             params = request.params
             try:
-                if needs_logit_processing(params):
-                    row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
+                if request.mask is not None:  # a structured output: the grammar's tokens only
+                    row = (penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
+                           if needs_logit_processing(params) else logits[i].float())
+                    request.mask.apply(row)
                     tokens.append(sample_next_token(row, params.temperature, params.top_p, request.generator,
                                                     getattr(params, "top_k", 0)))
+                elif needs_logit_processing(params):
+                    row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
+                    token = sample_next_token(row, params.temperature, params.top_p, request.generator,
+                                              getattr(params, "top_k", 0))
                 elif params.temperature <= 0.0:
                     if greedy is None:
                         greedy = logits.argmax(dim=-1).tolist()
-                    tokens.append(int(greedy[i]))
+                    token = int(greedy[i])
                 else:
-                    tokens.append(sample_next_token(logits[i], params.temperature, params.top_p,
-                                                    request.generator))
+                    token = sample_next_token(logits[i], params.temperature, params.top_p, request.generator)
+                if params.logprobs:
+                    logprobs[request.key] = sampled_logprob(logits[i], token, params.top_logprobs)
+                tokens.append(token)
             except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
                 failed[request.key] = exc
                 tokens.append(None)

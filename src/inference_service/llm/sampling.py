@@ -12,6 +12,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from inference_service.llm.engine_protocol import SampledLogprob
+
 
 def make_generator(seed: int | None) -> Any:
     """Return a CPU ``torch.Generator`` seeded with ``seed`` (a random seed if ``None``)."""
@@ -84,3 +86,16 @@ def sample_next_token(logits: Any, temperature: float, top_p: float, generator: 
         choice = torch.multinomial(kept_probs / kept_probs.sum(), 1, generator=generator)
         return int(sorted_ids[keep][choice].item())
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def sampled_logprob(logits: Any, token: int, top: int) -> SampledLogprob:
+    """``token``'s log probability in one row of raw logits ``[vocab]`` (the model's distribution,
+    before penalties and temperature, as vLLM's default) and the ``top`` most likely tokens."""
+    import torch
+
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]))
+        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return SampledLogprob(token, float(logprobs[token]), best)

@@ -11,17 +11,21 @@ See docs/llm.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
+from inference_service.contracts.outputs import TokenLogprob
 from inference_service.handler import Context, send_intermediate_predict_response
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
-from inference_service.llm.engine_protocol import Engine, StepOutput, add_request
+from inference_service.llm.engine_protocol import Engine, SampledLogprob, StepOutput, add_request
+from inference_service.llm.logprobs import held_messages
 from inference_service.llm.params import GenerationResult
 from inference_service.llm.requests import GenerationRequest
 
-Pieces = Generator[dict[int, str], set[int] | None, list[Any]]
-"""Yields ``{batch index: new text piece}`` per step, takes the undelivered indices, returns the
+Message = str | dict[str, Any]
+"""An intermediate message: a text piece, or with ``logprobs`` the piece object."""
+Pieces = Generator[dict[int, Message], set[int] | None, list[Any]]
+"""Yields ``{batch index: new message}`` per step, takes the undelivered indices, returns the
 final messages."""
 
 
@@ -30,11 +34,14 @@ class BatchHost(Protocol):
 
     def _engine(self) -> Engine: ...
 
-    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | str: ...
+    def _prepare(self, row: Any, idx: int, context: Context) -> tuple[GenerationRequest, list[int]] | Message: ...
 
     def _count(self, job: ActiveRequest, tokens: int | None) -> None: ...
 
-    def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int) -> str | dict[str, Any]: ...
+    def _message(self, job: ActiveRequest, out: StepOutput) -> Message | None: ...
+
+    def _finish(self, job: ActiveRequest, result: GenerationResult, idx: int,
+                logprobs: Sequence[SampledLogprob] = (), held: Sequence[TokenLogprob] = ()) -> Message: ...
 
     def _report_engine(self) -> None: ...
 
@@ -44,8 +51,8 @@ class BatchHost(Protocol):
 def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], context: Context) -> Pieces:
     """Generate all requests of one batch together (engine keys ``{prefix}:{index}``).
 
-    Yields, once per engine step that released text, ``{batch index: new text piece}``
-    (non-empty pieces only). The driver sends back the indices whose piece it could not
+    Yields, once per engine step that released text, ``{batch index: new message}`` (non-empty
+    pieces, or piece objects with ``logprobs``). The driver sends back the indices whose piece it could not
     deliver (no request id: called outside a worker); those pieces are kept for that
     request's final message. Before every step, requests whose client cancelled
     (``context.is_cancelled``) are dropped from the engine. Closing the generator stops
@@ -54,16 +61,17 @@ def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], con
     Returns:
         One final message per request: the text not yet sent, or the usage object
         (docs/llm.md, "The stream's messages"); for a request that failed validation, its
-        error message (discarded by the worker, which answers INVALID_ARGUMENT).
+        error message (discarded by the worker, which answers INVALID_ARGUMENT); for a
+        tokenizer request, its answer.
     """
     engine = host._engine()
     results: list[Any] = [None] * len(data)
     live: dict[int, ActiveRequest] = {}
-    unsent: dict[int, list[str]] = {}
+    unsent: dict[int, list[Message]] = {}
     try:
         for idx, row in enumerate(data):
             prepared = host._prepare(row, idx, context)
-            if isinstance(prepared, str):
+            if not isinstance(prepared, tuple):  # an error message, or a tokenizer request's answer
                 results[idx] = prepared
                 continue
             request, prompt_ids = prepared
@@ -84,37 +92,46 @@ def generate_batch(host: BatchHost, prefix: str, data: list[dict[str, Any]], con
             if not live:
                 break
             outputs = engine.step([job.key for job in live.values()])
-            pieces: dict[int, str] = {}
-            finished: list[tuple[int, ActiveRequest, GenerationResult]] = []
+            pieces: dict[int, Message] = {}
+            finished: list[tuple[int, ActiveRequest, StepOutput]] = []
             failed: list[int] = []
             for idx, job in live.items():
                 out = outputs.get(job.key)
                 if out is None:
                     continue
                 host._count(job, out.tokens)
-                if out.piece:
-                    pieces[idx] = out.piece
                 if out.error is not None:
                     failed.append(idx)
                     results[idx] = host._fail(out, idx, context)
                 elif out.finished and out.result is not None:
-                    finished.append((idx, job, out.result))
+                    finished.append((idx, job, out))
+                    if out.piece:  # with logprobs its entries go with the final message
+                        pieces[idx] = out.piece
+                elif (message := host._message(job, out)) is not None:
+                    pieces[idx] = message
             host._report_engine()
             for idx in failed:
                 del live[idx]
                 pieces.pop(idx, None)
-            for idx, job, result in finished:
+            for idx, job, out in finished:
                 del live[idx]
-                if job.request.params.include_usage and result.remaining_text:
+                result = out.result
+                assert result is not None
+                if job.request.params.logprobs:  # the final message carries the text with its entries
+                    result.remaining_text = str(pieces.pop(idx, "")) + result.remaining_text
+                elif job.request.params.include_usage and result.remaining_text:
                     # the usage object is a message of its own: the held-back text goes now
-                    pieces[idx] = pieces.get(idx, "") + result.remaining_text
+                    pieces[idx] = str(pieces.get(idx, "")) + result.remaining_text
                     result.remaining_text = ""
             if pieces:
                 for idx in (yield pieces) or ():
                     unsent.setdefault(idx, []).append(pieces[idx])
-            for idx, job, result in finished:
-                result.remaining_text = "".join(unsent.pop(idx, [])) + result.remaining_text
-                results[idx] = host._finish(job, result, idx)
+            for idx, job, out in finished:
+                result = out.result
+                assert result is not None
+                text, held = held_messages(unsent.pop(idx, []))
+                result.remaining_text = text + result.remaining_text
+                results[idx] = host._finish(job, result, idx, out.logprobs, held)
     finally:
         for job in live.values():  # closed early: client gone, error, GeneratorExit
             if engine.cancel(job.key) is not None:

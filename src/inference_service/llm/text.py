@@ -16,9 +16,11 @@ class IncrementalDecoder:
 
     :meth:`push` decodes a suffix window (so the cost per token stays bounded) and holds text back
     while it ends in U+FFFD (a split multi-byte character) or does not extend what was released.
-    Invariant: ``"".join(pushes) + flush() == tokenizer.decode(all_ids, skip_special_tokens=True)``
-    for prefix-stable decoders (byte-level BPE such as SmolLM2's, and SentencePiece with
-    ``clean_up_tokenization_spaces=False``).
+    It decodes without transformers' ``clean_up_tokenization_spaces`` (as vLLM's detokenizer):
+    that rewrite (``" ,"`` to ``","``) reaches back into text already released, so a stream
+    would lose characters (a JSON answer its commas). Invariant: ``"".join(pushes) + flush() ==
+    tokenizer.decode(all_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)`` for
+    prefix-stable decoders (byte-level BPE such as SmolLM2's, and SentencePiece).
     """
 
     #: window start is moved forward once the stable text is this many tokens behind
@@ -38,7 +40,10 @@ class IncrementalDecoder:
         return list(self._ids)
 
     def _decode_window(self) -> str:
-        return self._tokenizer.decode(self._ids[self._start :], skip_special_tokens=self._skip)
+        return self._decode(self._ids[self._start :])
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False))
 
     def push(self, token_id: int) -> str:
         """Add one token id and return the newly stable text (possibly ``""``)."""
@@ -58,8 +63,8 @@ class IncrementalDecoder:
         if self._released_ids - self._start < 2 * self._WINDOW:
             return
         new_start = self._released_ids - self._WINDOW
-        head = self._tokenizer.decode(self._ids[self._start : new_start], skip_special_tokens=self._skip)
-        tail = self._tokenizer.decode(self._ids[new_start : self._released_ids], skip_special_tokens=self._skip)
+        head = self._decode(self._ids[self._start : new_start])
+        tail = self._decode(self._ids[new_start : self._released_ids])
         if head + tail == self._released and _REPLACEMENT not in head[-1:] + tail[:1]:
             self._start = new_start
             self._released = tail

@@ -11,6 +11,7 @@ from inference_service.contracts import wire
 from inference_service.contracts.cpu import parse_affinity
 from inference_service.contracts.handler_config import HandlerConfig, HandlerConfigError
 from inference_service.errors import InvalidArgument, shorten
+from inference_service.serving.interpreter import InterpreterError, worker_python
 
 
 @dataclass
@@ -169,8 +170,9 @@ def check_handler_section(section: Any) -> HandlerConfig:
     """
     try:
         config = HandlerConfig.parse(section)
-    except HandlerConfigError as exc:
-        raise InvalidArgument(shorten(str(exc), 200)) from None
+        worker_python(config)
+    except (HandlerConfigError, InterpreterError) as exc:
+        raise InvalidArgument(shorten(str(exc), 300)) from None
     affinity = config.cpu_affinity
     if affinity is None or affinity == "":
         return config

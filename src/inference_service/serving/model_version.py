@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ from inference_service.errors import (
     Unavailable,
     WorkerLoadError,
 )
+from inference_service.serving.interpreter import InterpreterError, worker_python
 from inference_service.serving.model_config import ModelConfig, parallel_settings
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,14 @@ class ModelVersion:
             return self.rank_threads  # per rank; TorchServe's default is 1
         return self.config.worker_threads or default_threads(len(self.slots))
 
+    def worker_python(self) -> str:
+        """The interpreter of this version's workers (:func:`~inference_service.serving.interpreter.worker_python`;
+        checked at registration: should it be gone since, the server's, whose worker then says what it lacks)."""
+        try:
+            return worker_python(HandlerConfig.parse((self.archive.config or {}).get("handler")))
+        except InterpreterError:
+            return sys.executable
+
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """Environment of a worker: the server's without its keys (``INFERENCE_SERVICE_*_KEY``:
         handler code never sees them); torch threads = usable CPUs (affinity and cgroup quota)
@@ -129,6 +139,7 @@ class ModelVersion:
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("MKL_NUM_THREADS", str(threads))
         env.setdefault("OMP_WAIT_POLICY", self.config.worker_wait_policy.upper())
+        env[wire.SERVER_PYTHON_ENV] = sys.executable  # a worker under another Python has conversions run by it
         if self.device_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.device_ids)
         elif slot.gpu is None:

@@ -258,8 +258,8 @@ class OpenInferenceRoutes:
         """
         name, version = request.match_info["model_name"], _version(request)
         self.core.get(name, version)
-        refuse_form(request.content_type)
         body = await request.read()
+        refuse_form(request.content_type, body)
         infer_request = await convert(request_from_http, body, request.headers.get(HEADER_LENGTH), name, version,
                                       self.core.settings.max_json_depth, self.core.settings.max_json_nodes,
                                       size=len(body))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
@@ -26,15 +27,25 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
-from inference_service.contracts.sampling import InvalidRequest
+from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.limits import check_json_nodes, off_loop, refuse_form
+from inference_service.frontends.openai.choices import (
+    Candidate,
+    ChoiceError,
+    ChoicePlan,
+    merged,
+    total_usage,
+    whole_choices,
+)
 from inference_service.frontends.openai.embeddings import NotAnObject, handler_refusal_param, parse_embedding_body
 from inference_service.frontends.openai.format import (
     AnswerFormat,
     ChatFormat,
     CompletionFormat,
+    Outcome,
     final_outcome,
+    piece_of,
     sse_event,
 )
 from inference_service.frontends.openai.schemas import (
@@ -46,6 +57,9 @@ from inference_service.frontends.openai.schemas import (
     ModelList,
     validation_error_param,
 )
+from inference_service.frontends.openai.tokenizer import DetokenizeBody, TokenizeBody
+from inference_service.frontends.openai.tool_calls import ToolChatFormat
+from inference_service.frontends.openai.tools import constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
 from inference_service.serving.core import InferenceCore
 
@@ -54,6 +68,13 @@ log = logging.getLogger("inference_service.openai")
 _DONE = b"data: [DONE]\n\n"
 _R = TypeVar("_R", bound=BaseModel)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+#: The answer's header naming the request fields that were ignored (unknown to this server).
+IGNORED_FIELDS_HEADER = "x-ignored-fields"
+#: Where a request keeps that header once its body is parsed.
+IGNORED_HEADERS = "openai_ignored_headers"
+_SHOWN_IGNORED = 20
+#: A refusal of the LLM handler that names its field first (contracts/sampling.py's messages).
+_NAMED_FIELD = re.compile(r"'([A-Za-z_][\w.\[\]]*)' ")
 
 
 def error_type(status: int) -> str:
@@ -106,10 +127,22 @@ class OpenAIError(Exception):
 
 def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, field: str | None) -> str | None:
     """The OpenAI request field that set the LLM request's ``field`` (``max_new_tokens`` comes
-    from ``max_completion_tokens`` or ``max_tokens``)."""
+    from ``max_completion_tokens`` or ``max_tokens``; a completion's ``top_logprobs`` from ``logprobs``;
+    ``structured_outputs`` from ``tools`` or ``response_format`` when they set it)."""
+    if field == "top_logprobs" and isinstance(openai_request, CompletionRequest):
+        return "logprobs"
     if field != "max_new_tokens":
-        return field
+        tool_choice = getattr(openai_request, "tool_choice", None)
+        return constraint_param(field, tools_constrain=tool_choice not in (None, "none", "auto"),
+                                response_format=openai_request.response_format is not None)
     return "max_completion_tokens" if getattr(openai_request, "max_completion_tokens", None) else "max_tokens"
+
+
+def _generation_requests(openai_request: ChatCompletionRequest | CompletionRequest) -> list[GenerationRequest]:
+    """The LLM requests of an OpenAI request, one per prompt (InvalidRequest names the LLM's field)."""
+    if isinstance(openai_request, CompletionRequest):
+        return openai_request.to_generation_requests()
+    return [openai_request.to_generation_request()]
 
 
 class OpenAIApi:
@@ -206,12 +239,50 @@ class OpenAIApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (answers and errors: docs/clients.md)."""
         chat = await self._parse(request, ChatCompletionRequest)
-        return await self._run(request, chat, ChatFormat(chat.model))
+        try:
+            plan = await off_loop(chat.tool_plan, size=request.content_length or 0)
+        except InvalidRequest as exc:
+            raise OpenAIError(400, str(exc), param=openai_param(chat, exc.field)) from None
+        return await self._run(request, chat, ChatFormat(chat.model) if plan.mode == "none"
+                               else ToolChatFormat(chat.model, plan))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (answers and errors: docs/clients.md)."""
         completion = await self._parse(request, CompletionRequest)
-        return await self._run(request, completion, CompletionFormat(completion.model))
+        if completion.echo and completion.logprobs is not None:
+            raise OpenAIError(400, "'echo' with 'logprobs' needs the prompt's log probabilities, which the engines "
+                                   "do not compute; ask for one or the other", param="echo")
+        return await self._run(request, completion, CompletionFormat(completion.model, completion.prompt,
+                                                                     completion.n or 1, bool(completion.echo)))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """``POST /tokenize``: vLLM's, a prompt's or a chat's token ids by the model's tokenizer."""
+        return await self._tokenizer(request, TokenizeBody)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """``POST /detokenize``: vLLM's, the text of token ids."""
+        return await self._tokenizer(request, DetokenizeBody)
+
+    async def _tokenizer(self, request: web.Request, schema: type[TokenizeBody] | type[DetokenizeBody]) -> web.Response:
+        """Run a tokenizer request in the model's worker (its handler answers it with its tokenizer)."""
+        body = await self._parse(request, schema)
+        request[ACCESS_MODEL] = body.model
+        name, version = self._resolve(body.model)
+        if body.model not in self._ids():
+            raise OpenAIError(400, f"The model `{body.model}` does not take LLM requests: {request.path} needs an "
+                                   "LLM's tokenizer", param="model")
+        try:
+            asked = body.to_request()
+        except InvalidRequest as exc:
+            raise OpenAIError(400, str(exc), param=exc.field) from None
+        headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
+        try:
+            payload = await self.core.predict(name, version, {"body": asked.to_body()}, headers)
+        except InferenceError as exc:  # the handler's 400 names the field: OpenAI's param
+            error = self.error_of(exc)
+            error.param = handler_refusal_param(exc) or error.param
+            raise error from None
+        return web.Response(body=payload, content_type="application/json", headers=request.get(IGNORED_HEADERS))
 
     async def embeddings(self, request: web.Request) -> web.Response:
         """``POST /v1/embeddings``: the body, checked, to the model's handler, which answers
@@ -240,78 +311,116 @@ class OpenAIApi:
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""
+        raw = await request.read()
         try:
-            refuse_form(request.content_type)
+            refuse_form(request.content_type, raw)
         except InvalidArgument as exc:
             raise OpenAIError(400, exc.message, code=exc.reason.lower()) from None
-        raw = await request.read()
         try:  # parsed and validated in a thread when large (pydantic's parser holds no loop then)
             check_json_nodes(raw, self.core.settings.max_json_nodes)  # nor one long call: bounded first
-            return await off_loop(schema.model_validate_json, raw, size=len(raw))
+            parsed = await off_loop(schema.model_validate_json, raw, size=len(raw))
         except InvalidArgument as exc:
             raise OpenAIError(400, exc.message) from None
         except ValidationError as exc:
             param, message = validation_error_param(exc)
             raise OpenAIError(400, message, param=param) from None
+        fields_of = getattr(parsed, "ignored_fields", None)
+        ignored: list[str] = fields_of() if callable(fields_of) else []
+        if ignored:  # served, as vLLM serves it; the client learns of them from the header
+            names = [n[:64] if n.isascii() and n.isprintable() else ascii(n[:64]) for n in ignored[:_SHOWN_IGNORED]]
+            shown = ", ".join(names) + (", ..." if len(ignored) > _SHOWN_IGNORED else "")
+            log.warning("HTTP %s %s: ignored unknown field(s) %s", request.method, request.path, shown)
+            request[IGNORED_HEADERS] = {IGNORED_FIELDS_HEADER: shown}
+        return parsed
 
     async def _run(self, request: web.Request, openai_request: ChatCompletionRequest | CompletionRequest,
                    fmt: AnswerFormat) -> web.StreamResponse:
-        """Run the LLM request on the core and answer in ``fmt``'s shape.
+        """Run the request's choices on the core and answer in ``fmt``'s shape.
 
-        A failure before the first message is an error answer with its own status; closing the
-        core's stream (always) aborts the request in the worker if it still runs.
+        A failure before every choice's first message is an error answer with its own status;
+        closing the merged streams (always) aborts the requests still running in the worker.
         """
         request[ACCESS_MODEL] = openai_request.model  # the access line names the body's model
         name, version = self._resolve(openai_request.model)
-        try:
-            body = openai_request.to_generation_request().to_body()
+        try:  # tools and schemas are checked in a thread when the body is large
+            requests = await off_loop(_generation_requests, openai_request, size=request.content_length or 0)
+            plan = ChoicePlan.of(requests, bool(openai_request.stream))
         except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
             raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
+        except ChoiceError as exc:
+            raise OpenAIError(400, str(exc), param=exc.param) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
-        stream = self.core.stream(name, version, {"body": body}, headers)
-        async with contextlib.aclosing(stream):
-            first = await anext(stream)
-            if openai_request.stream:
-                return await self._stream(request, stream, first, fmt, openai_request.include_usage)
-            parts = [first[0]]
-            final = first[1]
-            while not final:
-                payload, final = await anext(stream)
-                parts.append(payload)
-            text, reason, usage = final_outcome(parts[-1])
-            text = b"".join(parts[:-1]).decode("utf-8", "replace") + text
-            return web.Response(text=fmt.whole(text, reason, usage).model_dump_json(),
-                                content_type="application/json")
+        streams = [self.core.stream(name, version, {"body": body}, headers) for body in plan.bodies]
+        candidates = [Candidate() for _ in plan.bodies]
+        try:
+            async with contextlib.aclosing(merged(streams)) as messages:
+                if openai_request.stream:
+                    return await self._stream(request, messages, plan, fmt, openai_request.include_usage)
+                async for index, payload, final in messages:
+                    candidate = candidates[index]
+                    if final:
+                        candidate.outcome = final_outcome(payload)
+                        candidate.texts.append(candidate.outcome.text)
+                        candidate.logprobs += candidate.outcome.logprobs or ()
+                    else:
+                        piece = piece_of(payload, plan.logprobs or plan.best_of > plan.n)
+                        candidate.texts.append(piece.text)
+                        candidate.logprobs += piece.logprobs
+        except InferenceError as exc:  # before any answer: the handler's 400 names the LLM's field first
+            error = self.error_of(exc)
+            named = _NAMED_FIELD.match(exc.message) if exc.http_status == 400 else None
+            error.param = openai_param(openai_request, named[1]) if named else error.param
+            raise error from None
+        outcomes = [c.outcome for c in candidates if c.outcome is not None]
+        answer = fmt.whole(whole_choices(plan, candidates), total_usage(plan, outcomes))
+        return web.Response(text=answer.model_dump_json(), content_type="application/json",
+                            headers=request.get(IGNORED_HEADERS))
 
-    async def _stream(self, request: web.Request, stream: AsyncGenerator[tuple[bytes, bool], None],
-                      first: tuple[bytes, bool], fmt: AnswerFormat, include_usage: bool) -> web.StreamResponse:
-        """Send the server-sent events of a streamed answer."""
+    async def _stream(self, request: web.Request, messages: AsyncGenerator[tuple[int, bytes, bool], None],
+                      plan: ChoicePlan, fmt: AnswerFormat, include_usage: bool) -> web.StreamResponse:
+        """Send the server-sent events of a streamed answer, once every choice has its first message."""
         exclude = None if include_usage else {"usage"}
-        response = web.StreamResponse(headers=_SSE_HEADERS)
-        events = fmt.opening()
-        payload, final = first
+        held: list[tuple[int, bytes, bool]] = []
+        waiting = set(range(len(plan.bodies)))
+        while waiting:  # a failure before this raises: the answer is an error status
+            item = await anext(messages)
+            held.append(item)
+            waiting.discard(item[0])
+        response = web.StreamResponse(headers={**_SSE_HEADERS, **(request.get(IGNORED_HEADERS) or {})})
+        events = [event for index in range(len(plan.bodies)) for event in fmt.opening(index)]
+        outcomes: list[Outcome | None] = [None] * len(plan.bodies)
+
+        def add(index: int, payload: bytes, final: bool) -> None:
+            if final:
+                outcome = outcomes[index] = final_outcome(payload)
+                outcome.logprobs = outcome.logprobs if plan.logprobs else None
+                events.extend(fmt.closing(index, outcome))
+                return
+            piece = piece_of(payload, plan.logprobs)
+            if piece.text or piece.logprobs:
+                event = fmt.piece(index, piece.text, piece.logprobs if plan.logprobs else None)
+                if event is not None:  # None: held (a tool call read so far)
+                    events.append(event)
+
         try:
             await response.prepare(request)
-            while True:
-                if final:
-                    text, reason, usage = final_outcome(payload)
-                    events += fmt.closing(text, reason)
-                    if include_usage and usage is not None:
-                        events.append(fmt.usage(usage))
-                    await response.write(b"".join(sse_event(event, exclude) for event in events) + _DONE)
-                    break
-                if payload:
-                    events.append(fmt.piece(payload.decode("utf-8", "replace")))
+            for item in held:
+                add(*item)
+            while not all(outcomes):
                 if events:
                     await response.write(b"".join(sse_event(event, exclude) for event in events))
-                    events = []
-                payload, final = await anext(stream)
+                    events.clear()
+                add(*await anext(messages))
+            usage = total_usage(plan, [o for o in outcomes if o is not None])
+            if include_usage and usage is not None:
+                events.append(fmt.usage(usage))
+            await response.write(b"".join(sse_event(event, exclude) for event in events) + _DONE)
             await response.write_eof()
         except InferenceError as exc:  # the status line is gone: end with an error event
             log.warning("HTTP stream of %s failed after its first chunk: %s", request.path, exc.message)
             with contextlib.suppress(ConnectionResetError):
                 await response.write(self.error_of(exc).event())
                 await response.write_eof()
-        except ConnectionResetError:  # the client went away while we wrote; the caller closes the stream
+        except ConnectionResetError:  # the client went away while we wrote; the caller closes the streams
             log.info("client of HTTP %s went away mid-stream", request.path)
         return response

@@ -27,18 +27,25 @@ ROUTES = (
     ("POST", "/completions", "completions"),
     ("POST", "/embeddings", "embeddings"),
 )
+#: ``(method, path, OpenAIApi method)`` of vLLM's routes beside ``/v1``, at the root as vLLM serves them.
+ROOT_ROUTES = (
+    ("POST", "/tokenize", "tokenize"),
+    ("POST", "/detokenize", "detokenize"),
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_ROOT_PATHS = frozenset(path for _, path, _ in ROOT_ROUTES)
 
 
 def is_openai_path(path: str) -> bool:
-    """Whether a request path belongs to the OpenAI-compatible API (``/v1`` or below)."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
+    """Whether a request path belongs to the OpenAI-compatible API (``/v1`` or below, vLLM's root routes)."""
+    return path == PREFIX or path.startswith(PREFIX + "/") or path in _ROOT_PATHS
 
 
 def _openai_api() -> Any:
     module = importlib.import_module("inference_service.frontends.openai.api")
-    importlib.import_module("inference_service.frontends.openai.schemas").build_shapes()
+    for shapes in ("schemas", "logprobs", "tokenizer"):
+        importlib.import_module(f"inference_service.frontends.openai.{shapes}").build_shapes()
     return module
 
 
@@ -86,6 +93,14 @@ class LazyOpenAIApi:
             return response
         return handler
 
+    def root_route(self, name: str) -> Handler:
+        """A route outside ``/v1`` answered as the ``/v1`` ones, failures in OpenAI's shape."""
+        forward = self._forward(name)
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self._errors_middleware(request, forward)
+        return handler
+
     @web.middleware
     async def _errors_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """OpenAI's error answers for every ``/v1`` failure (``OpenAIApi``'s middleware)."""
@@ -95,8 +110,10 @@ class LazyOpenAIApi:
 
 def add_openai_routes(app: web.Application, core: InferenceCore, *,
                       http_status: Callable[[InferenceError], int]) -> LazyOpenAIApi:
-    """Mount the OpenAI-compatible API at ``/v1`` on ``app`` before it starts; ``app``'s middlewares
-    (token authorization) run first, then failures are answered in OpenAI's shape."""
+    """Mount the OpenAI-compatible API at ``/v1`` (and :data:`ROOT_ROUTES`) on ``app`` before it starts;
+    ``app``'s middlewares (token authorization) run first, then failures are answered in OpenAI's shape."""
     api = LazyOpenAIApi(core, http_status)
     app.add_subapp(PREFIX, api.app)
+    for method, path, name in ROOT_ROUTES:
+        app.router.add_route(method, path, api.root_route(name))
     return api

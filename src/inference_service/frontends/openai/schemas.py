@@ -5,15 +5,18 @@ Requests (validated from the JSON body; a failure is a 400 ``invalid_request_err
 
 - :class:`ChatCompletionRequest` (``POST /v1/chat/completions``) and
   :class:`CompletionRequest` (``POST /v1/completions``), with the fields of OpenAI's API that
-  the bundled LLM handler can honour (``model``, ``messages`` / ``prompt``, ``max_tokens`` /
-  ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``, ``stream``,
-  ``stream_options.include_usage``, ``frequency_penalty``, ``presence_penalty``) plus vLLM's
-  ``ignore_eos``, ``top_k``, ``repetition_penalty`` and ``stop_token_ids`` extensions. Fields
-  asking for something the handler cannot do (``n`` > 1, ``logprobs``, ``tools``, a JSON
-  ``response_format``, ...) are refused with their name as ``param``, unless they hold their
-  neutral value (``n: 1``, ``logprobs: false``, ...). Other unknown
-  fields (``user``, ``metadata``, ``store``, ...) are ignored, as vLLM does, so clients that
-  always send them work. Types are strict, as OpenAI's: ``"1"`` is not a number.
+  the bundled LLM handler can honour (``model``, ``messages`` / ``prompt`` (completions: a string
+  or a list of them), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
+  ``seed``, ``stop``, ``n``, ``best_of`` and ``echo`` (completions), ``logprobs`` /
+  ``top_logprobs``, ``stream``, ``stream_options.include_usage``, ``frequency_penalty``,
+  ``presence_penalty``, ``response_format``; on chat ``tools``, ``tool_choice``,
+  ``parallel_tool_calls``) plus vLLM's ``ignore_eos``, ``top_k``, ``repetition_penalty``,
+  ``stop_token_ids``, ``structured_outputs`` and ``cache_salt`` extensions. Fields asking for
+  something the handler cannot do (``logit_bias``, ``suffix``) are refused with their name as
+  ``param``, unless they hold their neutral value. OpenAI's fields that change nothing here
+  (``user``, ``metadata``, ``store``, ``service_tier``) are accepted; any other field is ignored,
+  as vLLM does, and named by :meth:`~_Request.ignored_fields` (the door logs a warning and answers
+  ``x-ignored-fields``). Types are strict, as OpenAI's: ``"1"`` is not a number.
 
 Responses (serialized with ``model_dump_json``): :class:`ChatCompletion` /
 :class:`ChatCompletionChunk`, :class:`Completion` / :class:`CompletionChunk`,
@@ -31,7 +34,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from inference_service.contracts.sampling import GenerationRequest
+from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
+from inference_service.contracts.structured import MAX_TOOLS
+from inference_service.frontends.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from inference_service.frontends.openai.tool_schemas import ToolCall, ToolCallDelta
+from inference_service.frontends.openai.tools import ToolPlan, tool_plan
 
 __all__ = [
     "ChatChoice",
@@ -56,8 +63,9 @@ __all__ = [
     "validation_error_param",
 ]
 
-#: Why a choice ended: ``stop`` (end of sequence or a stop string), ``length`` (the token limit).
-FinishReason = Literal["stop", "length"]
+#: Why a choice ended: ``stop`` (end of sequence or a stop string), ``length`` (the token limit),
+#: ``tool_calls`` (the answer called tools).
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def _unsupported(what: str) -> PydanticCustomError:
@@ -92,9 +100,26 @@ class _Response(BaseModel):
 
 
 class _Request(BaseModel):
-    """Common settings: strict types, unknown fields ignored."""
+    """Common settings: strict types, unknown fields kept aside (``model_extra``) and ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", defer_build=True)
+    model_config = ConfigDict(strict=True, extra="allow", defer_build=True)
+
+    def ignored_fields(self) -> list[str]:
+        """The fields this request carried that no model declares, with their paths
+        (``temprature``, ``messages[0].name``), sorted."""
+        names = list(self.model_extra or ())
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            items = enumerate(value) if isinstance(value, list) else [(None, value)]
+            for i, item in items:
+                if isinstance(item, _Request):
+                    where = name if i is None else f"{name}[{i}]"
+                    names += [f"{where}.{inner}" for inner in item.ignored_fields()]
+        return sorted(names)
+
+
+#: The base of every OpenAI request body (strict types, unknown fields named by ``ignored_fields``).
+OpenAIRequest = _Request
 
 
 class StreamOptions(_Request):
@@ -105,10 +130,25 @@ class StreamOptions(_Request):
 
 class ChatMessage(_Request):
     """One message of a chat. ``content`` is a string or a list of text parts (joined);
-    ``developer`` is sent to the chat template as ``system`` (templates predate that role)."""
+    ``developer`` is sent to the chat template as ``system`` (templates predate that role). An
+    assistant message may carry ``tool_calls``, a ``tool`` message answers one (``tool_call_id``);
+    the LLM request checks them (contracts/structured.py)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_llm(self) -> dict[str, Any]:
+        """The message as the LLM request takes it: ``developer`` as ``system``, no content as ``""``
+        (``None`` beside tool calls), unset fields left out."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.content if self.content is not None or self.tool_calls else ""}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
     @field_validator("content", mode="before")
     @classmethod
@@ -135,20 +175,20 @@ class _SamplingRequest(_Request):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     cache_salt: str | None = None  # vLLM's: requests share cached prompt prefixes only with the same salt
+    response_format: dict[str, Any] | None = None  # OpenAI's; checked by the LLM request
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension
     # accepted only at its neutral value
     logit_bias: dict[str, float] | None = None
+    # OpenAI's, accepted and without effect here
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_as_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported(f"n={value} (only n=1)")
-        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -169,7 +209,8 @@ class _SamplingRequest(_Request):
                 "seed": self.seed, "stop": self.stop, "ignore_eos": self.ignore_eos, "top_k": self.top_k,
                 "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "stop_token_ids": self.stop_token_ids,
-                "cache_salt": self.cache_salt, "include_usage": True}
+                "cache_salt": self.cache_salt, "n": self.n, "response_format": self.response_format,
+                "structured_outputs": self.structured_outputs, "include_usage": True}
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -180,67 +221,42 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("logprobs")
-        return value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise _unsupported("top_logprobs")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise _unsupported("tools")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none", "auto"):
-            raise _unsupported("tool_choice")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise _unsupported(f"response_format {value.get('type')!r} (only 'text')")
-        return value
+    parallel_tool_calls: bool | None = None
 
     @property
     def token_limit(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens``, else ``None`` (the model's default)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_generation_request(self) -> GenerationRequest:
-        """The LLM request: ``developer`` messages as ``system``, no content as ``""``.
+    def tool_plan(self) -> ToolPlan:
+        """How the request uses its tools (InvalidRequest naming the field when they are malformed)."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
 
-        Raises:
-            InvalidRequest: a value beyond the LLM's limits (e.g. ``max_tokens`` above 4096).
-        """
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-                    for m in self.messages]
-        return GenerationRequest.build({"messages": messages, **self._sampling(self.token_limit)})
+    def to_generation_request(self, plan: ToolPlan | None = None) -> GenerationRequest:
+        """The LLM request, with ``plan``'s tools and constraint. InvalidRequest for a value beyond the
+        LLM's limits (``max_tokens`` above 4096), or a constraint beside the tool choice's (``tool_choice``)."""
+        plan = plan or self.tool_plan()
+        values = {"messages": [m.to_llm() for m in self.messages], **self._sampling(self.token_limit),
+                  "logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+        if plan.tools:
+            values["tools"] = list(plan.tools)
+        if plan.constraint is not None:
+            if self.response_format not in (None, {"type": "text"}) or self.structured_outputs is not None:
+                raise InvalidRequest(f"'tool_choice' {plan.mode!r} constrains the answer to tool calls: it cannot be "
+                                     "combined with 'response_format' or 'structured_outputs'", "tool_choice")
+            values["structured_outputs"] = plan.constraint
+        return GenerationRequest.build(values)
 
 
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: ``prompt`` is raw text for the model to continue (no chat
-    template); a list holding one string is that string. ``max_tokens`` defaults to 16, as
-    OpenAI's."""
+    template), or a list of such texts (a batch: each prompt its own ``n`` choices, indexed
+    ``prompt index * n + i``, as vLLM's). ``logprobs`` is the number of alternatives per token
+    (0: the sampled token's alone). ``max_tokens`` defaults to 16, as OpenAI's."""
 
-    prompt: str = Field(min_length=1)
+    prompt: list[str] = Field(min_length=1)
     echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None
@@ -248,32 +264,16 @@ class CompletionRequest(_SamplingRequest):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if len(value) != 1 or not isinstance(value[0], str):
-                raise _unsupported("a prompt other than one string (a batch of prompts or token ids)")
-            return value[0]
-        return value
+    def _prompts(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and not all(isinstance(item, str) for item in value):
+            raise _unsupported("a prompt of token ids (send text)")
+        return [value] if isinstance(value, str) else value
 
-    @field_validator("echo")
+    @field_validator("prompt")
     @classmethod
-    def _no_echo(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("echo")
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise _unsupported("logprobs")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _no_best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported("best_of > 1")
+    def _no_empty_prompt(cls, value: list[str]) -> list[str]:
+        if not all(value):
+            raise PydanticCustomError("string_too_short", "a prompt must not be empty")
         return value
 
     @field_validator("suffix")
@@ -288,9 +288,12 @@ class CompletionRequest(_SamplingRequest):
         """``max_tokens``, 16 when absent (OpenAI's default for completions)."""
         return self.max_tokens if self.max_tokens is not None else 16
 
-    def to_generation_request(self) -> GenerationRequest:
-        """The LLM request (raises ``InvalidRequest`` as the chat's does)."""
-        return GenerationRequest.build({"prompt": self.prompt, **self._sampling(self.token_limit)})
+    def to_generation_requests(self) -> list[GenerationRequest]:
+        """The LLM request of each prompt (raises ``InvalidRequest`` as the chat's does)."""
+        logprobs = {"logprobs": self.logprobs is not None or None, "top_logprobs": self.logprobs,
+                    "best_of": self.best_of}
+        return [GenerationRequest.build({"prompt": prompt, **self._sampling(self.token_limit), **logprobs})
+                for prompt in self.prompt]
 
 
 def validation_error_param(error: ValidationError) -> tuple[str | None, str]:
@@ -318,19 +321,20 @@ class Usage(_Response):
 
 
 class ResponseMessage(_Response):
-    """The assistant's message of a non-streamed chat completion."""
+    """The assistant's message of a non-streamed chat completion (``content`` ``null`` beside tool calls)."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(_Response):
-    """The one choice of a :class:`ChatCompletion`."""
+    """One choice of a :class:`ChatCompletion`."""
 
     index: int = 0
     message: ResponseMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -350,15 +354,16 @@ class Delta(_Response):
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(_Response):
-    """The one choice of a :class:`ChatCompletionChunk`; ``finish_reason`` only on the last."""
+    """One choice of a :class:`ChatCompletionChunk`; ``finish_reason`` only on its last."""
 
     index: int = 0
     delta: Delta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -378,13 +383,13 @@ class ChatCompletionChunk(_Response):
 
 
 class CompletionChoice(_Response):
-    """The one choice of a :class:`Completion` or :class:`CompletionChunk` (``text`` is the
+    """One choice of a :class:`Completion` or :class:`CompletionChunk` (``text`` is the
     whole text, or a chunk's new text)."""
 
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):
