@@ -3,8 +3,9 @@ of :mod:`inference_service.llm.openvino_ir`, in-process, against torch fp32 eage
 
 - perplexity on ``data/operating_a_model_server.txt`` (original prose written for this project,
   about 2,180 tokens; one teacher-forced forward pass through optimum-intel's
-  ``OVModelForCausalLM`` over the same IR, with the CPU properties the engine sets,
-  :data:`~inference_service.llm.openvino_engine.QUALITY_PROPERTIES`) within 3 % of fp32 eager's;
+  ``OVModelForCausalLM`` over the same IR, with the CPU properties the engine sets on this CPU,
+  :data:`~inference_service.llm.openvino_engine.QUALITY_PROPERTIES` and the CPU row's,
+  :mod:`~inference_service.llm.cpu_defaults`) within 3 % of fp32 eager's;
 - the fact prompts (:data:`FACTS`) answered with the word fp32 eager answers them with;
 - for ``fp32``, the first ``OV_NEW_TOKENS`` greedy tokens of the serving engine
   (:class:`~inference_service.llm.openvino_engine.OpenVINOEngine`, all prompts in one batch)
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from inference_service.llm.openvino_ir import WEIGHT_FORMATS
 
 pytestmark = [pytest.mark.llm, pytest.mark.timeout(900)]  # slow on a loaded 2-core machine
 
@@ -87,12 +90,15 @@ FACTS = {"What is the capital of France?": "Paris", "What is the capital of Japa
 
 def _ov_greedy(ir_dir: Any, tokenizer: Any, prompts: list[list[int]], weight_format: str, tokens: int,
                ignore_eos: bool = True) -> list[list[int]]:
-    """Greedy token ids of the serving engine, all prompts in one continuous batch."""
+    """Greedy token ids of the serving engine, all prompts in one continuous batch, with the
+    properties the engine takes for ``weight_format`` on this CPU."""
+    from inference_service.llm.cpu_defaults import choose_weight_format
     from inference_service.llm.openvino_engine import OpenVINOEngine
     from inference_service.llm.params import GenerationParams
 
     engine = OpenVINOEngine(ir_dir, tokenizer, {tokenizer.eos_token_id}, max_num_seqs=16, max_model_len=8192,
-                            weight_format=weight_format, threads=2)
+                            weight_format=weight_format, threads=2,
+                            properties=dict(choose_weight_format(weight_format).properties))
     params = GenerationParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=ignore_eos)
     for index, ids in enumerate(prompts):
         engine.add(str(index), ids, params)
@@ -123,18 +129,22 @@ def torch_facts(eager: dict[str, Any]) -> dict[str, Any]:
     return {"prompts": prompts, "answers": answers}
 
 
-@pytest.mark.parametrize("weight_format", ["fp32", "int8"])
+@pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 def test_openvino_format_holds_the_quality_bar(eager: dict[str, Any], torch_facts: dict[str, Any],
                                                weight_format: str) -> None:
+    """Every format offered, with the OpenVINO properties the engine sets for it on this CPU (its
+    quality properties, and the CPU row's where the format is the row's own)."""
     import torch
     from optimum.intel import OVModelForCausalLM
 
+    from inference_service.llm.cpu_defaults import choose_weight_format
     from inference_service.llm.model import resolve_model_dir
     from inference_service.llm.openvino_engine import QUALITY_PROPERTIES
     from inference_service.llm.openvino_ir import prepare_ir
 
     ir_dir, _ = prepare_ir(resolve_model_dir(), weight_format)
-    config = {key: str(value) for key, value in QUALITY_PROPERTIES[weight_format].items()}
+    properties = {**QUALITY_PROPERTIES[weight_format], **choose_weight_format(weight_format).properties}
+    config = {key: str(value) for key, value in properties.items()}
     model = OVModelForCausalLM.from_pretrained(str(ir_dir), ov_config={**config, "INFERENCE_NUM_THREADS": "2"})
     ids = eager["ids"]
     with torch.inference_mode():

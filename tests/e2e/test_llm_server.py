@@ -278,6 +278,21 @@ def test_cancel_frees_the_worker(llm_server, model):
     assert after["pid"] == before["pid"] and after["restarts"] == 0
 
 
+def test_describe_and_the_log_name_the_weight_format_and_why(llm_server):
+    """An archive that names no format (``weight_format: auto``) serves this CPU's default: each
+    worker's DescribeModel entry and its load log line say which format, why and for which CPU."""
+    from inference_service.llm.cpu_defaults import defaults_for, this_cpu
+
+    cpu = this_cpu()
+    row = defaults_for(cpu.kind)
+    for model in ("smollm2", "tiny"):
+        engine = llm_server.describe(model)[0]["workers"][0]["engine"]
+        assert engine["name"] == "openvino" and engine["weightFormat"] == row.weight_format, engine
+        assert engine["reason"].startswith(f"the default for this CPU, {cpu} (row {cpu.kind}, "), engine
+        assert engine["cpu"] == f"{cpu}, kind {cpu.kind}"
+    assert f"weight format {row.weight_format}: the default for this CPU, {cpu}" in llm_server.log()
+
+
 def test_an_option_the_engine_cannot_honour_is_refused_by_name(llm_server):
     """The OpenVINO engine's presence/frequency penalties follow another rule than OpenAI's: a
     request for them is refused (400 / INVALID_ARGUMENT naming the field and the torch engine),

@@ -77,8 +77,8 @@ def test_a_cached_ir_is_used_without_converting(tmp_path):
     target = ir_cache_dir(model, "fp32", tmp_path / "cache")
     _ir(target)
     assert prepare_ir(model, "fp32", tmp_path / "cache") == (target, None)
-    with pytest.raises(ModelPreparationError, match="weight format 'int4' is not offered"):
-        prepare_ir(model, "int4", tmp_path / "cache")
+    with pytest.raises(ModelPreparationError, match="weight format 'nf4' is not offered"):
+        prepare_ir(model, "nf4", tmp_path / "cache")
 
 
 def test_leftovers_of_an_ended_conversion_are_removed(tmp_path):
@@ -139,6 +139,31 @@ def test_the_exporter_runs_with_torch_and_ends_with_its_parent(monkeypatch, tmp_
     command = export_command(tmp_path / "model", tmp_path / "out", "int8")
     assert command[1:5] == ["-m", "inference_service.llm.ir_export", str(os.getpid()), str(tmp_path / "out")]
     assert command[5:8] == ["--", "export", "openvino"] and command[-1] == str(tmp_path / "out")
+
+
+def test_int4_runs_the_calibrated_compression_and_is_keyed_by_its_recipe(monkeypatch, tmp_path):
+    """``int4`` is exported by int4_export (NNCF with the committed calibration text), for a causal LM
+    only; its cache key holds the recipe and the calibration text, so changing either converts again."""
+    from inference_service.llm import int4_export
+
+    command = export_command(tmp_path / "model", tmp_path / "out", "int4")
+    assert command[5:] == ["--", "int4", str(tmp_path / "model"), str(tmp_path / "out")]
+    with pytest.raises(ModelPreparationError, match="weight format 'int4' is not offered"):
+        export_command(tmp_path / "model", tmp_path / "out", "int4", task="feature-extraction")
+    texts = int4_export.calibration_texts()
+    assert len(texts) >= 30 and all(texts)
+    assert "model server" not in " ".join(texts).lower()  # not the perplexity text's subject
+    model = _model(tmp_path / "model")
+    key = ir_cache_dir(model, "int4", tmp_path)
+    assert key.name.startswith("model-int4-") and key != ir_cache_dir(model, "int8", tmp_path)
+    monkeypatch.setattr(int4_export, "INT4_RECIPE", int4_export.Int4Recipe(ratio=0.5, group_size=32))
+    assert ir_cache_dir(model, "int4", tmp_path) != key
+    monkeypatch.undo()
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("Other text.\n\nAnd more.\n")
+    monkeypatch.setattr(int4_export, "CALIBRATION_FILE", calibration)
+    assert ir_cache_dir(model, "int4", tmp_path) != key
+    assert int4_export.calibration_texts(calibration) == ["Other text.", "And more."]
 
 
 @pytest.mark.parametrize(("output", "code", "reason"), [

@@ -26,8 +26,9 @@ from inference_service.contracts.sampling import (
 
 #: The LLM engines a handler config may name (docs/llm.md, "Engines").
 ENGINES = ("openvino", "torch", "vllm")
-#: The OpenVINO engine's weight formats.
-WEIGHT_FORMATS = ("fp32", "int8")
+#: The OpenVINO engine's weight formats; ``auto`` (as absent): the default of the CPU's row
+#: (``inference_service.llm.cpu_defaults``).
+WEIGHT_FORMATS = ("auto", "fp32", "int8", "int4")
 #: The highest value of a count (a larger budget only allocates more).
 COUNT_MAX = 1_000_000
 #: Keys of the torch engine's retired CPU modes: accepted with a warning, no effect.

@@ -353,3 +353,27 @@ class WorkerSpec:
     def from_body(cls, body: bytes) -> WorkerSpec:
         """Parse an ``INIT`` body."""
         return cls(**json.loads(body))
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an LLM handler's engine serves with, sent in the worker's READY and shown as its entry's
+    ``engine`` in DescribeModel: the engine's name, the weight format, why that one, and the CPU it
+    was chosen for (empty where it does not apply)."""
+
+    name: str
+    weight_format: str = ""
+    reason: str = ""
+    cpu: str = ""
+
+    def as_json(self) -> dict[str, str]:
+        """DescribeModel's object: ``name``, ``weightFormat``, ``reason``, ``cpu``, the empty ones left out."""
+        shown = {"name": self.name, "weightFormat": self.weight_format, "reason": self.reason, "cpu": self.cpu}
+        return {key: value for key, value in shown.items() if value}
+
+    @classmethod
+    def from_json(cls, value: Any) -> EngineInfo | None:
+        """The READY field back (``None`` when absent or not an object of strings)."""
+        if not isinstance(value, dict) or "name" not in value or not all(isinstance(v, str) for v in value.values()):
+            return None
+        return cls(value["name"], value.get("weight_format", ""), value.get("reason", ""), value.get("cpu", ""))

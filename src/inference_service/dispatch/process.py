@@ -101,6 +101,7 @@ class WorkerProcess:
         self.exit_code: int | None = None
         self.on_exit: Callable[[WorkerProcess], None] | None = None
         self.uses_threads: bool | None = None  # READY: its handler loaded a library with a thread pool
+        self.engine_info: wire.EngineInfo | None = None  # READY: what an LLM handler's engine serves with
 
     @property
     def alive(self) -> bool:
@@ -269,6 +270,7 @@ class WorkerProcess:
                 self.pid = int(info.get("pid", self.pid))
                 self.accepts_generation = info.get("generation") is True
                 self.uses_threads = bool(info.get("threads", True))
+                self.engine_info = wire.EngineInfo.from_json(info.get("engine"))
             self._ready_count += 1
             if self._ready_count == self.spec.world_size and self._ready is not None \
                     and not self._ready.done():

@@ -15,10 +15,11 @@ from inference_service.serving.model_version import ModelVersion
 def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
     """A worker's entry of ``workers[]``: id, start time (local, second precision), status,
     resident memory in bytes (0 without a process), pid (-1 unless running), whether it is on a
-    GPU, ``gpuUsage`` (always ``"N/A"``) and its restarts."""
+    GPU, ``gpuUsage`` (always ``"N/A"``), its restarts, and an LLM handler's ``engine``
+    (:class:`~inference_service.contracts.wire.EngineInfo`)."""
     process = slot.process
     alive = process is not None and process.alive
-    return {
+    described: dict[str, Any] = {
         "id": str(slot.id),
         "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(slot.start_time)),
         "status": slot.state.value,
@@ -28,6 +29,9 @@ def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
         "gpuUsage": "N/A",
         "restarts": slot.restarts,
     }
+    if process is not None and process.engine_info is not None:
+        described["engine"] = process.engine_info.as_json()
+    return described
 
 
 def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:

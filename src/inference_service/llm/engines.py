@@ -9,12 +9,13 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from inference_service.contracts.handler_config import HandlerConfig
+from inference_service.contracts.wire import EngineInfo
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.engine_protocol import Engine, EngineCapabilities
 from inference_service.llm.openvino_engine import OpenVINOEngine
@@ -48,6 +49,7 @@ class BuiltEngine:
     name: str
     model_path: str
     model: Any = None  # the torch model (torch engine only)
+    info: EngineInfo | None = None  # what DescribeModel shows of it (None: its name alone)
 
 
 def engine_name(config: HandlerConfig, device_type: str) -> str:
@@ -153,16 +155,17 @@ def _build_vllm(config: HandlerConfig, device: str, max_num_seqs: int | None) ->
 
 def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
     """The OpenVINO engine on an IR: ``model_path`` naming an IR directory as is, else the model
-    converted once to ``weight_format``.
+    converted once to ``weight_format`` (``auto`` or none: this CPU's default, with the settings of
+    its row in :mod:`inference_service.llm.cpu_defaults`).
 
     Raises:
         ModelPreparationError: the model cannot be located or converted, or the IR directory
             lacks a file or holds a config value out of range.
     """
+    from inference_service.llm.cpu_defaults import choose_weight_format
     from inference_service.llm.model import ModelPreparationError, resolve_model_dir
     from inference_service.llm.openvino_ir import (
         DEFAULT_IR_CACHE_LIMIT_GB,
-        DEFAULT_WEIGHT_FORMAT,
         add_detokenizer,
         looks_like_ir,
         prepare_ir,
@@ -170,27 +173,34 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     )
     from inference_service.llm.request_state import eos_token_ids
 
-    weight_format = config.weight_format or DEFAULT_WEIGHT_FORMAT
+    choice = choose_weight_format(config.weight_format)
     model_path = config.model_path
     if model_path and looks_like_ir(Path(model_path).expanduser()):
         ir_dir = Path(model_path).expanduser()
+        recorded = ir_weight_format(ir_dir, choice.weight_format)
+        if recorded != choice.weight_format:
+            choice = replace(choose_weight_format(recorded, choice.cpu),
+                             reason=f"the IR directory's own (converted as {recorded})")
     else:
-        ir_dir, seconds = prepare_ir(resolve_model_dir(config), weight_format, config.cache_dir,
+        ir_dir, seconds = prepare_ir(resolve_model_dir(config), choice.weight_format, config.cache_dir,
                                      config.ir_cache_limit_gb or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
         add_detokenizer(ir_dir)  # in our cache: an IR directory of the config's is used as it is
     model_config = read_ir_config(ir_dir)
-    weight_format = ir_weight_format(ir_dir, weight_format)
+    weight_format, row = choice.weight_format, choice.row
+    log.info("weight format %s: %s; OpenVINO properties %s", weight_format, choice.reason,
+             dict(choice.properties) or "the format's own")
     context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="openvino-compile") as pool:
         pending = pool.submit(  # compiling releases the GIL: transformers and the tokenizer load meanwhile
             OpenVINOEngine, ir_dir, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens or OpenVINOEngine.capabilities.default_batched_tokens,
+            max_num_batched_tokens=(config.max_num_batched_tokens or row.max_num_batched_tokens
+                                    or OpenVINOEngine.capabilities.default_batched_tokens),
             max_model_len=context_length, weight_format=weight_format,
-            kv_cache_gb=config.cache_size, threads=worker_threads(config),
-            enable_prefix_caching=config.enable_prefix_caching)
+            kv_cache_gb=config.cache_size or row.cache_size_gb, threads=_threads(config, row.threads),
+            enable_prefix_caching=config.enable_prefix_caching, properties=dict(choice.properties))
         try:
             from transformers import AutoTokenizer
 
@@ -205,7 +215,16 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     size_mb = (ir_dir / "openvino_model.bin").stat().st_size / 1e6
     log.info("loaded %s (OpenVINO IR, %s weights, %.0f MB) in %.1f s", ir_dir, weight_format, size_mb,
              time.perf_counter() - start)
-    return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir))
+    info = EngineInfo("openvino", weight_format, choice.reason, f"{choice.cpu}, kind {choice.cpu.kind}")
+    return BuiltEngine(engine, tokenizer, context_length, "openvino", str(ir_dir), info=info)
+
+
+def _threads(config: HandlerConfig, row_threads: int | None) -> int | None:
+    """The engine's threads: ``torch_threads``, else the CPU row's (at most the worker's), else the worker's."""
+    threads = worker_threads(config)
+    if config.torch_threads is None and row_threads is not None:
+        return min(row_threads, threads) if threads is not None else row_threads
+    return threads
 
 
 def ir_weight_format(ir_dir: Path, configured: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from inference_service.contracts.outputs import TokenLogprob
 from inference_service.contracts.stats import IterationStats
 from inference_service.contracts.tokenizer import parse_tokenizer_request
+from inference_service.contracts.wire import EngineInfo
 from inference_service.handler import BaseHandler, Context, send_intermediate_predict_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.llm.active_request import ActiveRequest, cancelled, log_id
@@ -104,6 +105,7 @@ class LLMHandler(BaseHandler):
         self.tokenizer: Any = None
         self.engine: Engine | None = None
         self.engine_name = "torch"
+        self.engine_info: EngineInfo | None = None
         self.defaults = GenerationParams()
         self.context_length: int | None = None
         self.model_path: str | None = None
@@ -141,6 +143,7 @@ class LLMHandler(BaseHandler):
         self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
         self._token_texts = TokenTexts(self.tokenizer)
         self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
+        self.engine_info = built.info or EngineInfo(built.name)  # READY carries it to DescribeModel
         if name != "torch":
             log.info("warm-up request took %.2f s", self._warm_up())
         self.max_prompt_chars = (

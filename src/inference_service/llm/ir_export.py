@@ -1,6 +1,7 @@
 """The OpenVINO exporter's process, started by :func:`inference_service.llm.openvino_ir.convert`:
 ``python -m inference_service.llm.ir_export PARENT_PID OUTPUT_DIR -- ARGS`` runs optimum-intel's
-``optimum-cli ARGS`` in its own session and ends with its parent. When the parent dies (a worker
+``optimum-cli ARGS`` (``int4 MODEL_DIR OUTPUT_DIR``: :mod:`inference_service.llm.int4_export`) in its
+own session and ends with its parent. When the parent dies (a worker
 killed, a model unregistered mid-conversion), the kernel sends this process SIGTERM (Linux's
 ``PR_SET_PDEATHSIG``; elsewhere a thread watches the parent's pid); it then removes OUTPUT_DIR,
 its unfinished output, and kills its process group."""
@@ -55,6 +56,10 @@ def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[2] != "--":
         sys.exit("usage: python -m inference_service.llm.ir_export PARENT_PID OUTPUT_DIR -- OPTIMUM_CLI_ARGS")
     _die_with(int(argv[0]), argv[1])
+    if argv[3:4] == ["int4"]:
+        sys.argv = ["int4_export", *argv[4:]]
+        runpy.run_module("inference_service.llm.int4_export", run_name="__main__", alter_sys=True)
+        return
     sys.argv = ["optimum-cli", *argv[3:]]
     runpy.run_module("optimum.commands.optimum_cli", run_name="__main__", alter_sys=True)
 

@@ -53,9 +53,11 @@ log = logging.getLogger(__name__)
 #: compute where the CPU has it and a u8 KV cache, changed 1 of 10 committed prompts at token 13).
 #: int8: a u8 KV cache and activations quantized in groups of 32 (OpenVINO's CPU defaults;
 #: perplexity +0.9 % over torch fp32, measured), compute in bf16 where the CPU has it.
+#: int4: int8's.
 QUALITY_PROPERTIES: dict[str, dict[str, Any]] = {
     "fp32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
     "int8": {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
+    "int4": {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32},
 }
 
 
@@ -85,7 +87,7 @@ class OpenVINOEngine:
             request; with ``dynamic_split_fuse`` a long prompt is split over steps).
         max_model_len: most tokens (prompt + generated) of one request; sizes
             :meth:`stats`' capacity together with ``max_num_seqs``.
-        weight_format: the IR's weight format (``fp32`` or ``int8``): picks
+        weight_format: the IR's weight format (``fp32``, ``int8``, ``int4``): picks
             :data:`QUALITY_PROPERTIES`.
         kv_cache_gb: size of the paged KV cache in GB (OpenVINO's ``cache_size``).
         threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's choice, every core).

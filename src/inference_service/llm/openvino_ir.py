@@ -29,9 +29,10 @@ from inference_service.llm.model import SOURCE_MARKER, ModelPreparationError, _e
 log = logging.getLogger(__name__)
 
 #: Weight formats the exporter writes and the quality bar holds (tests/e2e/test_llm_quality.py):
-#: ``fp32`` (the torch engine's greedy tokens), ``int8`` (NNCF, per output channel). int4 was
-#: measured at +27 % perplexity (data-free, group 32) and is not offered.
-WEIGHT_FORMATS = ("fp32", "int8")
+#: ``fp32`` (the torch engine's greedy tokens), ``int8`` (NNCF, per output channel), ``int4``
+#: (NNCF's data-aware compression of a share of the layers, :mod:`inference_service.llm.int4_export`;
+#: the variants that fail the bar are not offered: benchmarks/RESULTS.md, "Issue 40").
+WEIGHT_FORMATS = ("fp32", "int8", "int4")
 #: The weight format of an archive or handler config that names none: the fastest one within
 #: the quality bar (benchmarks/RESULTS.md, "OpenVINO engine").
 DEFAULT_WEIGHT_FORMAT = "int8"
@@ -112,6 +113,10 @@ def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
     identity: dict[str, object] = {"source": source_key(source), "format": weight_format, "tools": tool_versions()}
     if task != LLM_TASK:
         identity["task"] = task
+    if weight_format == "int4":  # its recipe and calibration text
+        from inference_service.llm.int4_export import recipe_key
+
+        identity["int4"] = recipe_key()
     key = json.dumps(identity, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
@@ -142,13 +147,16 @@ def is_ir_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def export_command(model_dir: Path, target: Path, weight_format: str, task: str = LLM_TASK) -> list[str]:
-    """The exporter's command line: optimum-intel's ``optimum-cli export openvino`` under
-    :mod:`inference_service.llm.ir_export`, which ends it with this process."""
-    if weight_format not in WEIGHT_FORMATS:
+    """The exporter's command line under :mod:`inference_service.llm.ir_export`, which ends it with
+    this process: optimum-intel's ``optimum-cli export openvino``, or for ``int4`` (a causal LM)
+    :mod:`inference_service.llm.int4_export`."""
+    if weight_format not in WEIGHT_FORMATS or (weight_format == "int4" and task != LLM_TASK):
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
-    return [sys.executable, "-m", "inference_service.llm.ir_export", str(os.getpid()), str(target), "--",
-            "export", "openvino", "--model", str(model_dir), "--task", task,
+    command = [sys.executable, "-m", "inference_service.llm.ir_export", str(os.getpid()), str(target), "--"]
+    if weight_format == "int4":
+        return [*command, "int4", str(model_dir), str(target)]
+    return [*command, "export", "openvino", "--model", str(model_dir), "--task", task,
             "--weight-format", weight_format, str(target)]
 
 

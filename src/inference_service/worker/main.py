@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import faulthandler
 import json
 import logging
@@ -122,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     generation = bool(getattr(worker.handler_object, "accepts_generation_requests", False))
     threads = any(name in sys.modules for name in THREADED_LIBRARIES)
-    ready = wire.frame(wire.READY, json.dumps({"pid": os.getpid(), "rank": rank, "generation": generation,
-                                               "threads": threads}).encode())
+    engine = getattr(worker.handler_object, "engine_info", None)
+    ready = wire.frame(wire.READY, json.dumps({
+        "pid": os.getpid(), "rank": rank, "generation": generation, "threads": threads,
+        "engine": dataclasses.asdict(engine) if isinstance(engine, wire.EngineInfo) else None}).encode())
     channel.send(b"".join(channel.pending_metrics() + [ready]))  # metrics recorded by initialize() first
     if spec.mode == wire.MODE_CONTINUOUS:
         ContinuousRunner(worker).serve()
