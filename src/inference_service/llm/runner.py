@@ -273,8 +273,8 @@ class ModelRunner:
                     row = (penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
                            if needs_logit_processing(params) else logits[i].float())
                     request.mask.apply(row)
-                    tokens.append(sample_next_token(row, params.temperature, params.top_p, request.generator,
-                                                    getattr(params, "top_k", 0)))
+                    token = sample_next_token(row, params.temperature, params.top_p, request.generator,
+                                              getattr(params, "top_k", 0))
                 elif needs_logit_processing(params):
                     row = penalize(logits[i], params, request.prompt_ids, request.result.token_ids)
                     token = sample_next_token(row, params.temperature, params.top_p, request.generator,
