@@ -11,6 +11,7 @@ point, and wall-clock bounds are generous (the suite shares two cores with other
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -334,6 +335,19 @@ class ServerProcess:
         orphans = [p for p in pids if _alive(p)]
         assert not orphans, f"worker processes outlived the server: {orphans}"
         return code
+
+
+@contextlib.contextmanager
+def serving(work: Path, store: Path, models: Sequence[str], timeout: float = 600.0) -> Iterator[ServerProcess]:
+    """A server on ``store`` with ``models`` (each ``<name>.mar``) started, each with a worker up
+    within ``timeout`` s; stopped cleanly on exit."""
+    srv = ServerProcess(work, store, ["--models", *(f"{name}={name}.mar" for name in models)])
+    try:
+        for name in models:
+            srv.wait_workers(name, 1, timeout=timeout)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()
 
 
 def doubler_weights(path: Path) -> Path:

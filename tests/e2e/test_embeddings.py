@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import ROOT, ServerProcess, read_key
+from conftest import ROOT, ServerProcess, read_key, serving
 from inference_service._proto import grpc_predict_v2_pb2 as v2_pb2
 from inference_service._proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from inference_service._proto import inference_pb2
@@ -42,14 +42,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     store = tmp_path_factory.mktemp("embedding_store")
     _build(store)  # converts the model to OpenVINO IR once (cached), writes minilm.mar
     _build(store, "--engine", "torch", "--name", "minilm_torch")
-    srv = ServerProcess(tmp_path_factory.mktemp("embedding_work"), store,
-                        ["--models", "minilm=minilm.mar", "minilm_torch=minilm_torch.mar"])
-    try:
-        for name in MODELS:
-            srv.wait_workers(name, 1, timeout=600)
+    with serving(tmp_path_factory.mktemp("embedding_work"), store, MODELS) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from google.protobuf import empty_pb2
 from test_llm_server import _build
 from test_llm_server import _stream as grpc_stream
 
-from conftest import ServerProcess, read_key
+from conftest import ServerProcess, read_key, serving
 from inference_service._proto import inference_pb2
 
 pytestmark = pytest.mark.llm
@@ -41,14 +41,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     store = tmp_path_factory.mktemp("structured_store")
     _build(store)
     _build(store, "--engine", "torch", "--name", "smollm2_torch")
-    srv = ServerProcess(tmp_path_factory.mktemp("structured_work"), store,
-                        ["--models", "smollm2=smollm2.mar", "smollm2_torch=smollm2_torch.mar"])
-    try:
-        for name in MODELS:
-            srv.wait_workers(name, 1, timeout=600)
+    with serving(tmp_path_factory.mktemp("structured_work"), store, MODELS) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()
 
 
 def client(srv: ServerProcess) -> openai.OpenAI:

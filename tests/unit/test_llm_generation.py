@@ -78,14 +78,14 @@ def decoded(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-
 @pytest.fixture(scope="module")
 def prompt_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer("Once upon a time")["input_ids"])
 
 
-def run(gen: Any) -> tuple[list[str], Any]:
-    """Drain a generate_pieces generator: (pieces, GenerationResult)."""
+def run(gen: Any) -> tuple[list[Any], Any]:
+    """Drain a generator: (what it yields, what it returns), e.g. generate_pieces' (pieces,
+    GenerationResult) or a generator-form ``handle``'s (messages, results)."""
     pieces = []
     while True:
         try:
@@ -633,14 +633,9 @@ def test_handler_batch_of_two(
     ]
     expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
     if generator_form:
-        gen = handler.handle(data, context)
         streamed: dict[int, str] = {0: "", 2: ""}
-        while True:
-            try:
-                message = next(gen)
-            except StopIteration as done:
-                results = done.value
-                break
+        messages, results = run(handler.handle(data, context))
+        for message in messages:
             assert len(message) == 3 and message[1] is None and any(m is not None for m in message)
             for i, m in enumerate(message):
                 if m is not None:
@@ -868,13 +863,8 @@ def test_static_batches_carry_log_probabilities_too(tiny_model_dir: str, tiny_mo
     expected, _ = generate_text(tiny_model, tokenizer, prompt_ids, GenerationParams(max_new_tokens=6, ignore_eos=True))
     pieces: list[Piece] = []
     if generator_form:
-        gen = handler.handle(data, context)
-        while True:
-            try:
-                message = next(gen)
-            except StopIteration as done:
-                results = done.value
-                break
+        messages, results = run(handler.handle(data, context))
+        for message in messages:
             pieces += [p for p in (Piece.parse(json.dumps(m).encode()) for m in message if m is not None) if p]
     else:
         results = handler.handle(data, context)
