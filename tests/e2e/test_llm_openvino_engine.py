@@ -23,6 +23,8 @@ def ir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
     ir_dir, seconds = prepare_ir(tiny, "fp32", tmp_path_factory.mktemp("cache"))
     assert seconds is not None and prepare_ir(tiny, "fp32", ir_dir.parent.parent)[1] is None  # cached now
+    # a fresh conversion carries the OpenVINO tokenizer models: structured outputs read its vocabulary
+    assert (ir_dir / "openvino_tokenizer.xml").is_file() and (ir_dir / "openvino_detokenizer.xml").is_file()
     return ir_dir, AutoTokenizer.from_pretrained(str(ir_dir)), AutoModelForCausalLM.from_pretrained(str(tiny)).eval()
 
 

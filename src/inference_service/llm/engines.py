@@ -166,7 +166,6 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
     from inference_service.llm.model import ModelPreparationError, resolve_model_dir
     from inference_service.llm.openvino_ir import (
         DEFAULT_IR_CACHE_LIMIT_GB,
-        add_detokenizer,
         looks_like_ir,
         prepare_ir,
         read_ir_config,
@@ -186,7 +185,6 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
                                      config.ir_cache_limit_gb or DEFAULT_IR_CACHE_LIMIT_GB)
         if seconds is not None:
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
-        add_detokenizer(ir_dir)  # in our cache: an IR directory of the config's is used as it is
     model_config = read_ir_config(ir_dir)
     weight_format, row = choice.weight_format, choice.row
     log.info("weight format %s: %s; OpenVINO properties %s", weight_format, choice.reason,

@@ -330,12 +330,14 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
                cache_limit_gb: float = DEFAULT_IR_CACHE_LIMIT_GB, task: str = LLM_TASK) -> tuple[Path, float | None]:
     """``(IR directory, conversion seconds or None when cached)`` of ``model_dir``; one process
     converts, others wait on a lock file; after a conversion the cache is trimmed to
-    ``cache_limit_gb`` (:func:`evict`). ModelPreparationError for an unknown weight format or a
-    failed conversion."""
+    ``cache_limit_gb`` (:func:`evict`). An LLM's IR gets its OpenVINO tokenizer and detokenizer
+    (:func:`add_detokenizer`), so an archive built from it serves structured outputs.
+    ModelPreparationError for an unknown weight format or a failed conversion."""
     if weight_format not in WEIGHT_FORMATS:
         raise ModelPreparationError(
             f"weight format {weight_format!r} is not offered; use one of: {', '.join(WEIGHT_FORMATS)}")
     target = ir_cache_dir(model_dir, weight_format, cache_dir, task)
+    seconds: float | None = None
     if not is_ir_dir(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(_lock_path(target)):
@@ -346,11 +348,14 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
                 seconds = convert(model_dir, target, weight_format, task)
                 log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
                 evict(target.parent, target, int(cache_limit_gb * 1e9))
-                return target, seconds
-            target = found
-    with contextlib.suppress(OSError):  # last use, for eviction (a read-only cache is not marked)
-        os.utime(target / _MARKER)
-    return target, None
+            else:
+                target = found
+    if seconds is None:
+        with contextlib.suppress(OSError):  # last use, for eviction (a read-only cache is not marked)
+            os.utime(target / _MARKER)
+    if task == LLM_TASK:  # the pipeline reads the vocabulary structured outputs need from it
+        add_detokenizer(target)
+    return target, seconds
 
 
 def looks_like_ir(path: str | os.PathLike[str]) -> bool:
