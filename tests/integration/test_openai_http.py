@@ -196,8 +196,8 @@ def test_key_is_required_and_answered_as_openai_does(srv):
     ({**CHAT, "n": 17}, "n", "'n' must be between 1 and 16, got 17"),
     ({**CHAT, "top_logprobs": 3}, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
     ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "'top_logprobs' must be between 0 and 20"),
-    ({**CHAT, "tools": [{"type": "function"}]}, "tools", "tools is not supported"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+    ({**CHAT, "tools": [{"type": "function"}]}, "tools[0]", "'tools[0]' must be"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type", "must be text, json_object or json_schema"),
     ({**CHAT, "stop": [1]}, "stop[0]", "string"),
     # the LLM request's own limits (contracts/sampling.py), checked at the door
     ({**CHAT, "max_tokens": 4097}, "max_tokens", "'max_new_tokens' must be between 1 and 4096, got 4097"),
