@@ -34,7 +34,7 @@ def fair_server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """The default connection limits (1000 per port), a short head deadline, the echo model."""
     workdir = tmp_path_factory.mktemp("fair")
     config = workdir / "config.properties"
-    config.write_text(f"request_head_timeout_sec={HEAD_TIMEOUT_S}\n")
+    config.write_text(f"request_head_timeout_sec={HEAD_TIMEOUT_S}\ndefault_workers_per_model=1\n")
     srv = ServerProcess(workdir, store, ["--ts-config", str(config), "--models", "echo=echo.mar"])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096 <= hard:  # this process's own 1,100 sockets
