@@ -183,8 +183,10 @@ def llm_answer(output: str, errors: str = "") -> tuple[str, str]:
 
 
 def is_llm_request(command: str) -> bool:
-    """Whether ``command`` sends a request to the bundled LLM (not a health check or a start)."""
+    """Whether ``command`` sends a request to the bundled LLM (not a health check or a start, nor a
+    Python program of the docs, which prints what it shows)."""
     return ("smollm2" in command and "--start" not in command and " health " not in command
+            and "python - <<" not in command
             and any(word in command for word in (" stream ", "/predictions/", "infer_stream")))
 
 
