@@ -3,7 +3,7 @@
 
 A docstring line is one inside the span of a module, class or function docstring
 (the string expression's first to last line, found with ``ast``); generated stubs
-(``_proto``) are left out. The style guide (/work/shared/STYLE.md, practice 15) wants
+(``_proto``) are left out. The style guide (practice 15) wants
 docstrings that say what the code cannot; issue 32 caps them at 18 % of the lines.
 
 Usage: ``.venv/bin/python scripts/docstring_share.py [--max PCT] [--top N]``; exit

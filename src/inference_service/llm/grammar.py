@@ -26,7 +26,7 @@ def choice_grammar(choices: Collection[str]) -> str:
 
 def _literal(text: str) -> str:
     """``text`` as an EBNF string literal: quotes and backslashes escaped, other unprintable
-    characters as ``\\uXXXX`` / ``\\UXXXXXXXX``."""
+    characters as ``\\u`` with 4 hex digits (``\\U`` with 8 beyond the Basic Multilingual Plane)."""
     out = []
     for ch in text:
         if ch in '"\\':
