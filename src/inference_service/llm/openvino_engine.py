@@ -34,7 +34,12 @@ from types import MappingProxyType
 from typing import Any
 
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
+from inference_service.llm.engine_protocol import (
+    EngineCapabilities,
+    SampledLogprob,
+    StepOutput,
+    request_fault,
+)
 from inference_service.llm.openvino_settings import (
     KV_BLOCK_TOKENS,
     generation_config,
@@ -43,7 +48,7 @@ from inference_service.llm.openvino_settings import (
 )
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.prefix_cache import BLOCK_TOKENS, PrefixCacheTally
-from inference_service.llm.request_state import RequestState
+from inference_service.llm.request_state import RequestState, hand_over
 
 log = logging.getLogger(__name__)
 
@@ -388,24 +393,11 @@ class OpenVINOEngine:
         state = live.state
         pending, state.pending = state.pending, []
         scores, state.pending_logprobs = state.pending_logprobs, []
-        pieces: list[str] = []
-        sampled: list[SampledLogprob] = []
-        for i, token in enumerate(pending):
-            if state.params.logprobs and not state.ends_on(token, self.eos):
-                sampled.append(SampledLogprob(token, scores[i] if i < len(scores) else 0.0))
-            piece, reason = state.accept(token, self.eos)
-            pieces.append(piece)
-            if reason is not None:
-                live.handle.cancel()
-                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
-        if done:
-            # the pipeline ended it without a token we stop on: its own length or stop-token rule
-            generated = len(state.result.token_ids)
-            reason = "length" if generated >= state.params.max_new_tokens else "stop"
-            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
-        if not pieces:
-            return None
-        return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled)
+        entries = [SampledLogprob(t, p) for t, p in zip(pending, scores, strict=False)]  # scores may be short
+        out, stopped = hand_over(state, pending, self.eos, entries, engine_done=done)  # done: the pipeline's rule
+        if stopped:
+            live.handle.cancel()
+        return out
 
 
 def _has_vocabulary(pipeline: Any) -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from inference_service.llm.engine_protocol import SampledLogprob, StepOutput
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.sampling import make_generator
 from inference_service.llm.text import IncrementalDecoder, StopStringFilter
@@ -86,3 +88,31 @@ class RequestState:
         result.completion_tokens = len(result.token_ids)
         result.stop_string = self.stop_filter.matched
         return result
+
+
+def hand_over(state: RequestState, tokens: Sequence[int], eos: frozenset[int], logprobs: Sequence[SampledLogprob],
+              engine_done: bool) -> tuple[StepOutput | None, bool]:
+    """Feed the tokens an engine sampled for a request to its state (our text, stop strings and
+    end-of-sequence rules), with their ``logprobs`` entries (one per token; a missing one reads 0).
+
+    Returns:
+        ``(output, stopped)``: ``output`` is ``None`` while nothing was released and the request
+        goes on; ``stopped`` when one of the tokens ended it by our rules (the engine still runs it:
+        abort it there). When ``engine_done`` and none did, the engine ended it by its own length or
+        stop-token rule: ``length`` once ``max_new_tokens`` are generated, else ``stop``.
+    """
+    pieces: list[str] = []
+    sampled: list[SampledLogprob] = []
+    for i, token in enumerate(tokens):
+        if state.params.logprobs and not state.ends_on(token, eos):
+            sampled.append(logprobs[i] if i < len(logprobs) else SampledLogprob(token, 0.0))
+        piece, reason = state.accept(token, eos)
+        pieces.append(piece)
+        if reason is not None:
+            return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled), True
+    if engine_done:
+        reason = "length" if len(state.result.token_ids) >= state.params.max_new_tokens else "stop"
+        return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled), False
+    if not pieces:
+        return None, False
+    return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled), False

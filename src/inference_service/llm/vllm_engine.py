@@ -29,9 +29,14 @@ from typing import Any
 from inference_service.contracts import wire
 from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.contracts.stats import SchedulerStats
-from inference_service.llm.engine_protocol import EngineCapabilities, SampledLogprob, StepOutput, request_fault
+from inference_service.llm.engine_protocol import (
+    EngineCapabilities,
+    SampledLogprob,
+    StepOutput,
+    request_fault,
+)
 from inference_service.llm.params import GenerationParams, GenerationResult
-from inference_service.llm.request_state import RequestState
+from inference_service.llm.request_state import RequestState, hand_over
 
 log = logging.getLogger(__name__)
 
@@ -347,24 +352,13 @@ class VLLMEngine:
         state = live.state
         pending, state.pending = state.pending, []
         scores, live.logprobs = live.logprobs, []
-        pieces: list[str] = []
-        sampled: list[SampledLogprob] = []
-        for i, token in enumerate(pending):
-            if state.params.logprobs and not state.ends_on(token, self.eos):
-                sampled.append(scores[i] if i < len(scores) else SampledLogprob(token, 0.0))
-            piece, reason = state.accept(token, self.eos)
-            pieces.append(piece)
-            if reason is not None:
-                self._abort(live)
-                return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
-        if live.done is None:
-            return StepOutput("".join(pieces), tokens=len(pieces), logprobs=sampled) if pieces else None
-        if live.done not in ("stop", "length"):  # vLLM aborted it or failed on it
+        if live.done not in (None, "stop", "length"):  # vLLM aborted it or failed on it
             self._requests.pop(state.key, None)
             return request_fault(state.key, RuntimeError(f"vLLM ended the request: {live.done}"))
-        # vLLM ended it without a token we stop on: its own length or stop-token rule
-        reason = "length" if len(state.result.token_ids) >= state.params.max_new_tokens else "stop"
-        return StepOutput("".join(pieces), True, state.finish(reason), len(pieces), logprobs=sampled)
+        out, stopped = hand_over(state, pending, self.eos, scores, engine_done=live.done is not None)
+        if stopped:
+            self._abort(live)
+        return out
 
 
 def _sampled(token: int, position: Any, top: int) -> SampledLogprob:
