@@ -18,7 +18,7 @@ from inference_service.contracts.embeddings import (
     refused_field,
 )
 from inference_service.embeddings.formats import answer, read_row
-from inference_service.embeddings.handler import EmbeddingHandler, _dimensions
+from inference_service.embeddings.handler import EmbeddingHandler, _dimensions, length_groups
 from inference_service.embeddings.model import EmbeddingSettings
 from inference_service.errors import InvalidArgument
 from inference_service.frontends.openai.embeddings import NotAnObject, parse_embedding_body
@@ -175,3 +175,18 @@ def test_settings_come_from_the_sentence_transformers_files_unless_configured(tm
     for key, bad in (("pooling", "max"), ("normalize", "yes"), ("max_length", 513), ("max_length", 1)):
         with pytest.raises(ValueError, match=f"'{key}'"):
             settings_of(tmp_path, {key: bad})
+
+
+@pytest.mark.parametrize("lengths, max_inputs, groups", [
+    ([], 32, []),
+    ([5], 32, [[0]]),
+    # like lengths share a pass up to max_inputs, longest first
+    ([10, 12, 11, 10, 12, 11], 4, [[1, 4, 2, 5], [0, 3]]),
+    # the first 4 of a pass join whatever their length; then an input under 0.8x the longest starts a pass
+    ([60, 10, 50, 40, 30, 25, 24, 8], 32, [[0, 2, 3, 4], [5, 6, 1, 7]]),
+    ([61, 60, 59, 48, 47, 20], 32, [[0, 1, 2, 3], [4, 5]]),
+])
+def test_length_groups_pad_little_and_cover_every_input(lengths, max_inputs, groups):
+    got = length_groups(lengths, max_inputs)
+    assert got == groups
+    assert sorted(i for group in got for i in group) == list(range(len(lengths)))
