@@ -21,7 +21,9 @@ Workload and figures: benchmarks/llm_workload.py (random ``--input-len`` token p
 ``--seed``, the same for every server; ``--output-len`` tokens with ``ignore_eos``; per level of
 ``--concurrency`` a closed loop of ``--num-prompts`` requests, by default 4 per stream and at least
 8; TTFT, TPOT, ITL and E2EL at p50/p90/p99, output tokens/s, requests/s and goodput against
-``--goodput``). ``--busy`` levels run again beside a process spinning on one core. Per level the
+``--goodput``); before each level, unmeasured, one request a stream of 4 tokens on prompts of
+another seed (a server's first batch of a size warms up; no measured prompt finds its prefix
+cached by a warm-up). ``--busy`` levels run again beside a process spinning on one core. Per level the
 RSS and threads of the server's processes after it and the 1-minute load average before it; per
 server its start (spawn to a first answer).
 
@@ -197,14 +199,16 @@ class Spinner:
 
 
 def measure(name: str, levels: list[Level], prompts: list[Prompt], setup: Setup, slo: dict[str, float],
-            count_tokens: Callable[[str], int]) -> dict[str, Any]:
-    """Start ``name``, warm it up, run the levels, stop it: ``{"start_s": s, label: figures}``."""
+            count_tokens: Callable[[str], int], warm_prompts: list[Prompt]) -> dict[str, Any]:
+    """Start ``name``, warm it up, run the levels, stop it: ``{"start_s": s, label: figures}``.
+    ``warm_prompts`` (other prompts than the measured ones, so no measured prompt finds its prefix
+    cached) warm the server up and each level up."""
     if name == "inprocess":
         return in_process(levels, prompts, setup)
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
         server = start(name, Path(tmp), setup)
         try:
-            warm = prompts[:min(8, setup.batch_size)]
+            warm = warm_prompts[:min(8, setup.batch_size)]
             outputs, _ = asyncio.run(run_level(server, warm, len(warm), 4, count_tokens, 300))  # not measured
             if all(o.error for o in outputs):
                 raise RuntimeError(f"every warm-up request failed: {outputs[0].error}")
@@ -212,6 +216,10 @@ def measure(name: str, levels: list[Level], prompts: list[Prompt], setup: Setup,
             for level in levels:
                 load = round(os.getloadavg()[0], 2)
                 with Spinner() if level.busy else contextlib.nullcontext():
+                    # the level's shapes once, unmeasured (``vllm bench serve --num-warmups``): a
+                    # server's first batch of a new size compiles or allocates what later ones reuse
+                    warm = warm_prompts[:level.concurrency]
+                    asyncio.run(run_level(server, warm, level.concurrency, 4, count_tokens, 300))
                     outputs, seconds = asyncio.run(run_level(server, prompts[:level.requests], level.concurrency,
                                                              setup.output_len, count_tokens))
                 for error in sorted({o.error for o in outputs if o.error})[:3]:
@@ -385,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("peers not made: " + "; ".join(f"{name} (run {script})" for name, script in missing.items()))
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_gguf()))
     prompts = random_prompts(tokenizer, max(level.requests for level in levels), args.input_len, args.seed)
+    warm_prompts = random_prompts(tokenizer, max(8, *(level.concurrency for level in levels)), args.input_len,
+                                  args.seed + 1_000_003)
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
@@ -396,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in servers if run % 2 == 0 else list(reversed(servers)):
             print(f"run {run + 1}: {name}", file=sys.stderr, flush=True)
             try:
-                results[name] = measure(name, levels, prompts, setup, slo, count_tokens)
+                results[name] = measure(name, levels, prompts, setup, slo, count_tokens, warm_prompts)
             except (RuntimeError, OSError, asyncio.TimeoutError, subprocess.SubprocessError) as exc:
                 print(f"run {run + 1}: {name} failed: {exc}", file=sys.stderr, flush=True)
                 continue

@@ -248,7 +248,7 @@ async def request_handler(session: aiohttp.ClientSession, stub: Any, server: Ser
 async def run_level(server: Server, prompts: Sequence[Prompt], concurrency: int, output_len: int,
                     count_tokens: Callable[[str], int], timeout_s: float = 900) -> tuple[list[RequestOutput], float]:
     """Every prompt once, at most ``concurrency`` in flight (vLLM's ``--max-concurrency`` semaphore),
-    one HTTP session (or gRPC channel); the outputs in prompt order and the level's seconds.
+    one HTTP session, a connection a request (or one gRPC channel); the outputs in prompt order and the level's seconds.
     ``count_tokens`` re-tokenizes an answer whose server reported no usage; a request gets
     ``timeout_s`` seconds."""
     from inference_service._proto import inference_pb2_grpc
@@ -256,8 +256,10 @@ async def run_level(server: Server, prompts: Sequence[Prompt], concurrency: int,
     semaphore = asyncio.Semaphore(concurrency)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.inference_port}") if server.transport == "grpc" else None
     stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel) if channel else None
+    # a connection per request (localhost: a fraction of a millisecond): llama.cpp's HTTP server
+    # closes a kept-alive connection after a few requests, and a reused one then fails the request
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                    connector=aiohttp.TCPConnector(limit=0))
+                                    connector=aiohttp.TCPConnector(limit=0, force_close=True))
 
     async def one(prompt: Prompt) -> RequestOutput:
         async with semaphore:
