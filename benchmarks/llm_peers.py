@@ -18,14 +18,14 @@ engine's loop without a server (benchmarks/llm_engine_device.py in a child proce
 prompts with the chat template, ``concurrency`` requests at once, one round; no TPOT or E2EL).
 
 Workload and figures: benchmarks/llm_workload.py (random ``--input-len`` token prompts of
-``--seed``, the same for every server; ``--output-len`` tokens with ``ignore_eos``; per level of
-``--concurrency`` a closed loop of ``--num-prompts`` requests, by default 4 per stream and at least
-8; TTFT, TPOT, ITL and E2EL at p50/p90/p99, output tokens/s, requests/s and goodput against
-``--goodput``); before each level, unmeasured, one request a stream of 4 tokens on prompts of
-another seed (a server's first batch of a size warms up; no measured prompt finds its prefix
-cached by a warm-up). ``--busy`` levels run again beside a process spinning on one core. Per level the
-RSS and threads of the server's processes after it and the 1-minute load average before it; per
-server its start (spawn to a first answer).
+``--seed``, the same for every server, each level its own, so no request finds its prefix cached
+by an earlier level; ``--output-len`` tokens with ``ignore_eos``; per level of ``--concurrency`` a
+closed loop of ``--num-prompts`` requests, by default 4 per stream and at least 8; TTFT, TPOT, ITL
+and E2EL at p50/p90/p99, output tokens/s, requests/s and goodput against ``--goodput``); before
+each level, unmeasured, one 4-token request a stream on prompts of another seed (a server's first
+batch of a size warms up). ``--busy`` levels run again beside a process spinning on one core. Per
+level the RSS and threads of the server's processes after it and the 1-minute load average before
+it; per server its start (spawn to a first answer).
 
 Prints the CPU, one Markdown table per level (rows: servers), issue 40's targets and one JSON
 line. ``--smoke`` runs only this server at concurrency 1 and 2, 2 requests each of 32-token
@@ -201,8 +201,9 @@ class Spinner:
 def measure(name: str, levels: list[Level], prompts: list[Prompt], setup: Setup, slo: dict[str, float],
             count_tokens: Callable[[str], int], warm_prompts: list[Prompt]) -> dict[str, Any]:
     """Start ``name``, warm it up, run the levels, stop it: ``{"start_s": s, label: figures}``.
-    ``warm_prompts`` (other prompts than the measured ones, so no measured prompt finds its prefix
-    cached) warm the server up and each level up."""
+    Level after level takes the next ``level.requests`` of ``prompts`` and the next
+    ``level.concurrency`` of ``warm_prompts`` (the first 8 warm the server up), so no measured
+    request finds its prefix cached by an earlier one."""
     if name == "inprocess":
         return in_process(levels, prompts, setup)
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as tmp:
@@ -213,15 +214,19 @@ def measure(name: str, levels: list[Level], prompts: list[Prompt], setup: Setup,
             if all(o.error for o in outputs):
                 raise RuntimeError(f"every warm-up request failed: {outputs[0].error}")
             result: dict[str, Any] = {"start_s": round(server.start_s, 2)}
+            measured, warmed = 0, len(warm)
             for level in levels:
                 load = round(os.getloadavg()[0], 2)
                 with Spinner() if level.busy else contextlib.nullcontext():
                     # the level's shapes once, unmeasured (``vllm bench serve --num-warmups``): a
                     # server's first batch of a new size compiles or allocates what later ones reuse
-                    warm = warm_prompts[:level.concurrency]
+                    warm = warm_prompts[warmed:warmed + level.concurrency]
+                    warmed += len(warm)
                     asyncio.run(run_level(server, warm, level.concurrency, 4, count_tokens, 300))
-                    outputs, seconds = asyncio.run(run_level(server, prompts[:level.requests], level.concurrency,
-                                                             setup.output_len, count_tokens))
+                    mine = prompts[measured:measured + level.requests]
+                    outputs, seconds = asyncio.run(run_level(server, mine, level.concurrency, setup.output_len,
+                                                             count_tokens))
+                measured += level.requests
                 for error in sorted({o.error for o in outputs if o.error})[:3]:
                     print(f"{name} at {level.label}: a request failed: {error}", file=sys.stderr, flush=True)
                 result[level.label] = {**serve_metrics(outputs, seconds, slo), **tree_stats(server.proc.pid),
@@ -392,8 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing := missing_peers(servers):
         parser.error("peers not made: " + "; ".join(f"{name} (run {script})" for name, script in missing.items()))
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_gguf()))
-    prompts = random_prompts(tokenizer, max(level.requests for level in levels), args.input_len, args.seed)
-    warm_prompts = random_prompts(tokenizer, max(8, *(level.concurrency for level in levels)), args.input_len,
+    # every level its own prompts, and its warm-up others again: no request finds its prefix cached
+    prompts = random_prompts(tokenizer, sum(level.requests for level in levels), args.input_len, args.seed)
+    warm_prompts = random_prompts(tokenizer, 8 + sum(level.concurrency for level in levels), args.input_len,
                                   args.seed + 1_000_003)
 
     def count_tokens(text: str) -> int:
