@@ -22,6 +22,7 @@ from inference_service.security.auth import (
     AuthInterceptor,
     KeyStore,
     TokenAuthorization,
+    new_key,
     read_bearer,
     write_key_file,
 )
@@ -305,3 +306,9 @@ def test_short_key_from_environment_is_a_config_error(monkeypatch):
     monkeypatch.setenv("INFERENCE_SERVICE_INFERENCE_KEY", "short")
     with pytest.raises(ConfigError, match="INFERENCE_SERVICE_INFERENCE_KEY"):
         settings_from_args(build_parser().parse_args([]))
+
+
+def test_keys_never_begin_with_a_dash_that_a_command_line_reads_as_an_option():
+    keys = [new_key() for _ in range(2000)]  # a generator that allowed it fails here but 1 time in 1e13
+    assert not [k for k in keys if k.startswith("-")]
+    assert all(len(k) == 43 for k in keys) and len(set(keys)) == len(keys)

@@ -43,8 +43,12 @@ UNAUTHENTICATED_MESSAGE = (
 
 
 def new_key() -> str:
-    """A fresh random key: 32 bytes from :mod:`secrets`, URL-safe base64 (43 characters)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random key: 32 bytes from :mod:`secrets`, URL-safe base64 (43 characters), never
+    beginning with ``-``: a command line reads ``--auth-token -x...`` as a missing value (one key in
+    64 failed the gRPC client's ``--auth-token "$(...)"`` so)."""
+    while (key := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return key
 
 
 @dataclass
