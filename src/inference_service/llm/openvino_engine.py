@@ -131,7 +131,8 @@ class OpenVINOEngine:
         scheduler.cache_size = 0
         scheduler.num_kv_blocks = kv_cache_blocks(kv_cache_gb, self._token_bytes, max_num_seqs, max_model_len)
         scheduler.max_num_seqs = max_num_seqs or 256
-        scheduler.max_num_batched_tokens = max(max_num_batched_tokens or 256, max_num_seqs or 1)
+        scheduler.max_num_batched_tokens = max(max_num_batched_tokens or self.capabilities.default_batched_tokens,
+                                               max_num_seqs or 1)
         scheduler.dynamic_split_fuse = True
         scheduler.enable_prefix_caching = enable_prefix_caching
         self.pipeline = openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", config)
