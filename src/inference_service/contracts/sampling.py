@@ -23,6 +23,7 @@ from inference_service.contracts.structured import (
     from_response_format,
     parse_messages,
 )
+from inference_service.contracts.text import lone_surrogate, lone_surrogate_message
 
 __all__ = ["CHAT_ROLES", "GenerationParams", "GenerationRequest", "InvalidRequest", "SamplingParams",
            "StructuredOutputs", "params_from_config", "parse_request"]
@@ -332,11 +333,11 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
     :meth:`GenerationRequest.build`, any other text the prompt, with ``defaults``.
 
     Raises:
-        InvalidRequest: invalid UTF-8, an empty body, a ``{`` body that is not valid JSON, or a
-            field :meth:`GenerationRequest.build` refuses.
+        InvalidRequest: invalid UTF-8, a string with a lone surrogate, an empty body, a ``{`` body
+            that is not valid JSON, or a field :meth:`GenerationRequest.build` refuses.
     """
     if isinstance(body, dict):
-        return GenerationRequest.build(body, defaults)
+        return GenerationRequest.build(_valid_text(body), defaults)
     if not isinstance(body, (bytes, bytearray, memoryview, str)):
         raise InvalidRequest(f"request body must be bytes, text or an object, got {type(body).__name__}")
     text = _body_text(body)
@@ -348,7 +349,15 @@ def parse_request(body: Any, defaults: GenerationParams = GenerationParams()) ->
         except json.JSONDecodeError as exc:
             raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if isinstance(obj, dict):
-        return GenerationRequest.build(obj, defaults)
+        return GenerationRequest.build(_valid_text(obj), defaults)
     if not text:
         raise InvalidRequest("request body is empty; send a prompt")
-    return GenerationRequest(prompt=text, messages=None, params=defaults)
+    return GenerationRequest(prompt=_valid_text(text), messages=None, params=defaults)
+
+
+def _valid_text(body: Any) -> Any:
+    """``body``, unless one of its strings holds a lone surrogate (InvalidRequest naming it)."""
+    found = lone_surrogate(body, "prompt" if isinstance(body, str) else "")
+    if found is not None:
+        raise InvalidRequest(lone_surrogate_message(*found), found[0].split(".")[0].split("[")[0])
+    return body

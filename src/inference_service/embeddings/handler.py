@@ -81,7 +81,8 @@ class EmbeddingHandler(BaseHandler):
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         """One answer per request of the batch: its JSON, or its error message with status 400
-        set (a bad request fails alone). A forward-pass failure fails the whole batch."""
+        set (a bad request fails alone; a tokenizer's error, 500, too). A forward-pass failure
+        fails the whole batch."""
         engine, encoder = self.engine, self.encoder
         if engine is None or encoder is None:
             raise RuntimeError("EmbeddingHandler.initialize was not called")
@@ -97,6 +98,10 @@ class EmbeddingHandler(BaseHandler):
             except InvalidEmbeddingRequest as exc:
                 context.set_response_status(400, str(exc), idx)
                 results[idx] = str(exc)
+            except Exception as exc:  # a tokenizer's error fails its request alone
+                log.error("request %d of the batch failed while being tokenized", idx, exc_info=exc)
+                context.set_response_status(500, f"tokenization failed: {exc}", idx)
+                results[idx] = f"tokenization failed: {exc}"
         vectors = self._embed([item for _, items in jobs.values() for item in items])
         offset = 0
         for idx, (job, items) in jobs.items():

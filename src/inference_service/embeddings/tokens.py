@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from inference_service.contracts.embeddings import Input, InvalidEmbeddingRequest
+from inference_service.contracts.text import lone_surrogate, lone_surrogate_message
 from inference_service.embeddings.engines import Encoded
 
 
@@ -20,7 +21,8 @@ class InputEncoder:
     """Tokenizes a request's inputs (``max_length``: most tokens of one input, frame included).
 
     Raises (``encode``):
-        InvalidEmbeddingRequest: an input longer than ``max_length`` tokens, a token id outside the
+        InvalidEmbeddingRequest: a text with a lone surrogate, an input longer than ``max_length``
+            tokens, a token id outside the
             vocabulary, or (``need_text``) ids that do not decode to a text giving them back.
     """
 
@@ -43,6 +45,10 @@ class InputEncoder:
     def encode(self, inputs: Sequence[Input], fields: Sequence[str]) -> list[Encoded]:
         """One :class:`Encoded` per input, in order; ``fields[i]`` names input ``i`` in errors."""
         texts = [(i, text) for i, text in enumerate(inputs) if isinstance(text, str)]
+        for index, text in texts:
+            found = lone_surrogate(text, fields[index])
+            if found is not None:
+                raise InvalidEmbeddingRequest(fields[index], lone_surrogate_message(None, found[1]))
         out: list[Encoded | None] = [None] * len(inputs)
         for (index, text), encoding in zip(texts, self.tokenizer.encode_batch([t for _, t in texts]), strict=True):
             out[index] = Encoded(list(encoding.ids), text)

@@ -328,6 +328,8 @@ class LLMHandler(BaseHandler):
                 if isinstance(prepared, BaseException):
                     status = 400 if isinstance(prepared, InvalidRequest) else 500
                     message = str(prepared) or type(prepared).__name__
+                    if status == 500:  # a bug, not the client's: its trace goes to the log
+                        log.error("request %s failed before generation", log_id(context, idx), exc_info=prepared)
                     context.set_response_status(status, message, idx)
                     results[idx] = message
                     finished[idx] = True
@@ -384,7 +386,7 @@ class LLMHandler(BaseHandler):
             if _body_size(row) <= _INLINE_BODY_BYTES and not _constrained(row):
                 try:
                     return self._tokenize(row)
-                except InvalidRequest as exc:
+                except Exception as exc:  # this request's error alone (a tokenizer's, too): 400 or 500
                     return exc
             if self._prepare_pool is None:
                 self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-tokenize")
