@@ -41,6 +41,16 @@ BIN = Path(sys.executable).parent
 ARCHIVER = str(BIN / "torch-model-archiver")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``scripts/test`` runs ``--dist loadgroup``) a module's tests run in one
+    worker process, so its module fixtures start one server, not one per worker; modules that share
+    a session fixture's server name one ``xdist_group`` of their own."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
              what: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
@@ -387,14 +397,79 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server with the model API enabled and the echo model (2 workers) loaded at startup."""
-    srv = ServerProcess(tmp_path_factory.mktemp("server"), store,
-                        ["--enable-model-api", "--models", "echo=echo.mar", "--workers-per-model", "2"])
+def _echo_server(store: Path, workdir: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(workdir, store, ["--enable-model-api", "--models", "echo=echo.mar", "--workers-per-model", "2"])
     try:
         srv.wait_workers("echo", 2)
         yield srv
     finally:
         code = srv.stop()
         assert code == 0, srv.log()
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with the model API enabled and the echo model (2 workers) loaded at startup, the
+    module's own: its tests may register, scale and unregister models, or renew keys."""
+    yield from _echo_server(store, tmp_path_factory.mktemp("server"))
+
+
+@pytest.fixture(scope="session")
+def shared_server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same server as ``server``, one a session (per test process) for the modules that only
+    read: they never change its models, workers or keys, and read its log from an offset or for
+    their own lines. Such a module says so with a ``server`` fixture returning this one."""
+    yield from _echo_server(store, tmp_path_factory.mktemp("shared_server"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight Llama with SmolLM2's tokenizer (tests/llm_models.py), made once a session."""
+    from llm_models import tiny_model_dir
+
+    from inference_service.llm.model import prepare_gguf
+
+    # the bundled GGUF's converted directory (converted once, into the user's cache) has the tokenizer
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", prepare_gguf())
+
+
+@pytest.fixture(scope="session")
+def tiny_ir(tiny_llama: Path) -> Path:
+    """The tiny Llama as fp32 OpenVINO IR, in the user's IR cache (content-keyed: converted once a
+    machine, not once a run)."""
+    from inference_service.llm.openvino_ir import prepare_ir
+
+    return prepare_ir(tiny_llama, "fp32")[0]
+
+
+@pytest.fixture(scope="session")
+def llm_archives(tmp_path_factory: pytest.TempPathFactory):
+    """``llm_archives.build(store, *args)``: an LLM archive built once a session per command line
+    (tests/llm_models.py ``ArchiveCache``), copied into ``store``."""
+    from llm_models import ArchiveCache
+
+    return ArchiveCache(tmp_path_factory.mktemp("llm_archives"))
+
+
+@pytest.fixture(scope="session")
+def llm_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, llm_archives):
+    """The real SmolLM2 (one worker) beside four archives of the tiny Llama: ``tiny`` (the bundled
+    archive's continuous-batching form), ``tiny_gen`` (the generator handler), ``tiny_torch`` (the
+    torch engine) and ``tiny_fp32`` (the OpenVINO engine on fp32 weights). One server a session,
+    shared by tests/e2e/test_llm_server.py and test_openai_llm.py."""
+    store = tmp_path_factory.mktemp("llm_store")
+    llm_archives.build(store)  # converts the GGUF once (cached), writes smollm2.mar
+    tiny = ("--model-path", str(tiny_llama))
+    llm_archives.build(store, *tiny, "--name", "tiny")
+    llm_archives.build(store, *tiny, "--name", "tiny_gen", "--generator")
+    llm_archives.build(store, *tiny, "--name", "tiny_torch", "--engine", "torch")
+    llm_archives.build(store, *tiny, "--name", "tiny_fp32", "--weight-format", "fp32")
+    srv = ServerProcess(tmp_path_factory.mktemp("llm_work"), store,
+                        ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar", "tiny_gen=tiny_gen.mar",
+                         "tiny_torch=tiny_torch.mar", "tiny_fp32=tiny_fp32.mar"])
+    try:
+        for name in ("smollm2", "tiny", "tiny_gen", "tiny_torch", "tiny_fp32"):
+            srv.wait_workers(name, 1, timeout=600)
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()

@@ -8,6 +8,7 @@ server; ``test_wire_breaking.py``: ``buf breaking`` against them).
 
 from __future__ import annotations
 
+import fcntl
 import io
 import subprocess
 import sys
@@ -24,11 +25,14 @@ def torchserve_wheel() -> Path:
     """The ``torchserve==0.12.0`` wheel, downloaded from PyPI into ``.cache/wheels`` on first use."""
     CACHE.mkdir(parents=True, exist_ok=True)
     pattern = f"torchserve-{TORCHSERVE_VERSION}-*.whl"
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        f"torchserve=={TORCHSERVE_VERSION}", "-d", str(CACHE)], check=True, timeout=300)
+    # test processes running in parallel download it once: the others wait here, then find it
+    with open(CACHE / "torchserve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(CACHE.glob(pattern))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            f"torchserve=={TORCHSERVE_VERSION}", "-d", str(CACHE)], check=True, timeout=300)
+            found = sorted(CACHE.glob(pattern))
     assert found, f"torchserve {TORCHSERVE_VERSION} wheel not downloaded"
     return found[0]
 

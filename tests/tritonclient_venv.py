@@ -8,6 +8,7 @@ and run small client scripts with its interpreter as subprocesses against the re
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,18 @@ def tritonclient_python() -> Path:
         subprocess.CalledProcessError: the venv or the install failed (pip's output in the message).
     """
     python = VENV / "bin" / "python"
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    # test processes running in parallel make it once: the others wait here, then find it working
+    with open(VENV.parent / "venv-tritonclient.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make(python)
+
+
+def _make(python: Path) -> Path:
     if _works(python):
         return python
     if VENV.exists():  # a half-made venv from an interrupted run
         shutil.rmtree(VENV)
-    VENV.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=300)
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", REQUIREMENT],
                    check=True, capture_output=True, timeout=900)

@@ -28,6 +28,8 @@ from inference_service._proto import grpc_predict_v2_pb2 as v2_pb2
 from inference_service._proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from inference_service._proto import inference_pb2
 
+pytestmark = pytest.mark.slow
+
 PAIRS = json.loads((Path(__file__).parent / "data" / "sentence_pairs.json").read_text())
 MODELS = ("minilm", "minilm_torch")
 
@@ -218,3 +220,28 @@ def test_bad_inputs_on_the_other_doors(server):
     assert status == 400 and "max_json_depth" in json.loads(body)["error"]["message"]
     request = inference_pb2.PredictionsRequest(model_name="minilm", input={"data": b"a plain text is one input"})
     assert len(json.loads(server.inference.Predictions(request, timeout=60).prediction)["data"]) == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_lone_surrogate_is_refused_alone_and_its_batch_mates_are_served(server, model):
+    """Issue 48 item 2: one input with ``"\\ud800"`` failed every request batched with it. Now it gets
+    400 naming its input, on every door, and the requests beside it are answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bad = {
+        "/v1/embeddings": '{"model": "%s", "input": ["fine", "bad \\ud800 text"]}' % model,
+        f"/predictions/{model}": '{"input": "bad \\udfff"}',
+        f"/v2/models/{model}/infer": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
+                                     '"data": ["bad \\ud800"]}]}',
+    }
+    good = json.dumps({"model": model, "input": [text for pair in PAIRS[:4] for text in pair]}).encode()
+    calls = [(path, body.encode()) for path, body in bad.items()] * 3 + [("/v1/embeddings", good)] * 20
+    with ThreadPoolExecutor(len(calls)) as pool:
+        answers = list(pool.map(lambda call: (call[0], call[1] == good, *_post(server, *call)), calls))
+    for path, is_good, status, body in answers:
+        if is_good:
+            assert status == 200 and len(json.loads(body)["data"]) == 8, (path, status, body[:300])
+        else:
+            assert status == 400 and b"lone surrogate" in body, (path, status, body[:300])
+    status, body = _post(server, "/v1/embeddings", bad["/v1/embeddings"].encode())
+    assert json.loads(body)["error"]["param"] == "input[1]", body

@@ -8,28 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_llm_server import _tiny_model_dir
 
 from inference_service.contracts.stats import SchedulerStats
 from inference_service.llm.engine_protocol import REQUEST_FAULT, Engine, StepOutput, add_request
 from inference_service.llm.params import GenerationParams
 
-pytestmark = pytest.mark.llm
-
 FAULT_SEED = 4242
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def tiny(tiny_llama: Path, tiny_ir: Path) -> dict[str, Any]:
     """The tiny model in torch and as fp32 IR, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-    from inference_service.llm.openvino_ir import prepare_ir
-
-    model_dir = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama",
-                                converted_model_dir(find_default_gguf()))
-    ir_dir, _ = prepare_ir(model_dir, "fp32", tmp_path_factory.mktemp("cache"))
+    model_dir, ir_dir = tiny_llama, tiny_ir
     return {"model": AutoModelForCausalLM.from_pretrained(str(model_dir)).eval(),
             "tokenizer": AutoTokenizer.from_pretrained(str(model_dir)), "ir_dir": ir_dir}
 

@@ -19,6 +19,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+
 BIN = Path(sys.executable).parent
 #: What a user reads as a failure: an error, transformers' framework notice, a traceback, a
 #: progress bar (tqdm's "37%|███" or "12.3it/s").

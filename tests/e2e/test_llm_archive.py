@@ -17,6 +17,8 @@ import pytest
 from conftest import ROOT, ServerProcess
 from inference_service._proto import inference_pb2
 
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+
 BUILD = ROOT / "scripts" / "build_llm_archive"
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 24}
 

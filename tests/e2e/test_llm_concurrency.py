@@ -14,23 +14,20 @@ import time
 
 import grpc
 import pytest
-from test_llm_server import ENGINES, _build, _tiny_model_dir
+from llm_models import ENGINES
 
 from conftest import ServerProcess
 from inference_service._proto import inference_pb2
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
-def cb_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def cb_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_llama, llm_archives):
     store = tmp_path_factory.mktemp("cb_store")
-    _build(store, *ENGINES[request.param])  # the bundled archive: continuousBatching, batchSize 8
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama",
-                           converted_model_dir(find_default_gguf()))
-    _build(store, "--model-path", str(tiny), "--name", "tiny", "--batch-size", "4", *ENGINES[request.param])
+    llm_archives.build(store, *ENGINES[request.param])  # the bundled archive: continuousBatching, batchSize 8
+    llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "tiny", "--batch-size", "4",
+                       *ENGINES[request.param])
     srv = ServerProcess(tmp_path_factory.mktemp("cb_work"), store,
                         ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar"])
     try:

@@ -17,6 +17,8 @@ import pytest
 from conftest import ROOT, ServerProcess, wait_for
 from inference_service._proto import inference_pb2
 
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 24}
 CONVERTING = "to OpenVINO IR (fp32), once"
 

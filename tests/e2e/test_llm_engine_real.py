@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

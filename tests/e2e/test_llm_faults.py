@@ -21,13 +21,13 @@ from typing import Any
 
 import grpc
 import pytest
-from test_llm_server import ENGINES, _build, _tiny_model_dir
+from llm_models import ENGINES
 
 from conftest import HANDLERS, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
 from inference_service.llm.engine_protocol import REQUEST_FAULT
 
-pytestmark = pytest.mark.llm
+pytestmark = pytest.mark.slow  # two servers of the tiny model, on each engine
 
 #: The number fields of the typed request, as the TorchServe JSON body and OpenAI's body name them.
 FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
@@ -50,13 +50,11 @@ def _with_handler(mar: Path, handler_file: Path) -> None:
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
-def fault_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
+def fault_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_llama,
+                 llm_archives):
     store = tmp_path_factory.mktemp("fault_store")
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
-    _build(store, "--model-path", str(tiny), "--name", "tiny", *ENGINES[request.param])
-    _build(store, "--model-path", str(tiny), "--name", "faulty", *ENGINES[request.param])
+    llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "tiny", *ENGINES[request.param])
+    llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "faulty", *ENGINES[request.param])
     _with_handler(store / "faulty.mar", HANDLERS / "faulty_llm_handler.py")
     srv = ServerProcess(tmp_path_factory.mktemp("fault_work"), store,
                         ["--models", "tiny=tiny.mar", "faulty=faulty.mar"])
@@ -134,9 +132,9 @@ def test_a_tiny_temperature_is_served_greedy(fault_server):
         assert fault_server.predict("tiny", json.dumps(body)) == greedy
 
 
-def _victim(srv: ServerProcess, prompt: str, tokens: int, out: dict[str, Any]) -> None:
+def _victim(srv: ServerProcess, prompt: str, tokens: int, out: dict[str, Any], model: str = "faulty") -> None:
     body = {"prompt": prompt, "max_new_tokens": tokens, "ignore_eos": True, "include_usage": True}
-    request = inference_pb2.PredictionsRequest(model_name="faulty", input={"data": json.dumps(body).encode()})
+    request = inference_pb2.PredictionsRequest(model_name=model, input={"data": json.dumps(body).encode()})
     messages = []
     try:
         for response in srv.inference.StreamPredictions(request, timeout=300):
@@ -184,3 +182,35 @@ def test_a_request_the_engine_fails_on_ends_alone_while_three_streams_go_on(faul
     assert ("planted sampler fault" if srv.engine == "torch" else "temperature") in log
     # the worker serves on: a request without the fault is answered
     assert srv.predict("faulty", json.dumps({"prompt": "The sky is", "max_new_tokens": 4}))
+
+
+def test_a_lone_surrogate_is_refused_alone_at_every_door_while_three_streams_go_on(fault_server):
+    """Issue 48 item 2: ``"\\ud800"`` in a prompt made the tokenizer raise inside the shared step, and
+    every stream batched with it ended INTERNAL. Now each door refuses that request alone."""
+    srv = fault_server
+    tokens = 400
+    victims: list[dict[str, Any]] = [{} for _ in range(3)]
+    threads = [threading.Thread(target=_victim, args=(srv, f"Story {i}: once upon a time", tokens, victims[i], "tiny"))
+               for i in range(3)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: all(v.get("streamed", 0) > 2 for v in victims), timeout=60, what="the three streams started")
+    ours = '{"prompt": "What is \\ud800 here?", "max_new_tokens": 4}'
+    chat = '{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi \\udfff"}]}'
+    refusals: dict[str, tuple[Any, str]] = {
+        door: _grpc(srv, ours, stream) for door, stream in (("Predictions", False), ("StreamPredictions", True))}
+    for door, path, body in (("/predictions", "/predictions/tiny", ours), ("chat", "/v1/chat/completions", chat),
+                             ("completions", "/v1/completions", ours.replace('"prompt"', '"model": "tiny", "prompt"'))):
+        refusals[door] = _http(srv, path, body)
+    mid_stream = all("done" not in v for v in victims)
+    for thread in threads:
+        thread.join(timeout=120)
+    for door in ("Predictions", "StreamPredictions"):
+        assert refusals[door][0] == grpc.StatusCode.INVALID_ARGUMENT, refusals[door]
+    for door in ("/predictions", "chat", "completions"):
+        assert refusals[door][0] == 400, refusals[door]
+    assert "lone surrogate" in refusals["Predictions"][1] and "prompt" in refusals["Predictions"][1], refusals
+    assert "lone surrogate" in refusals["/predictions"][1], refusals
+    assert mid_stream, "the streams ended before the refusals: nothing was batched with them"
+    for victim in victims:
+        assert victim.get("final", {}).get("usage", {}).get("completion_tokens") == tokens, victim

@@ -7,25 +7,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_llm_server import _tiny_model_dir
-
-pytestmark = pytest.mark.llm
 
 
 @pytest.fixture(scope="module")
-def ir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+def ir(tiny_llama: Path, tiny_ir: Path) -> tuple[Path, Any, Any]:
     """The tiny model's fp32 IR directory, its tokenizer, and the same model in torch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
+    return (tiny_ir, AutoTokenizer.from_pretrained(str(tiny_ir)),
+            AutoModelForCausalLM.from_pretrained(str(tiny_llama)).eval())
+
+
+@pytest.mark.slow  # a conversion by optimum-intel's exporter: 20 to 40 s on 2 cores
+def test_a_fresh_conversion_carries_the_tokenizer_models_and_is_cached(tiny_llama: Path, tmp_path: Path) -> None:
     from inference_service.llm.openvino_ir import prepare_ir
 
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
-    ir_dir, seconds = prepare_ir(tiny, "fp32", tmp_path_factory.mktemp("cache"))
-    assert seconds is not None and prepare_ir(tiny, "fp32", ir_dir.parent.parent)[1] is None  # cached now
+    ir_dir, seconds = prepare_ir(tiny_llama, "fp32", tmp_path / "cache")
+    assert seconds is not None and prepare_ir(tiny_llama, "fp32", ir_dir.parent.parent)[1] is None  # cached now
     # a fresh conversion carries the OpenVINO tokenizer models: structured outputs read its vocabulary
     assert (ir_dir / "openvino_tokenizer.xml").is_file() and (ir_dir / "openvino_detokenizer.xml").is_file()
-    return ir_dir, AutoTokenizer.from_pretrained(str(ir_dir)), AutoModelForCausalLM.from_pretrained(str(tiny)).eval()
 
 
 def _engine(ir: tuple[Path, Any, Any], seqs: int = 4) -> Any:

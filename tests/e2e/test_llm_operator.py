@@ -16,7 +16,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_llm_server import _build, _tiny_model_dir
 
 from conftest import ROOT, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
@@ -25,12 +24,9 @@ BODY = {"prompt": "Count: one, two, three,", "max_new_tokens": 12, "ignore_eos":
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory: pytest.TempPathFactory):
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
+def tiny_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama, llm_archives):
     store = tmp_path_factory.mktemp("op_store")
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("op_tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
-    _build(store, "--model-path", str(tiny), "--name", "tiny")
+    llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "tiny")
     srv = ServerProcess(tmp_path_factory.mktemp("op_work"), store, ["--models", "tiny=tiny.mar"])
     try:
         srv.wait_workers("tiny", 1, timeout=300)

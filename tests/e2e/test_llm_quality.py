@@ -26,7 +26,7 @@ import pytest
 
 from inference_service.llm.openvino_ir import WEIGHT_FORMATS
 
-pytestmark = [pytest.mark.llm, pytest.mark.timeout(900)]  # slow on a loaded 2-core machine
+pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.timeout(900)]  # slow on a loaded 2-core machine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_llm_server import ENGINES, _build, _sample, _tiny_model_dir
+from llm_models import ENGINES
+from test_llm_server import _sample
 
 from conftest import BearerAuth, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 # A client channel with a small HTTP/2 window and no window growth: a client that stops reading
 # fills it after a few hundred bytes, so the server's writes (then the worker's credits) stop.
@@ -42,11 +43,9 @@ def _with_config(mar: Path, top: str = "", handler: str = "") -> None:
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
-def sched_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def sched_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_llama,
+                 llm_archives):
     store = tmp_path_factory.mktemp("sched_store")
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", converted_model_dir(find_default_gguf()))
     # "paused": 2 places, a paused stream preempted after 0.3 s, ended after 60 s;
     # "abort": ended after 1.5 s; "whole": prompts prefilled in one piece (no chunking)
     for name, top, handler in (
@@ -54,7 +53,8 @@ def sched_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         ("abort", "streamPausePreemptMSec: 0\nstreamPauseAbortMSec: 1500\n", ""),
         ("whole", "", "  max_num_batched_tokens: 100000\n"),
     ):
-        _build(store, "--model-path", str(tiny), "--name", name, "--batch-size", "2", *ENGINES[request.param])
+        llm_archives.build(store, "--model-path", str(tiny_llama), "--name", name, "--batch-size", "2",
+                           *ENGINES[request.param])
         _with_config(store / f"{name}.mar", top, handler)
     srv = ServerProcess(tmp_path_factory.mktemp("sched_work"), store,
                         ["--models", "paused=paused.mar", "abort=abort.mar", "whole=whole.mar"])
@@ -208,10 +208,10 @@ def test_chunked_prefill_gives_the_text_of_a_whole_prefill(sched_server):
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
-def smol_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def smol_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, llm_archives):
     store = tmp_path_factory.mktemp("smol_store")
     for name, budget in (("chunked", 16), ("whole", 100000)):
-        _build(store, "--name", name, *ENGINES[request.param])
+        llm_archives.build(store, "--name", name, *ENGINES[request.param])
         _with_config(store / f"{name}.mar", handler=f"  max_num_batched_tokens: {budget}\n")
     srv = ServerProcess(tmp_path_factory.mktemp("smol_work"), store,
                         ["--models", "chunked=chunked.mar", "whole=whole.mar"])

@@ -1,9 +1,9 @@
 """The main job end to end: a real LLM (SmolLM2-135M-Instruct) streamed through the real server.
 
-The real model is loaded once for this module (one worker). A tiny random-weight
-Llama with the same tokenizer serves the faster checks of both handler forms (``tiny``,
-``tiny_gen``), of the torch engine (``tiny_torch``) and of the OpenVINO engine's exact weight
-format (``tiny_fp32``).
+The server is tests/conftest.py's ``llm_server``, one a session (test_openai_llm.py shares it):
+the real model loaded once (one worker), and a tiny random-weight Llama with the same tokenizer
+for the faster checks of both handler forms (``tiny``, ``tiny_gen``), of the torch engine
+(``tiny_torch``) and of the OpenVINO engine's exact weight format (``tiny_fp32``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,54 +22,10 @@ import pytest
 from conftest import ROOT, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
 
+#: one worker process runs both modules of tests/conftest.py's session-scoped ``llm_server``
+pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.xdist_group("llm_server")]
+
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_new_tokens": 48}
-
-
-#: The engines every scheduling behaviour is tested on: the torch engine, and the OpenVINO engine
-#: on fp32 weights (the exact one: greedy text independent of chunking and recompute).
-ENGINES = {"torch": ("--engine", "torch"), "openvino": ("--engine", "openvino", "--weight-format", "fp32")}
-
-
-def _build(store: Path, *args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(store),
-                    "--link-model", *args], check=True, timeout=600, capture_output=True)
-
-
-def _tiny_model_dir(target: Path, tokenizer_dir: Path) -> Path:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
-    return target
-
-
-@pytest.fixture(scope="module")
-def llm_server(tmp_path_factory: pytest.TempPathFactory):
-    store = tmp_path_factory.mktemp("llm_store")
-    _build(store)  # converts the GGUF once (cached), writes smollm2.mar
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
-    tiny = _tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama",
-                           converted_model_dir(find_default_gguf()))
-    _build(store, "--model-path", str(tiny), "--name", "tiny")
-    _build(store, "--model-path", str(tiny), "--name", "tiny_gen", "--generator")
-    _build(store, "--model-path", str(tiny), "--name", "tiny_torch", "--engine", "torch")
-    _build(store, "--model-path", str(tiny), "--name", "tiny_fp32", "--weight-format", "fp32")
-    srv = ServerProcess(tmp_path_factory.mktemp("llm_work"), store,
-                        ["--models", "smollm2=smollm2.mar", "tiny=tiny.mar", "tiny_gen=tiny_gen.mar",
-                         "tiny_torch=tiny_torch.mar", "tiny_fp32=tiny_fp32.mar"])
-    try:
-        for name in ("smollm2", "tiny", "tiny_gen", "tiny_torch", "tiny_fp32"):
-            srv.wait_workers(name, 1, timeout=600)
-        yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()
 
 
 def _stream(srv: ServerProcess, model: str, body: dict | str, timeout: float = 120):

@@ -1,7 +1,7 @@
 """OpenAI's API end to end: the official ``openai`` client against the real server and LLM workers.
 
-The server is the one of ``test_llm_server.py`` (its ``llm_server`` fixture: the real SmolLM2
-loaded once for this module, and ``tiny``, a random-weight Llama with SmolLM2's tokenizer in
+The server is tests/conftest.py's ``llm_server``, shared with ``test_llm_server.py`` (the real SmolLM2
+loaded once a session, and ``tiny``, a random-weight Llama with SmolLM2's tokenizer in
 the bundled archive's continuous-batching form). The tiny model answers everything that only
 needs "an LLM" (its text is gibberish, but greedy and seeded requests are reproducible, so
 answers are compared with what gRPC StreamPredictions gives for the same handler request);
@@ -18,15 +18,13 @@ import time
 import grpc
 import openai
 import pytest
-from test_llm_server import (
-    _sample,
-    llm_server,  # noqa: F401 - the module's server (SmolLM2 + tiny models)
-)
+from test_llm_server import _sample
 from test_llm_server import _stream as grpc_stream
 
 from conftest import ServerProcess, read_key, wait_for
 
-pytestmark = pytest.mark.llm
+#: one worker process runs both modules of tests/conftest.py's session-scoped ``llm_server``
+pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.xdist_group("llm_server")]
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -53,12 +51,12 @@ def grpc_text(srv: ServerProcess, model: str, body: dict) -> tuple[str, dict]:
     return "".join(messages[:-1]) + final["text"], final
 
 
-def test_models_are_listed(llm_server):  # noqa: F811
+def test_models_are_listed(llm_server):
     ids = [m.id for m in client(llm_server).models.list().data]
     assert {"smollm2", "smollm2/1.0", "tiny", "tiny/1.0", "tiny_gen", "tiny_gen/1.0"} <= set(ids)
 
 
-def test_chat_completion_equals_grpc(llm_server):  # noqa: F811
+def test_chat_completion_equals_grpc(llm_server):
     answer = client(llm_server).chat.completions.create(
         model="tiny", messages=HELLO, max_tokens=12, extra_body={"ignore_eos": True})
     text, final = grpc_text(llm_server, "tiny", {"messages": HELLO, "max_new_tokens": 12, "ignore_eos": True})
@@ -70,7 +68,7 @@ def test_chat_completion_equals_grpc(llm_server):  # noqa: F811
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
 
 
-def test_chat_stream_with_usage(llm_server):  # noqa: F811
+def test_chat_stream_with_usage(llm_server):
     request = {"model": "tiny/1.0", "messages": HELLO, "max_completion_tokens": 16, "seed": 5, "temperature": 0.9,
                "extra_body": {"ignore_eos": True}}
     whole = client(llm_server).chat.completions.create(**request)
@@ -91,7 +89,7 @@ def test_chat_stream_with_usage(llm_server):  # noqa: F811
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
 
 
-def test_completions_stream_and_whole(llm_server):  # noqa: F811
+def test_completions_stream_and_whole(llm_server):
     prompt = "Once upon a time"
     text, _ = grpc_text(llm_server, "tiny", {"prompt": prompt, "max_new_tokens": 10, "ignore_eos": True})
     whole = client(llm_server).completions.create(model="tiny", prompt=prompt, max_tokens=10,
@@ -108,7 +106,7 @@ def test_completions_stream_and_whole(llm_server):  # noqa: F811
     assert default.usage.completion_tokens == 16
 
 
-def test_stop_string_ends_with_finish_reason_stop(llm_server):  # noqa: F811
+def test_stop_string_ends_with_finish_reason_stop(llm_server):
     full = client(llm_server).completions.create(model="tiny", prompt="Lists", max_tokens=24,
                                                  extra_body={"ignore_eos": True}).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full[len(full) // 3:])
@@ -119,7 +117,7 @@ def test_stop_string_ends_with_finish_reason_stop(llm_server):  # noqa: F811
     assert words[0] not in stopped.choices[0].text and full.startswith(stopped.choices[0].text)
 
 
-def test_async_client_streams_share_the_batch(llm_server):  # noqa: F811
+def test_async_client_streams_share_the_batch(llm_server):
     """Four concurrent streams through AsyncOpenAI each get the text they get alone (greedy)."""
     prompts = ["Once upon a time", "The weather today is", "In a distant galaxy", "Numbers: 1, 2, 3,"]
     alone = [grpc_text(llm_server, "tiny", {"prompt": p, "max_new_tokens": 12, "ignore_eos": True})[0]
@@ -145,7 +143,7 @@ def test_async_client_streams_share_the_batch(llm_server):  # noqa: F811
     assert all(usage == 12 for _, usage in results)
 
 
-def test_errors_raise_the_clients_exceptions(llm_server):  # noqa: F811
+def test_errors_raise_the_clients_exceptions(llm_server):
     with pytest.raises(openai.AuthenticationError):
         client(llm_server, key="not-the-key").chat.completions.create(model="tiny", messages=HELLO)
     with pytest.raises(openai.NotFoundError) as err:
@@ -163,7 +161,7 @@ def test_errors_raise_the_clients_exceptions(llm_server):  # noqa: F811
     assert "max_new_tokens" in err.value.message
 
 
-def test_disconnect_mid_stream_stops_generation(llm_server):  # noqa: F811
+def test_disconnect_mid_stream_stops_generation(llm_server):
     """A client that closes its stream after three chunks: the worker drops the request at once."""
     before = llm_server.describe("tiny")[0]["workers"][0]
     stream = client(llm_server).chat.completions.create(model="tiny", messages=HELLO, max_tokens=1900, stream=True,
@@ -184,7 +182,7 @@ def test_disconnect_mid_stream_stops_generation(llm_server):  # noqa: F811
     assert client(llm_server).completions.create(model="tiny", prompt="next", max_tokens=2).usage.completion_tokens
 
 
-def test_real_model_streams_a_sensible_chat_answer(llm_server):  # noqa: F811
+def test_real_model_streams_a_sensible_chat_answer(llm_server):
     question = [{"role": "user", "content": "What is the capital of France?"}]
     start = time.monotonic()
     arrivals, pieces, usage, finish = [], [], None, None
@@ -210,7 +208,7 @@ def test_real_model_streams_a_sensible_chat_answer(llm_server):  # noqa: F811
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
-def test_n_gives_distinct_seeded_choices_streamed_and_not(llm_server):  # noqa: F811
+def test_n_gives_distinct_seeded_choices_streamed_and_not(llm_server):
     """n=3 on the OpenVINO engine: 3 choices, distinct when sampled; choice i is the request seeded
     seed + i, so the same request gives the same choices, streamed or not, batched or alone (fp32:
     int8 arithmetic in another batch mix may flip a sampled near-tie, docs/llm.md)."""
@@ -240,7 +238,7 @@ def test_n_gives_distinct_seeded_choices_streamed_and_not(llm_server):  # noqa: 
     assert len({c.message.content for c in poems.choices}) == 3
 
 
-def test_logprobs_on_the_openvino_engine_streamed_and_not(llm_server):  # noqa: F811
+def test_logprobs_on_the_openvino_engine_streamed_and_not(llm_server):
     """The sampled tokens' log probabilities in OpenAI's chat shape, read by the official client; the
     greedy token is the most likely one; top_logprobs is refused by name on this engine."""
     request = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -267,7 +265,7 @@ def test_logprobs_on_the_openvino_engine_streamed_and_not(llm_server):  # noqa: 
     assert [list(top) for top in legacy.top_logprobs] == [[t] for t in legacy.tokens]
 
 
-def test_top_logprobs_on_the_torch_engine(llm_server):  # noqa: F811
+def test_top_logprobs_on_the_torch_engine(llm_server):
     """top_logprobs=5 where the engine has the alternatives: the greedy token is the first of them."""
     request = {"model": "tiny_torch", "messages": HELLO, "max_tokens": 8, "logprobs": True, "top_logprobs": 5,
                "extra_body": {"ignore_eos": True}}
@@ -289,7 +287,7 @@ def test_top_logprobs_on_the_torch_engine(llm_server):  # noqa: F811
                zip(legacy.top_logprobs, legacy.token_logprobs, strict=True))
 
 
-def test_best_of_echo_and_a_list_of_prompts(llm_server):  # noqa: F811
+def test_best_of_echo_and_a_list_of_prompts(llm_server):
     prompts = ["Once upon a time", "The weather today is"]
     batch = client(llm_server).completions.create(model="tiny", prompt=prompts, max_tokens=6, n=2, echo=True,
                                                   temperature=0.9, seed=1, extra_body={"ignore_eos": True})
@@ -308,7 +306,7 @@ def test_best_of_echo_and_a_list_of_prompts(llm_server):  # noqa: F811
     assert best.choices[0].text in candidates
 
 
-def test_disconnect_mid_stream_drops_every_choice(llm_server):  # noqa: F811
+def test_disconnect_mid_stream_drops_every_choice(llm_server):
     """A client that closes a stream of n=2 choices: the worker drops both requests at once."""
     dropped = re.compile(r"request \S+ dropped after (\d+) completion tokens")
     before = len(dropped.findall(llm_server.log()))
@@ -327,14 +325,14 @@ def test_disconnect_mid_stream_drops_every_choice(llm_server):  # noqa: F811
     assert client(llm_server).completions.create(model="tiny", prompt="next", max_tokens=2).usage.completion_tokens
 
 
-def test_unknown_fields_are_served_and_named(llm_server):  # noqa: F811
+def test_unknown_fields_are_served_and_named(llm_server):
     raw = client(llm_server).chat.completions.with_raw_response.create(
         model="tiny", messages=HELLO, max_tokens=2, extra_body={"temprature": 1.5})
     assert raw.headers["x-ignored-fields"] == "temprature" and raw.parse().usage.completion_tokens <= 2
     assert "ignored unknown field(s) temprature" in llm_server.log()
 
 
-def test_the_torchserve_doors_stream_one_answer_with_its_logprobs(llm_server):  # noqa: F811
+def test_the_torchserve_doors_stream_one_answer_with_its_logprobs(llm_server):
     """n above 1 is the OpenAI door's; logprobs through gRPC: every message an object with its entries."""
     with pytest.raises(grpc.RpcError) as err:
         grpc_stream(llm_server, "tiny", {"prompt": "x", "n": 2})
@@ -356,7 +354,7 @@ def _ttft(srv: ServerProcess, messages: list[dict[str, str]]) -> float:
     raise AssertionError("no text came back")
 
 
-def test_a_shared_system_prompt_is_computed_once(llm_server):  # noqa: F811
+def test_a_shared_system_prompt_is_computed_once(llm_server):
     """A 1,500-token system prompt: the second request's first token comes in <= 0.3x the first's time,
     and the prefix cache counters show it (vLLM's prefix_cache_queries / prefix_cache_hits)."""
     import urllib.request

@@ -22,13 +22,12 @@ import jsonschema
 import openai
 import pytest
 from google.protobuf import empty_pb2
-from test_llm_server import _build
 from test_llm_server import _stream as grpc_stream
 
 from conftest import ServerProcess, read_key, serving
 from inference_service._proto import inference_pb2
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 DATA = Path(__file__).resolve().parent / "data"
 STRUCTURED = json.loads((DATA / "structured_outputs.json").read_text(encoding="utf-8"))
@@ -37,10 +36,10 @@ MODELS = ("smollm2", "smollm2_torch")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(tmp_path_factory: pytest.TempPathFactory, llm_archives):
     store = tmp_path_factory.mktemp("structured_store")
-    _build(store)
-    _build(store, "--engine", "torch", "--name", "smollm2_torch")
+    llm_archives.build(store)
+    llm_archives.build(store, "--engine", "torch", "--name", "smollm2_torch")
     with serving(tmp_path_factory.mktemp("structured_work"), store, MODELS) as srv:
         yield srv
 

@@ -19,14 +19,15 @@ import time
 import grpc
 import openai
 import pytest
+from llm_models import build_llm_archive as _build
 from test_llm_scheduling import _with_config
-from test_llm_server import QUESTION, _build, _sample, _stream
+from test_llm_server import QUESTION, _sample, _stream
 
 from conftest import ROOT, ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 from inference_service.serving.interpreter import VLLM_VENV
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.external]  # vLLM's environment
 
 PARIS = "The capital of France is Paris."
 #: vLLM's CPU build compiles the model with torch.compile by default (minutes on two cores): eager.
@@ -34,13 +35,13 @@ EAGER = "  vllm_engine_config:\n    enforce_eager: true\n"
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory):
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, llm_archives):
     if not (ROOT / VLLM_VENV / "bin" / "python").exists():
         pytest.fail(f"{VLLM_VENV}/ is missing: run scripts/install --engine vllm (scripts/test does)")
     store = tmp_path_factory.mktemp("vllm_store")
-    _build(store, "--engine", "vllm", "--name", "on_vllm", "--batch-size", "4")
+    llm_archives.build(store, "--engine", "vllm", "--name", "on_vllm", "--batch-size", "4")
     _with_config(store / "on_vllm.mar", handler=EAGER)
-    _build(store, "--name", "on_openvino")  # the bundled archive's default: OpenVINO, int8
+    llm_archives.build(store, "--name", "on_openvino")  # the bundled archive's default: OpenVINO, int8
     srv = ServerProcess(tmp_path_factory.mktemp("vllm_work"), store,
                         ["--enable-model-api", "--models", "on_vllm=on_vllm.mar", "on_openvino=on_openvino.mar"])
     try:

@@ -8,8 +8,15 @@ import time
 import grpc
 import pytest
 
-from conftest import wait_for
+from conftest import ServerProcess, wait_for
 from inference_service._proto import inference_pb2
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
 
 # 2000 messages of 32 KiB (64 MiB): far beyond the HTTP/2 windows of a client that does not read
 COUNT, SIZE = 2000, 32 * 1024

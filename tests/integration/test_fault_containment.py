@@ -9,8 +9,14 @@ import time
 import grpc
 import pytest
 
-from conftest import read_key
+from conftest import ServerProcess, read_key
 from inference_service._proto import inference_pb2
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
 
 
 def _call(server, inputs: dict[str, bytes]):
@@ -40,6 +46,7 @@ def test_requests_at_the_limits_are_served(server):
     assert _call(server, {"data": b"long name", "n" * 65_534: b""}).prediction == b"long name"
 
 
+@pytest.mark.slow  # about 50 s on 2 cores
 def test_a_burst_on_one_connection_is_served_or_refused_with_resource_exhausted(server):
     """2,000 calls at once on one connection, far beyond the job queue: each is served or gets
     RESOURCE_EXHAUSTED (which clients retry), none CANCELLED by the transport's backlog. Calls

@@ -9,7 +9,15 @@ import time
 import grpc
 import pytest
 
+from conftest import ServerProcess
 from inference_service._proto import inference_pb2
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
 
 # 4000 messages of 4 KiB: 16 MiB, far beyond what gRPC's HTTP/2 windows buffer for a client
 # that does not read, and far beyond the worker's window of intermediate responses.

@@ -14,6 +14,12 @@ from conftest import ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2
 
 
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
+
 def test_ping_healthy(server):
     health = json.loads(server.inference.Ping(empty_pb2.Empty(), timeout=5).health)
     assert health == {"status": "Healthy", "code": 200}
@@ -70,13 +76,14 @@ def test_local_rank_not_zero_sends_no_intermediate(store, tmp_path):
 
 
 def test_handler_error_is_internal_with_message_and_worker_survives(server):
+    since = len(server.log())  # the server is shared: its log before this test is not this test's
     with pytest.raises(grpc.RpcError) as err:
         server.predict("echo", "boom")
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert "boom: the handler failed" in err.value.details()
     assert "Traceback" not in err.value.details()
     # the worker's stderr (its traceback) and its socket (the error) are read separately
-    wait_for(lambda: "Traceback" in server.log())
+    wait_for(lambda: "Traceback" in server.log()[since:])
     assert server.predict("echo", "still alive") == b"still alive"
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_key
+from conftest import ServerProcess, read_key
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DIR = ROOT / "clients" / "node"

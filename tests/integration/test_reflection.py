@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from conftest import ServerProcess
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
 
 INFERENCE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 MANAGEMENT = "org.pytorch.serve.grpc.management.ManagementAPIsService"

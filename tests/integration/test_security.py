@@ -36,6 +36,13 @@ from conftest import ROOT, ServerProcess, auth_metadata, build_dir, read_key
 from inference_service._proto import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
 from inference_service.archive.model_archive import sanitize_archive_name
 
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """This module only reads: tests/conftest.py's session-wide echo server."""
+    return shared_server
+
+
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
