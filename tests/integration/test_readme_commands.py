@@ -43,7 +43,7 @@ import yaml
 
 from conftest import ROOT, _alive
 
-pytestmark = pytest.mark.llm
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -256,6 +256,11 @@ def test_readme_commands_run_as_written(tmp_path):
     skipped = [(b.page, b.line, b.needs) for b in blocks if b.needs]
     assert len(skipped) <= MAX_SKIPPED, f"too many blocks marked '# needs:': {skipped}"
     commands = [(f"{b.page}:{b.line}", c) for b in blocks if not b.needs for c in split_commands(b.body)]
+    # the copy links this checkout's .venv/: bring it up to date here, where an install belongs (in
+    # the copy, scripts/install refuses a linked .venv/ that is not up to date)
+    install = subprocess.run([str(ROOT / "scripts" / "install"), "--dev"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=1800, check=False)
+    assert install.returncode == 0, f"scripts/install --dev failed:\n{install.stdout}\n{install.stderr}"
     workdir = _fresh_workdir(tmp_path / "clone")
     script = tmp_path / "readme.sh"
     stderr_dir = tmp_path / "stderr"
