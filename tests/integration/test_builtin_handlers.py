@@ -30,6 +30,8 @@ from inference_service.handler import Context, image_processing, text_processing
 from inference_service.handler.base_handler import ModelLoadError
 from inference_service.handler.vision_handlers import ImageClassifier
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = ROOT / "examples" / "image_classifier"
 BUILD_EXAMPLE = ROOT / "scripts" / "build_image_classifier_example"
 CLIENT = ROOT / "clients" / "torchserve_grpc_client.py"

@@ -37,6 +37,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from conftest import ServerProcess, build_mar, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 
+pytestmark = pytest.mark.soak
+
 ECHO, STREAM, EXTRA = "echo", "chaos_steps", "chaos_extra"
 WORKERS = 2  # per startup model
 ROUNDS = 5

@@ -44,7 +44,7 @@ from inference_service._proto import inference_pb2, inference_pb2_grpc, manageme
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES") or 0)
 SETTINGS = settings(max_examples=FUZZ_EXAMPLES or 30, deadline=None, suppress_health_check=list(HealthCheck))
 # the long profile outlasts the suite's 300 s per test (about 1 s per example on 2 cores)
-pytestmark = pytest.mark.timeout(max(300, 3 * FUZZ_EXAMPLES))
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(max(300, 3 * FUZZ_EXAMPLES))]
 
 # What bad input may get (docs/observability.md, "Error details"); INTERNAL and UNKNOWN never.
 DOCUMENTED = {

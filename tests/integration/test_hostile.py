@@ -37,6 +37,8 @@ from google.protobuf import empty_pb2
 from conftest import ROOT, ServerProcess, build_dir, read_key, wait_for
 from inference_service._proto import inference_pb2_grpc, management_pb2
 
+pytestmark = pytest.mark.slow
+
 PING_LIMIT_S = 1.0
 
 

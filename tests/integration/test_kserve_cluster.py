@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, _alive, _descendants, build_mar, wait_for
 
+pytestmark = pytest.mark.external
+
 DEPLOY = ROOT / "deploy" / "kserve"
 #: KServe's serviceEnvelope label for a TorchServe runtime, by the InferenceService's protocolVersion
 ENVELOPES = {"v1": "kserve", "v2": "kservev2"}

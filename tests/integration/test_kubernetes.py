@@ -302,6 +302,7 @@ def _wait_ready(status_file: Path, proc: subprocess.Popen[str], log: Path) -> di
     return wait_for(ready, START_TIMEOUT_S, 0.1, "every startup model ready")
 
 
+@pytest.mark.external  # a cluster played out in network namespaces
 @pytest.mark.parametrize("store_from", ["init-container", "baked-image"])
 def test_the_pod_serves_through_its_service_and_drains(cluster: Cluster, store: Path, tmp_path: Path,
                                                         store_from: str) -> None:

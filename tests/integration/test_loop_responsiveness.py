@@ -26,6 +26,8 @@ from open_inference_models import build_models
 from conftest import ServerProcess, build_mar, read_key
 from inference_service._proto import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc, inference_pb2_grpc
 
+pytestmark = pytest.mark.serial
+
 PROBE_MAX_S = 0.5  # the longest Ping or health Check while the request runs (target 0.1 s; 2-14 s before)
 ANSWER_MAX_S = 2.0  # the request's own answer
 BOUNDARY = "probeboundary"

@@ -397,6 +397,7 @@ def test_reflection_lists_both_packages(oip):
     assert method.input_type.fields_by_name["raw_input_contents"].number == 7
 
 
+@pytest.mark.external  # TorchServe's wheel, from PyPI
 def test_wire_json_compatible_with_torchserves_proto(tmp_path):
     """``buf breaking`` (WIRE_JSON) both ways between protos/open_inference_grpc.proto and TorchServe
     0.12.0's own (from its wheel), and the check catches a moved field number."""

@@ -28,6 +28,8 @@ import pytest
 from conftest import ROOT, BearerAuth, ServerProcess
 from inference_service._proto import inference_pb2, inference_pb2_grpc
 
+pytestmark = [pytest.mark.soak, pytest.mark.llm, pytest.mark.slow, pytest.mark.serial]
+
 DURATION = float(os.environ.get("INFERENCE_SERVICE_SOAK_S", "40"))
 THREADS = 6
 # the traffic mix: kind i is drawn when the random draw is below KIND_BOUNDS[i]

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from torchserve_wheel import extract_torchserve_protos
 
+pytestmark = pytest.mark.external  # TorchServe's wheel, from PyPI
+
 CLIENT = r'''
 import collections, json, sys, queue
 import grpc

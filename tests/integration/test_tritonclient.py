@@ -22,6 +22,8 @@ from tritonclient_venv import run_client
 from conftest import ARCHIVER, ROOT, ServerProcess, read_key
 from inference_service._proto import grpc_predict_v2_pb2
 
+pytestmark = pytest.mark.external  # tritonclient, in a venv of its own
+
 # Shared by both scripts: the calls, each one's outcome recorded as a value or as the error.
 PRELUDE = r'''
 import json, sys

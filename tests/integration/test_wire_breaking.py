@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from torchserve_wheel import extract_torchserve_protos
 
+pytestmark = pytest.mark.external
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
 BUF = Path(sys.executable).parent / "buf"
