@@ -257,8 +257,9 @@ def test_a_slow_but_steady_reader_keeps_the_kv_cache_within_its_capacity(sched_s
         call = stub.StreamPredictions(_request("paused", _body("A slow but steady reader", 1800)), timeout=120)
         next(call)
         worker.start()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        # until enough steps ran beside the reader (a slow machine takes longer), at most 90 s
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (capacity and sum(served) > capacity / 2):
             time.sleep(0.2)  # the client's reading pace, under the 300 ms preemption bound
             if next(call, None) is None:
                 break
