@@ -16,13 +16,6 @@ from google.protobuf import empty_pb2
 from conftest import ServerProcess, read_key, wait_for
 from inference_service._proto import inference_pb2, management_pb2
 
-
-@pytest.fixture
-def server(shared_server: ServerProcess) -> ServerProcess:
-    """This module only reads: tests/conftest.py's session-wide echo server."""
-    return shared_server
-
-
 PLAIN = re.compile(r"^\S+ \S+ INFO inference_service\.access: (\w+) model=(\S+) version=(\S+) status=(\w+) "
                    r"reason=(\S+) latency_ms=(\d+(?:\.\d+)?) messages=(\d+) peer=(\S+) request_id=(\S+)$")
 
