@@ -22,8 +22,8 @@ class InputEncoder:
 
     Raises (``encode``):
         InvalidEmbeddingRequest: a text with a lone surrogate, an input longer than ``max_length``
-            tokens, a token id outside the
-            vocabulary, or (``need_text``) ids that do not decode to a text giving them back.
+            tokens, a token id outside the vocabulary, or (``need_text``) ids that do not decode to
+            a text giving them back.
     """
 
     def __init__(self, tokenizer_file: Path, max_length: int, need_text: bool) -> None:
