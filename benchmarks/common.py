@@ -226,6 +226,15 @@ PEER_SETUP = {"llama_f32": "benchmarks/build_llama_server.sh", "llama_q4": "benc
               "vllm_cpu_fp32": "benchmarks/setup_vllm_cpu.sh"}
 
 
+def start_smollm2(work: Path, engine: str) -> Server:
+    """Build the bundled SmolLM2 archive for ``engine`` into ``work`` and serve it (``work/run``),
+    returned once its OpenAI door answers (:func:`start_project_openai`)."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(work),
+                    "--engine", engine], check=True, timeout=900, capture_output=True)
+    (work / "run").mkdir()
+    return start_project_openai("ours", work, work / "run", "smollm2")
+
+
 def missing_peers(names: Sequence[str]) -> dict[str, str]:
     """The peers of ``names`` whose files are not made yet, each with the script that makes them."""
     return {n: PEER_SETUP[n] for n in names if n in PEER_FILES and not all(p.exists() for p in PEER_FILES[n])}

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from common import ROOT, Server, start_project_openai
+from common import ROOT, Server, start_smollm2
 
 GOAL = 0.8
 STREAMS = 8
@@ -91,10 +89,7 @@ def main() -> None:
     runs, tokens = (1, 16) if args.smoke else (args.runs, args.tokens)
     with tempfile.TemporaryDirectory(prefix="structured-bench-") as tmp:
         work = Path(tmp)
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(work),
-                        "--engine", args.engine], check=True, timeout=900, capture_output=True)
-        (work / "run").mkdir()
-        server = start_project_openai("ours", work, work / "run", "smollm2")
+        server = start_smollm2(work, args.engine)
         try:
             api = client(server)
             one_stream(api, "smollm2", PROMPTS[0], 4, True)  # the worker loads XGrammar once

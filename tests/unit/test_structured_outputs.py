@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -289,3 +290,94 @@ def smollm2_tokenizer():
     from inference_service.llm.model import converted_model_dir, find_default_gguf
 
     return AutoTokenizer.from_pretrained(str(converted_model_dir(find_default_gguf())))
+
+
+# ------------------------------------------------------------------ the grammar checker's budget
+@pytest.fixture(scope="module")
+def checker(smollm2_tokenizer):
+    """A grammar checker over SmolLM2's 49,152-token vocabulary with the default budget."""
+    from inference_service.llm.grammar import tokenizer_info
+    from inference_service.llm.grammar_check import ConstraintBudget, GrammarChecker
+
+    tokenizer = smollm2_tokenizer
+    info = tokenizer_info(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    made = GrammarChecker(info.serialize_json, ConstraintBudget())
+    yield made
+    made.close()
+
+
+def _refusal_of(checker: Any, spec: StructuredOutputs, budget: Any = None) -> str | None:
+    """The checker's 400 message for ``spec`` under ``budget`` (``None``: it passed)."""
+    default = checker.budget
+    checker.budget = budget or default
+    try:
+        checker.check(spec)
+        return None
+    except InvalidRequest as refused:
+        assert refused.field == "structured_outputs"
+        return str(refused)
+    finally:
+        checker.budget = default
+
+
+def test_the_checker_passes_ordinary_constraints_and_refuses_what_does_not_compile(checker):
+    for spec in (StructuredOutputs(regex="[0-9]+"), StructuredOutputs(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
+                 StructuredOutputs(json=json.dumps(SCHEMA)), StructuredOutputs(json_object=True),
+                 StructuredOutputs(choice=("positive", "negative", 'say "hi"')),
+                 StructuredOutputs(grammar='root ::= "yes" | "no"')):
+        assert _refusal_of(checker, spec) is None, spec
+    assert _refusal_of(checker, StructuredOutputs(regex="[a-")) == (
+        "'structured_outputs.regex': the regular expression does not compile: "
+        "Regex parsing error at position 4: Unclosed '['")
+
+
+def test_a_costly_constraint_is_refused_by_its_cpu_budget_and_its_child_is_gone(checker):
+    """Issue 48: ``.{0,5000}`` takes about 11 s to compile against this vocabulary; the kernel stops
+    the check at the budget's CPU time, and the refusal names the field and the budget."""
+    import os
+
+    from inference_service.llm.grammar_check import ConstraintBudget
+
+    budget = ConstraintBudget(cpu_s=0.2)
+    for regex in (".{0,5000}", ".{0,500}"):
+        message = _refusal_of(checker, StructuredOutputs(regex=regex), budget)
+        assert message == ("'structured_outputs.regex': takes over 200 ms of CPU time to compile against this "
+                           "model's vocabulary (the budget, structured_outputs_budget_ms)"), message
+    pid = checker._proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert children == [], children  # each check's child was reaped
+    assert os.path.exists(f"/proc/{pid}")  # the checker itself serves on
+    assert _refusal_of(checker, StructuredOutputs(regex="[0-9]{2}")) is None
+
+
+def test_a_verdict_is_kept_so_a_constraint_sent_again_is_not_tried_again(checker):
+    from inference_service.llm.grammar_check import ConstraintBudget
+
+    budget = ConstraintBudget(cpu_s=0.2)
+    first = _refusal_of(checker, StructuredOutputs(regex=".{0,300}"), budget)
+    assert first is not None and "takes over 200 ms of CPU time" in first
+    checker._proc.kill()
+    checker._proc.wait()
+    assert _refusal_of(checker, StructuredOutputs(regex=".{0,300}"), budget) == first
+    assert _refusal_of(checker, StructuredOutputs(regex="[0-9]{2}")) is None  # kept from before
+    assert checker._proc.poll() is not None  # neither asked the (dead) checker
+
+
+def test_the_token_mask_and_size_budgets_refuse_by_name(checker):
+    from inference_service.llm.grammar_check import ConstraintBudget
+
+    spec = StructuredOutputs(regex="[A-Za-z ]{1,8}")
+    per_token = _refusal_of(checker, spec, ConstraintBudget(cpu_s=5.0, token_s=1e-7))
+    assert per_token is not None and "of CPU time per generated token, over the budget of 0.0001 ms " \
+                                     "(structured_outputs_token_budget_ms)" in per_token, per_token
+    size = _refusal_of(checker, spec, ConstraintBudget(cpu_s=5.0, max_bytes=1024))
+    assert size is not None and size.startswith("'structured_outputs.regex': compiles to ") \
+        and size.endswith("MB against this model's vocabulary, over the budget of 0.000976562 MB "
+                          "(structured_outputs_max_mb)"), size
+
+
+def test_a_checker_process_that_died_is_started_anew(checker):
+    checker._proc.kill()
+    checker._proc.wait()
+    assert _refusal_of(checker, StructuredOutputs(choice=("a", "b"))) is None
+    assert checker._proc.poll() is None

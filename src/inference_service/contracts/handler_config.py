@@ -125,6 +125,10 @@ class HandlerConfig:
     max_num_batched_tokens: int | None = setting(None, _count)  # None: the engine's own default
     max_prefill_requests: int | None = setting(None, _count)
     enable_prefix_caching: bool = setting(True, _flag)
+    # what one structured output may cost before it reaches the step (llm/grammar_check.py)
+    structured_outputs_budget_ms: int = setting(5000, _count)  # CPU ms: compile and first tokens' masks
+    structured_outputs_token_budget_ms: int = setting(50, _count)  # CPU ms of one token's mask
+    structured_outputs_max_mb: int = setting(16, _count)  # its compiled form
     # vLLM's EngineArgs by their names (TorchServe's vLLM handler's key)
     vllm_engine_config: Mapping[str, Any] | None = setting(None, _vllm_engine_config)
     python: str | None = setting(None, _text)  # the interpreter of the model's workers (engine: vllm)

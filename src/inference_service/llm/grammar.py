@@ -42,6 +42,9 @@ def _literal(text: str) -> str:
 #: space after ``,`` and ``:``), as vLLM's ``disable_any_whitespace``: a small model let free to
 #: add whitespace writes newlines until ``max_tokens`` (5 of the 20 committed tool cases did).
 JSON_OPTIONS: dict[str, Any] = {"any_whitespace": False}
+#: Bytes of compiled constraints the torch engine keeps for reuse (XGrammar's compiler cache, the least
+#: recently used evicted first): distinct constraints cost the worker at most this much.
+COMPILED_CACHE_BYTES = 64 << 20
 
 
 def _grammar(spec: StructuredOutputs) -> Any:
@@ -57,14 +60,19 @@ def _grammar(spec: StructuredOutputs) -> Any:
     return xgrammar.Grammar.from_ebnf(spec.grammar if spec.grammar is not None else choice_grammar(spec.choice or ()))
 
 
-def _refused(spec: StructuredOutputs, exc: Exception) -> InvalidRequest:
-    """The 400 of a constraint XGrammar cannot compile: its own reason, without its source path."""
+def refusal_reason(spec: StructuredOutputs, exc: Exception) -> str:
+    """Why XGrammar cannot compile ``spec`` (its own reason without its source path), as the end of a
+    message that begins with the field's name."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     reason = reason.split(": ", 1)[1] if reason.startswith("[") and ": " in reason else reason
     what = {"json": "JSON schema", "json_object": "JSON schema", "regex": "regular expression",
             "grammar": "grammar", "choice": "choice list"}[spec.kind]
-    return InvalidRequest(f"'structured_outputs.{spec.kind}': the {what} does not compile: {reason[:500]}",
-                          "structured_outputs")
+    return f"the {what} does not compile: {reason[:500]}"
+
+
+def _refused(spec: StructuredOutputs, exc: Exception) -> InvalidRequest:
+    """The 400 of a constraint XGrammar cannot compile."""
+    return InvalidRequest(f"'structured_outputs.{spec.kind}': {refusal_reason(spec, exc)}", "structured_outputs")
 
 
 def check_constraint(spec: StructuredOutputs) -> None:
@@ -117,7 +125,8 @@ class GrammarMasks:
         import xgrammar
 
         self.vocab_size = vocab_size
-        self._compiler = xgrammar.GrammarCompiler(tokenizer_info(tokenizer, vocab_size, eos_ids), max_threads=1)
+        self._compiler = xgrammar.GrammarCompiler(tokenizer_info(tokenizer, vocab_size, eos_ids), max_threads=1,
+                                                   cache_limit_bytes=COMPILED_CACHE_BYTES)
 
     def compile(self, spec: StructuredOutputs) -> Any:
         """The compiled grammar of ``spec``; InvalidRequest naming the field if it does not compile."""

@@ -31,6 +31,7 @@ from inference_service.llm.engine_protocol import (
 )
 from inference_service.llm.engines import CAPABILITIES, build_engine, engine_name
 from inference_service.llm.generation import build_prompt_ids, final_message
+from inference_service.llm.grammar_check import ConstraintBudget, GrammarChecker
 from inference_service.llm.handler_config import continuous_batching, warn_retired
 from inference_service.llm.logprobs import TokenTexts
 from inference_service.llm.params import GenerationParams, GenerationResult
@@ -90,6 +91,15 @@ def _constrained(row: Any) -> bool:
     return False
 
 
+def _vocabulary(tokenizer: Any, engine: Any) -> Callable[[], str]:
+    """XGrammar's vocabulary of ``tokenizer`` as JSON, for the grammar checker (read when first asked)."""
+    def read() -> str:
+        from inference_service.llm.grammar import tokenizer_info
+
+        return str(tokenizer_info(tokenizer, len(tokenizer), getattr(engine, "eos", ())).serialize_json())
+    return read
+
+
 def _criterion(finished: bool) -> Callable[[Any], bool]:
     return lambda _result: finished
 
@@ -116,6 +126,7 @@ class LLMHandler(BaseHandler):
         self._batches = 0  # static mode: batch counter, makes engine keys unique
         self._iteration = IterationStats()  # tokens counted since the last report to the server
         self._token_texts: TokenTexts | None = None  # log probability entries (built with the tokenizer)
+        self._grammar_checker: GrammarChecker | None = None  # tries a structured output within its budget
 
     def initialize(self, context: Context) -> None:
         """Read the typed ``handler`` config, convert the model if not cached, build the engine.
@@ -142,6 +153,9 @@ class LLMHandler(BaseHandler):
         built = build_engine(config, device, max_num_seqs, continuous_batching(context))
         self.engine, self.tokenizer, self.context_length = built.engine, built.tokenizer, built.context_length
         self._token_texts = TokenTexts(self.tokenizer)
+        self._grammar_checker = GrammarChecker(_vocabulary(self.tokenizer, built.engine), ConstraintBudget(
+            config.structured_outputs_budget_ms / 1000, config.structured_outputs_token_budget_ms / 1000,
+            config.structured_outputs_max_mb << 20))
         self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
         self.engine_info = built.info or EngineInfo(built.name)  # READY carries it to DescribeModel
         if name != "torch":
@@ -215,6 +229,8 @@ class LLMHandler(BaseHandler):
             raise InvalidRequest(refused)
         check_prompt_size(request, self.max_prompt_chars)
         prompt_ids = build_prompt_ids(self.tokenizer, request, self.context_length)
+        if request.params.structured_outputs is not None and self._grammar_checker is not None:
+            self._grammar_checker.check(request.params.structured_outputs)  # within its budget, off the step
         self._engine().check(request.params)
         return request, prompt_ids
 
