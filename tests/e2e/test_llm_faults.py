@@ -37,14 +37,23 @@ FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p":
 EXTREMES = (0.0, 5e-324, 1e-310, 1e-300, 1e-46, 1e-39, 1e-38, 1e38, 1e308, -1e-300, -1e308,
             float("nan"), float("inf"), float("-inf"))
 FAULT_SEED = 4242
+#: The responseTimeout (s) of the ``hasty`` model: the tiny model's, shorter than a long stream of it.
+HASTY_TIMEOUT = 1
 
 
-def _with_handler(mar: Path, handler_file: Path) -> None:
-    """Replace the archive's handler module by ``handler_file``."""
+def _with_handler(mar: Path, handler_file: Path | None = None, config: tuple[str, str] | None = None,
+                  target: Path | None = None) -> None:
+    """Write ``mar`` (to ``target``, else over itself) with its handler module replaced by
+    ``handler_file`` and its model-config.yaml's ``config[0]`` text replaced by ``config[1]``."""
     with zipfile.ZipFile(mar) as archive:
         entries = {info.filename: archive.read(info.filename) for info in archive.infolist()}
-    entries["llm_handler.py"] = handler_file.read_bytes()
-    with zipfile.ZipFile(mar, "w", zipfile.ZIP_DEFLATED) as archive:
+    if handler_file is not None:
+        entries["llm_handler.py"] = handler_file.read_bytes()
+    if config is not None:
+        old, new = config
+        assert old.encode() in entries["model-config.yaml"]
+        entries["model-config.yaml"] = entries["model-config.yaml"].replace(old.encode(), new.encode())
+    with zipfile.ZipFile(target or mar, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in entries.items():
             archive.writestr(name, data)
 
@@ -56,10 +65,12 @@ def fault_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "tiny", *ENGINES[request.param])
     llm_archives.build(store, "--model-path", str(tiny_llama), "--name", "faulty", *ENGINES[request.param])
     _with_handler(store / "faulty.mar", HANDLERS / "faulty_llm_handler.py")
+    _with_handler(store / "tiny.mar", config=("responseTimeout: 300", f"responseTimeout: {HASTY_TIMEOUT}"),
+                  target=store / "hasty.mar")
     srv = ServerProcess(tmp_path_factory.mktemp("fault_work"), store,
-                        ["--models", "tiny=tiny.mar", "faulty=faulty.mar"])
+                        ["--models", "tiny=tiny.mar", "faulty=faulty.mar", "hasty=hasty.mar"])
     try:
-        for name in ("tiny", "faulty"):
+        for name in ("tiny", "faulty", "hasty"):
             srv.wait_workers(name, 1, timeout=600)
         srv.engine = request.param
         yield srv
@@ -78,8 +89,8 @@ def _http(srv: ServerProcess, path: str, body: str) -> tuple[int, str]:
         conn.close()
 
 
-def _grpc(srv: ServerProcess, body: str, stream: bool) -> tuple[grpc.StatusCode, str]:
-    request = inference_pb2.PredictionsRequest(model_name="tiny", input={"data": body.encode()})
+def _grpc(srv: ServerProcess, body: str, stream: bool, model: str = "tiny") -> tuple[grpc.StatusCode, str]:
+    request = inference_pb2.PredictionsRequest(model_name=model, input={"data": body.encode()})
     try:
         if stream:
             for _ in srv.inference.StreamPredictions(request, timeout=60):
@@ -184,17 +195,23 @@ def test_a_request_the_engine_fails_on_ends_alone_while_three_streams_go_on(faul
     assert srv.predict("faulty", json.dumps({"prompt": "The sky is", "max_new_tokens": 4}))
 
 
-def test_a_lone_surrogate_is_refused_alone_at_every_door_while_three_streams_go_on(fault_server):
-    """Issue 48 item 2: ``"\\ud800"`` in a prompt made the tokenizer raise inside the shared step, and
-    every stream batched with it ended INTERNAL. Now each door refuses that request alone."""
-    srv = fault_server
-    tokens = 400
+def _three_victims(srv: ServerProcess, tokens: int) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
+    """Three greedy streams of ``tokens`` tokens on ``tiny``, started and streaming."""
     victims: list[dict[str, Any]] = [{} for _ in range(3)]
     threads = [threading.Thread(target=_victim, args=(srv, f"Story {i}: once upon a time", tokens, victims[i], "tiny"))
                for i in range(3)]
     for thread in threads:
         thread.start()
     wait_for(lambda: all(v.get("streamed", 0) > 2 for v in victims), timeout=60, what="the three streams started")
+    return victims, threads
+
+
+def test_a_lone_surrogate_is_refused_alone_at_every_door_while_three_streams_go_on(fault_server):
+    """Issue 48 item 2: ``"\\ud800"`` in a prompt made the tokenizer raise inside the shared step, and
+    every stream batched with it ended INTERNAL. Now each door refuses that request alone."""
+    srv = fault_server
+    tokens = 400
+    victims, threads = _three_victims(srv, tokens)
     ours = '{"prompt": "What is \\ud800 here?", "max_new_tokens": 4}'
     chat = '{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi \\udfff"}]}'
     refusals: dict[str, tuple[Any, str]] = {
@@ -214,3 +231,74 @@ def test_a_lone_surrogate_is_refused_alone_at_every_door_while_three_streams_go_
     assert mid_stream, "the streams ended before the refusals: nothing was batched with them"
     for victim in victims:
         assert victim.get("final", {}).get("usage", {}).get("completion_tokens") == tokens, victim
+
+
+def test_a_costly_constraint_is_refused_by_its_budget_while_three_streams_go_on(fault_server):
+    """Issue 48 item 1: ``.{0,5000}`` compiled against the 49,152-token vocabulary inside the shared
+    step (about 11 s, then seconds a token) stalled every stream of the worker. Now the grammar
+    checker refuses it at its CPU budget (5 s), on every door, before it reaches the engine."""
+    srv = fault_server
+    cheap = json.dumps({"prompt": "Year:", "max_new_tokens": 4, "structured_outputs": {"regex": "[0-9]+"}})
+    assert _grpc(srv, cheap, False) == (grpc.StatusCode.OK, "")  # the first one starts the checker
+    tokens = 2000  # the context's length: as long as the tiny model streams
+    victims, threads = _three_victims(srv, tokens)
+    ours = json.dumps({"prompt": "Say anything", "max_new_tokens": 64, "structured_outputs": {"regex": ".{0,5000}"}})
+    oai = {"model": "tiny", "max_tokens": 64, "structured_outputs": {"regex": ".{0,5000}"}}
+    refusals: dict[str, tuple[Any, str, float]] = {}
+    for door, stream in (("Predictions", False), ("StreamPredictions", True)):
+        start = time.monotonic()
+        refusals[door] = (*_grpc(srv, ours, stream), time.monotonic() - start)
+        if door == "Predictions":
+            mid_stream = all("done" not in v for v in victims)
+    for door, path, body in (("/predictions", "/predictions/tiny", ours),
+                             ("chat", "/v1/chat/completions",
+                              json.dumps({**oai, "messages": [{"role": "user", "content": "Hi"}]})),
+                             ("completions", "/v1/completions", json.dumps({**oai, "prompt": "Say anything"}))):
+        start = time.monotonic()
+        refusals[door] = (*_http(srv, path, body), time.monotonic() - start)
+    for thread in threads:
+        thread.join(timeout=120)
+    budget = "takes over 5000 ms of CPU time to compile against this model's vocabulary (the budget, " \
+             "structured_outputs_budget_ms)"
+    for door, (code, text, elapsed) in refusals.items():
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, 400), (door, code, text)
+        assert "'structured_outputs.regex'" in text and budget in text, (door, text)
+        assert elapsed < 21.5, (door, elapsed)  # the budget or its backstop on the clock (21 s), not the compile
+    assert mid_stream, f"the streams ended before the first refusal: nothing ran beside it {refusals}"
+    for victim in victims:
+        assert victim.get("final", {}).get("usage", {}).get("completion_tokens") == tokens, victim
+    assert _grpc(srv, cheap, True) == (grpc.StatusCode.OK, "")
+
+
+def test_a_stream_past_response_timeout_ends_alone_and_the_worker_serves_on(fault_server):
+    """Issue 48 item 1: a stream that made progress was never cut, so one request could hold a
+    worker's place past ``responseTimeout`` for as long as it generated. Now it ends with
+    DEADLINE_EXCEEDED at ``responseTimeout`` (1 s on ``hasty``), and the worker is not replaced."""
+    srv = fault_server
+    assert _grpc(srv, json.dumps({"prompt": "Hi", "max_new_tokens": 2}), False, "hasty")[0] == grpc.StatusCode.OK
+    pids = srv.worker_pids()
+    long: dict[str, Any] = {}
+    body = {"prompt": "Tell a long story", "max_new_tokens": 2000, "ignore_eos": True}
+    request = inference_pb2.PredictionsRequest(model_name="hasty", input={"data": json.dumps(body).encode()})
+
+    def stream() -> None:
+        try:
+            for _ in srv.inference.StreamPredictions(request, timeout=120):
+                long["streamed"] = long.get("streamed", 0) + 1
+        except grpc.RpcError as err:
+            long["error"] = (err.code(), err.details())
+        long["done"] = time.monotonic()
+
+    thread = threading.Thread(target=stream)
+    start = time.monotonic()
+    thread.start()
+    wait_for(lambda: long.get("streamed", 0) > 2 or "done" in long, timeout=60, what="the long stream started")
+    short = _grpc(srv, json.dumps({"prompt": "Hi", "max_new_tokens": 4}), True, "hasty")
+    thread.join(timeout=120)
+    assert short == (grpc.StatusCode.OK, ""), short
+    assert long.get("error", (None, ""))[0] == grpc.StatusCode.DEADLINE_EXCEEDED, long
+    assert f"ran past model hasty's response_timeout={HASTY_TIMEOUT}s and was ended" in long["error"][1], long
+    assert long["streamed"] > 2 and long["done"] - start < 30, long
+    assert _grpc(srv, json.dumps({"prompt": "Hi", "max_new_tokens": 4}), False, "hasty") == (grpc.StatusCode.OK, "")
+    assert srv.worker_pids() == pids  # no worker was replaced
+    assert "ran past response_timeout=1s" in srv.log()

@@ -59,3 +59,37 @@ def test_a_concurrent_worker_takes_jobs_up_to_its_room():
         assert sent[-1] == [jobs[2]] and len(queue) == 0
 
     _run(scenario())
+
+
+class _Runner:
+    """A worker as a job sees it: records the requests it is told to drop."""
+
+    def __init__(self) -> None:
+        self.dropped: list[str] = []
+
+    def cancel(self, request_id: str) -> None:
+        self.dropped.append(request_id)
+
+
+def test_requests_past_response_timeout_are_ended_alone_and_dropped_by_their_worker():
+    from inference_service.dispatch.jobs import overdue
+    from inference_service.errors import DeadlineExceeded
+
+    runner = _Runner()
+    old, young, cancelled = Job({"data": b"a"}), Job({"data": b"b"}), Job({"data": b"c"})
+    for job, dispatched in ((old, 100.0), (young, 108.0), (cancelled, 90.0)):
+        job.dispatched, job.worker = dispatched, runner
+    cancelled.cancelled = True
+    ended, next_due = overdue([old, young, cancelled], now=110.0, timeout=10.0)
+    assert ended == [old] and next_due == 118.0
+    assert overdue([], now=110.0, timeout=10.0) == ([], float("inf"))
+
+    async def scenario():
+        old.end(DeadlineExceeded("ran past", reason="RESPONSE_TIMEOUT"))
+        kind, error = await asyncio.wait_for(old.mailbox.get(), 1)
+        assert kind is Kind.ERROR and error.message == "ran past"
+        assert old.finished and old.cancelled and runner.dropped == [old.request_id]
+        old.end(DeadlineExceeded("again"))  # once only
+        assert runner.dropped == [old.request_id] and len(old.mailbox._items) == 0
+
+    _run(scenario())

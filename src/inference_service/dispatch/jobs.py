@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
@@ -173,6 +173,16 @@ class Job:
             return
         self.mailbox.put((Kind.ERROR, error))
 
+    def end(self, error: InferenceError) -> None:
+        """End the running job with ``error`` and tell its worker to drop it (what the worker still
+        sends of it is dropped; its last frame frees its place)."""
+        if self.finished:
+            return
+        self.fail(error)
+        self.cancelled = True
+        if self.worker is not None:
+            self.worker.cancel(self.request_id)
+
     def abort(self) -> None:
         """The client went away: drop buffered output and tell the worker running it."""
         if self.cancelled:
@@ -181,6 +191,22 @@ class Job:
         self.mailbox.clear()
         if self.worker is not None and not self.finished:
             self.worker.cancel(self.request_id)
+
+
+def overdue(jobs: Iterable[Job], now: float, timeout: float) -> tuple[list[Job], float]:
+    """The running ``jobs`` dispatched ``timeout`` s or more before ``now`` (cancelled and finished
+    ones left out), and when the next of the others is due (``inf``: none)."""
+    ended: list[Job] = []
+    next_due = float("inf")
+    for job in jobs:
+        if job.cancelled or job.finished:
+            continue
+        due = job.dispatched + timeout
+        if now >= due:
+            ended.append(job)
+        else:
+            next_due = min(next_due, due)
+    return ended, next_due
 
 
 class JobQueue:

@@ -29,7 +29,7 @@ import grpc
 
 from inference_service.contracts import wire
 from inference_service.dispatch.ipc import FrameChannel, relay_output
-from inference_service.dispatch.jobs import Job, Kind
+from inference_service.dispatch.jobs import Job, Kind, overdue
 from inference_service.dispatch.spawn import ChildProcess, spawn
 from inference_service.dispatch.worker_options import WorkerOptions
 from inference_service.errors import (
@@ -362,12 +362,21 @@ class WorkerProcess:
             self._timer = None
 
     def _check_timeout(self) -> None:
-        """The response_timeout timer: re-armed while responses come, else the worker is replaced."""
+        """The response_timeout timer: re-armed while responses come, else the worker is replaced; a
+        ``continuous``/``async`` worker's request running past it is ended alone (docs/operations.md)."""
         self._timer = None
         if not self.busy or self._closed:
             return
-        due = self._last_progress + self._response_timeout
         now = time.monotonic()
+        due = self._last_progress + self._response_timeout
+        if self.concurrent:
+            ended, next_due = overdue(self._jobs.values(), now, self._response_timeout)
+            due = min(due, next_due)
+            for job in ended:
+                job.end(DeadlineExceeded(f"the request ran past model {self.spec.model_name}'s response_timeout="
+                                         f"{self._response_timeout:g}s and was ended", reason="RESPONSE_TIMEOUT"))
+                self._log.warning("request %s ended: it ran past response_timeout=%gs", job.request_id,
+                                  self._response_timeout)
         if now < due:
             self._timer = asyncio.get_running_loop().call_later(due - now, self._check_timeout)
             return
