@@ -204,3 +204,26 @@ def test_an_ir_directory_with_a_missing_file_or_a_bad_value_is_named(tmp_path, c
     with pytest.raises(ModelPreparationError) as failure:
         read_ir_config(ir)
     assert message in str(failure.value) and str(ir) in str(failure.value)
+
+
+def test_an_exporter_stopped_by_a_sigterm_names_its_sender_and_removes_its_output(tmp_path):
+    """A SIGTERM (its parent's death, or anyone's) ends the exporter's process group; the reason
+    names the sender instead of guessing at memory."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    (out / "part").mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-m", "inference_service.llm.ir_export", str(os.getpid()), str(out),
+                             "--", "export", "openvino", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not Path(f"/proc/{proc.pid}/task").exists() or len(list(Path(f"/proc/{proc.pid}/task").iterdir())) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "the exporter's SIGTERM watch never started"
+        time.sleep(0.01)  # polling the exporter's threads, bounded by the deadline
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL and not out.exists()
+    reason = failure_reason(output, proc.returncode)
+    assert reason.startswith(f"the exporter was stopped by a SIGTERM from pid {os.getpid()} ("), (reason, output)

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -28,13 +29,41 @@ def _end(output_dir: str) -> None:
     os.killpg(0, signal.SIGKILL)  # this session's group: the exporter and anything it started
 
 
-def _die_with(parent: int, output_dir: str) -> None:
-    """End this process (see the module docstring) when ``parent`` is no longer its parent."""
+#: The line the exporter prints when a SIGTERM stops it, naming its sender (read by
+#: :func:`inference_service.llm.openvino_ir.failure_reason`).
+STOPPED_BY = "ir_export: stopped by SIGTERM from "
 
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+
+def _sender(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = "gone"
+    return f"pid {pid} ({command[:200] or 'no command line'})"
+
+
+def _watch_sigterm(output_dir: str) -> None:
+    """SIGTERM ends this process; its sender is printed first (a thread waits for it, so a
+    signal is never delivered to a thread of the exporter's)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # before any other thread starts
+
+    def wait() -> None:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        print(f"{STOPPED_BY}{_sender(info.si_pid)}", file=sys.stderr, flush=True)
         _end(output_dir)
 
-    signal.signal(signal.SIGTERM, on_signal)
+    threading.Thread(target=wait, name="sigterm-watch", daemon=True).start()
+
+
+def _die_with(parent: int, output_dir: str) -> None:
+    """End this process (see the module docstring) when ``parent`` is no longer its parent."""
+    if hasattr(signal, "sigwaitinfo"):
+        _watch_sigterm(output_dir)
+    else:
+        def on_signal(_signum: int, _frame: FrameType | None) -> None:
+            _end(output_dir)
+
+        signal.signal(signal.SIGTERM, on_signal)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from inference_service.llm.ir_export import STOPPED_BY
 from inference_service.llm.model import SOURCE_MARKER, ModelPreparationError, _exclusive_lock, default_cache_root
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,9 @@ def model_type(model_dir: Path) -> str:
 def failure_reason(output: str, returncode: int) -> str:
     """Why the exporter failed, from its output: the last exception line of its traceback (else
     its last line), or the signal that killed it."""
+    stopped = next((line for line in output.splitlines() if line.startswith(STOPPED_BY)), None)
+    if stopped is not None:  # it ended itself (its process group) on a SIGTERM
+        return f"the exporter was stopped by a SIGTERM from {stopped.removeprefix(STOPPED_BY)}"[:400]
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
         hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
