@@ -49,8 +49,12 @@ def _watch_sigterm(output_dir: str) -> None:
 
     def wait() -> None:
         info = signal.sigwaitinfo({signal.SIGTERM})
-        print(f"{STOPPED_BY}{_sender(info.si_pid)}", file=sys.stderr, flush=True)
-        _end(output_dir)
+        try:  # the reader may be gone with the parent: a broken pipe must not keep the end from running
+            print(f"{STOPPED_BY}{_sender(info.si_pid)}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        finally:
+            _end(output_dir)
 
     threading.Thread(target=wait, name="sigterm-watch", daemon=True).start()
 
