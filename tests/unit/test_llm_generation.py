@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -920,3 +921,32 @@ def test_the_json_doors_take_the_roles_of_the_openai_door() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_request(b'{"messages": [{"role": "moderator", "content": "x"}]}')
     assert refused.value.field == "messages[0].role"
+
+
+def test_a_configured_chat_template_replaces_the_models_and_is_named(tokenizer: Any, tmp_path: Path) -> None:
+    """``chat_template`` in the handler config: a file (relative: inside the extracted archive) or the
+    template itself; one that does not render, or a file that cannot be read, fails the load by name."""
+    import copy
+
+    from inference_service.contracts.handler_config import HandlerConfig, HandlerConfigError
+    from inference_service.llm.handler_config import apply_chat_template
+
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(template, encoding="utf-8")
+    config = HandlerConfig.parse({"chat_template": "chat_template.jinja"}).within(str(tmp_path))
+    assert config.chat_template == str(tmp_path / "chat_template.jinja")
+    assert HandlerConfig.parse({"chat_template": template}).within(str(tmp_path)).chat_template == template
+    mine = copy.deepcopy(tokenizer)
+    assert apply_chat_template(mine, config) == "chat_template.jinja (handler config 'chat_template')"
+    assert mine.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False) == "[user] Hi\n"
+    assert apply_chat_template(copy.deepcopy(tokenizer), HandlerConfig()) == "the model's own"
+    mine.chat_template = None
+    assert apply_chat_template(mine, HandlerConfig()).startswith("none: chat is refused")
+    for bad, words in (({"chat_template": str(tmp_path / "gone.jinja")}, "cannot read it"),
+                       ({"chat_template": "{% for m in messages %}"}, "does not render a chat"),
+                       ({"chat_template": "{{ raise_exception('no system') }}"}, "does not render a chat")):
+        with pytest.raises(HandlerConfigError) as refused:
+            apply_chat_template(copy.deepcopy(tokenizer), HandlerConfig.parse(bad))
+        assert refused.value.key == "chat_template" and words in str(refused.value), refused.value
+    with pytest.raises(HandlerConfigError):
+        HandlerConfig.parse({"chat_template": "   "})

@@ -31,6 +31,8 @@ ENGINES = ("openvino", "torch", "vllm")
 WEIGHT_FORMATS = ("auto", "fp32", "int8", "int4")
 #: The highest value of a count (a larger budget only allocates more).
 COUNT_MAX = 1_000_000
+#: The longest ``chat_template`` value (characters), a path or a template.
+MAX_CHAT_TEMPLATE_CHARS = 1 << 20
 #: Keys of the torch engine's retired CPU modes: accepted with a warning, no effect.
 RETIRED_KEYS = frozenset({"quantization", "prepack"})
 
@@ -80,6 +82,19 @@ def _text(key: str, value: Any) -> str:
     return value
 
 
+def _chat_template(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_CHAT_TEMPLATE_CHARS:
+        raise HandlerConfigError(f"'{key}' must be a Jinja file's path or a template of at most "
+                                 f"{MAX_CHAT_TEMPLATE_CHARS} characters, got {_shown(value)}", key)
+    return value
+
+
+def is_inline_template(value: str) -> bool:
+    """Whether a ``chat_template`` value is the template itself (it holds Jinja's ``{{`` or ``{%``, as
+    vLLM tells them apart), not a file's path."""
+    return "{{" in value or "{%" in value
+
+
 def _vllm_engine_config(key: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
         raise HandlerConfigError(f"'{key}' must be a mapping of the engine's own argument names to values, "
@@ -119,6 +134,8 @@ class HandlerConfig:
     weight_format: str | None = setting(None, _one_of(*WEIGHT_FORMATS))
     model_path: str | None = setting(None, _text)
     gguf_file: str | None = setting(None, _text)
+    # a Jinja chat template file (relative: inside the archive), or the template itself (vLLM's --chat-template)
+    chat_template: str | None = setting(None, _chat_template)
     cache_dir: str | None = setting(None, _text)
     cache_size: int | None = setting(None, _count)  # GB of KV cache (OpenVINO engine)
     ir_cache_limit_gb: int | None = setting(None, _count)  # the OpenVINO IR cache's size before eviction
@@ -160,13 +177,18 @@ class HandlerConfig:
         return cls(**values)
 
     def within(self, model_dir: str) -> HandlerConfig:
-        """This config with a relative ``model_path`` or ``gguf_file`` taken from ``model_dir`` (where the
-        server extracted the archive: a self-contained archive names its own files so)."""
+        """This config with a relative ``model_path``, ``gguf_file`` or ``chat_template`` file taken from
+        ``model_dir`` (where the server extracted the archive: a self-contained archive names its own
+        files so)."""
         def inside(path: str | None) -> str | None:
             if not path or not model_dir or os.path.isabs(os.path.expanduser(path)):
                 return path
             return os.path.join(model_dir, path)
-        return replace(self, model_path=inside(self.model_path), gguf_file=inside(self.gguf_file))
+        template = self.chat_template
+        if template is not None and not is_inline_template(template):
+            template = inside(template)
+        return replace(self, model_path=inside(self.model_path), gguf_file=inside(self.gguf_file),
+                       chat_template=template)
 
     def with_threads(self, threads: int) -> HandlerConfig:
         """This config with ``torch_threads`` as the worker applied it (capped to its CPUs)."""

@@ -19,6 +19,10 @@ from inference_service.contracts.sampling import InvalidRequest, parse_messages
 MAX_DETOKENIZE_TOKENS = 1 << 17
 _KINDS = (b'{"tokenize"', b'{"detokenize"')
 
+#: The 400 of ``messages`` for a model without a chat template (docs/own-model.md).
+NO_CHAT_TEMPLATE = ("this model has no chat template; send 'prompt' instead of 'messages', or give the model one: "
+                    "'chat_template' in its handler config (scripts/build_llm_archive --chat-template FILE)")
+
 
 def _flag(values: Mapping[str, Any], name: str, default: bool) -> bool:
     value = values.get(name)

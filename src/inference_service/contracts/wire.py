@@ -358,17 +358,20 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class EngineInfo:
     """What an LLM handler's engine serves with, sent in the worker's READY and shown as its entry's
-    ``engine`` in DescribeModel: the engine's name, the weight format, why that one, and the CPU it
-    was chosen for (empty where it does not apply)."""
+    ``engine`` in DescribeModel: the engine's name, the weight format, why that one, the CPU it
+    was chosen for, and the chat template it renders messages with (empty where it does not apply)."""
 
     name: str
     weight_format: str = ""
     reason: str = ""
     cpu: str = ""
+    chat_template: str = ""
 
     def as_json(self) -> dict[str, str]:
-        """DescribeModel's object: ``name``, ``weightFormat``, ``reason``, ``cpu``, the empty ones left out."""
-        shown = {"name": self.name, "weightFormat": self.weight_format, "reason": self.reason, "cpu": self.cpu}
+        """DescribeModel's object: ``name``, ``weightFormat``, ``reason``, ``cpu``, ``chatTemplate``,
+        the empty ones left out."""
+        shown = {"name": self.name, "weightFormat": self.weight_format, "reason": self.reason, "cpu": self.cpu,
+                 "chatTemplate": self.chat_template}
         return {key: value for key, value in shown.items() if value}
 
     @classmethod
@@ -376,4 +379,5 @@ class EngineInfo:
         """The READY field back (``None`` when absent or not an object of strings)."""
         if not isinstance(value, dict) or "name" not in value or not all(isinstance(v, str) for v in value.values()):
             return None
-        return cls(value["name"], value.get("weight_format", ""), value.get("reason", ""), value.get("cpu", ""))
+        return cls(value["name"], value.get("weight_format", ""), value.get("reason", ""), value.get("cpu", ""),
+                   value.get("chat_template", ""))

@@ -41,6 +41,7 @@ class SlotOwner(Protocol):
     queue: JobQueue
     worker_options: WorkerOptions
     accepts_generation: bool
+    chat_template: str | None
 
     @property
     def config(self) -> WorkerTimings:
@@ -132,6 +133,8 @@ class WorkerSlot:
             else:
                 self.start_time = process.start_time
                 self.model.accepts_generation |= process.accepts_generation
+                if process.engine_info is not None and process.engine_info.chat_template:
+                    self.model.chat_template = process.engine_info.chat_template
                 failures, first_failure = 0, None
                 self.load_error = None
                 self._set_state(WorkerState.READY)

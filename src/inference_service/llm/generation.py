@@ -11,6 +11,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from inference_service.contracts.outputs import FinalMessage, TokenLogprob, Usage
+from inference_service.contracts.tokenizer import NO_CHAT_TEMPLATE
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import GenerationRequest, InvalidRequest
@@ -41,7 +42,7 @@ def build_prompt_ids(tokenizer: Any, request: GenerationRequest, context_length:
     """
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
+            raise InvalidRequest(NO_CHAT_TEMPLATE)
         from jinja2 import TemplateError
 
         try:

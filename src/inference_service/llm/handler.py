@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
 from inference_service.contracts.outputs import TokenLogprob
@@ -32,7 +33,7 @@ from inference_service.llm.engine_protocol import (
 from inference_service.llm.engines import CAPABILITIES, build_engine, engine_name
 from inference_service.llm.generation import build_prompt_ids, final_message
 from inference_service.llm.grammar_check import ConstraintBudget, GrammarChecker
-from inference_service.llm.handler_config import continuous_batching, warn_retired
+from inference_service.llm.handler_config import apply_chat_template, continuous_batching, warn_retired
 from inference_service.llm.logprobs import TokenTexts
 from inference_service.llm.params import GenerationParams, GenerationResult
 from inference_service.llm.requests import (
@@ -157,7 +158,8 @@ class LLMHandler(BaseHandler):
             config.structured_outputs_budget_ms / 1000, config.structured_outputs_token_budget_ms / 1000,
             config.structured_outputs_max_mb << 20))
         self.model, self.model_path, self.engine_name = built.model, built.model_path, built.name
-        self.engine_info = built.info or EngineInfo(built.name)  # READY carries it to DescribeModel
+        template = apply_chat_template(self.tokenizer, config)
+        self.engine_info = replace(built.info or EngineInfo(built.name), chat_template=template)  # READY: DescribeModel
         if name != "torch":
             log.info("warm-up request took %.2f s", self._warm_up())
         self.max_prompt_chars = (

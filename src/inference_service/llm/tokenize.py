@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference_service.contracts.sampling import InvalidRequest
-from inference_service.contracts.tokenizer import DetokenizeRequest, TokenizeRequest
+from inference_service.contracts.tokenizer import NO_CHAT_TEMPLATE, DetokenizeRequest, TokenizeRequest
 
 
 def answer(tokenizer: Any, request: TokenizeRequest | DetokenizeRequest, context_length: int | None) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def answer(tokenizer: Any, request: TokenizeRequest | DetokenizeRequest, context
         return {"prompt": tokenizer.decode(list(request.tokens))}
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
+            raise InvalidRequest(NO_CHAT_TEMPLATE)
         from jinja2 import TemplateError
 
         try:

@@ -60,6 +60,7 @@ class ModelVersion:
         self.sequence_last_used: dict[str, float] = {}
         self.restarts_total = 0  # worker restarts of this version, kept when workers are removed
         self.accepts_generation = False  # a worker's handler took the typed LLM request: /v1/models lists it
+        self.chat_template: str | None = None  # an LLM worker's READY: the chat template it renders with
         self.gpus = gpus or GpuAllocator(0)
         # workers placed on GPUs: all of them where there are GPUs, unless deviceType is cpu
         self.gpu_count = 1 << 30 if self.gpus.count and config.device_type != "cpu" else 0

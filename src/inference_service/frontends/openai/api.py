@@ -222,17 +222,25 @@ class OpenAIApi:
                     if entry.versions[version].accepts_generation]
         return ids
 
+    def _card(self, model_id: str) -> ModelCard:
+        """The model card of ``model_id`` (one of :meth:`_ids`), with its chat template when known."""
+        name, version = self._resolve(model_id)
+        entry = self.core.models[name]
+        model = entry.versions.get(version or entry.default_version)
+        return ModelCard(id=model_id, created=self.started, chat_template=model.chat_template if model else None)
+
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: the models whose handler takes the LLM request (``created``: server start)."""
-        cards = [ModelCard(id=model_id, created=self.started) for model_id in self._ids()]
-        return web.Response(text=ModelList(data=cards).model_dump_json(), content_type="application/json")
+        cards = [self._card(model_id) for model_id in self._ids()]
+        return web.Response(text=ModelList(data=cards).model_dump_json(exclude_none=True),
+                            content_type="application/json")
 
     async def retrieve_model(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}``: one model card of :meth:`list_models`; 404 ``model_not_found`` else."""
         model_id = request.match_info["model_id"]
         if model_id not in self._ids():
             raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-        return web.Response(text=ModelCard(id=model_id, created=self.started).model_dump_json(),
+        return web.Response(text=self._card(model_id).model_dump_json(exclude_none=True),
                             content_type="application/json")
 
     # ------------------------------------------------------------ generation

@@ -415,6 +415,7 @@ class ModelCard(_Response):
     object: Literal["model"] = "model"
     created: int  # Unix seconds: when the server started
     owned_by: str = "inference-service"
+    chat_template: str | None = None  # an addition: the chat template the model renders messages with
 
 
 class ModelList(_Response):
