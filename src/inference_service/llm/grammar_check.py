@@ -199,6 +199,7 @@ def _walk(compiled: Any, vocab_size: int, seed: int) -> float:
     matcher = xgrammar.GrammarMatcher(compiled)
     bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
     pick = random.Random(seed)
+    stops = set(matcher.stop_token_ids)
     worst = 0.0
     for _ in range(WALK_TOKENS):
         if matcher.is_terminated():
@@ -208,7 +209,6 @@ def _walk(compiled: Any, vocab_size: int, seed: int) -> float:
         worst = max(worst, time.thread_time() - start)
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:vocab_size]
         allowed = np.flatnonzero(bits).tolist()
-        stops = set(matcher.stop_token_ids) if hasattr(matcher, "stop_token_ids") else set()
         going = [token for token in allowed if token not in stops] or allowed
         if not going or not matcher.accept_token(pick.choice(going)):
             break
