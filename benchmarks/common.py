@@ -10,6 +10,7 @@ check can take :func:`percentile` from it with nothing but torch and transformer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,9 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,13 +228,20 @@ PEER_SETUP = {"llama_f32": "benchmarks/build_llama_server.sh", "llama_q4": "benc
               "vllm_cpu_fp32": "benchmarks/setup_vllm_cpu.sh"}
 
 
-def start_smollm2(work: Path, engine: str) -> Server:
-    """Build the bundled SmolLM2 archive for ``engine`` into ``work`` and serve it (``work/run``),
-    returned once its OpenAI door answers (:func:`start_project_openai`)."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(work),
-                    "--engine", engine], check=True, timeout=900, capture_output=True)
-    (work / "run").mkdir()
-    return start_project_openai("ours", work, work / "run", "smollm2")
+@contextlib.contextmanager
+def serving_smollm2(engine: str, prefix: str) -> Iterator[Server]:
+    """The bundled SmolLM2 archive built for ``engine`` in a temporary directory (``prefix``) and
+    served there, once its OpenAI door answers (:func:`start_project_openai`); stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store", str(work),
+                        "--engine", engine], check=True, timeout=900, capture_output=True)
+        (work / "run").mkdir()
+        server = start_project_openai("ours", work, work / "run", "smollm2")
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 def missing_peers(names: Sequence[str]) -> dict[str, str]:

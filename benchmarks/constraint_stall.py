@@ -20,17 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import openai
-from common import Server, start_smollm2
+from common import Server, serving_smollm2
 
 GAP_GOAL = 2.0
 ANSWER_GOAL_S = 1.0
@@ -112,20 +110,15 @@ def main() -> None:
     alone: list[float] = []
     attacked: list[float] = []
     answers: list[tuple[int, float]] = []
-    with tempfile.TemporaryDirectory(prefix="constraint-bench-") as tmp:
-        work = Path(tmp)
-        server = start_smollm2(work, args.engine)
-        try:
-            api = client(server)
-            api.completions.create(model="smollm2", prompt="Year:", max_tokens=2,  # starts the grammar checker
-                                   extra_body={"structured_outputs": {"regex": "[0-9]+"}})
-            for index in range(runs):
-                for hostile in ((False, True) if index % 2 == 0 else (True, False)):
-                    gap, got = run(server, api, tokens, hostile, args.within_budget)
-                    (attacked if hostile else alone).append(gap)
-                    answers += got
-        finally:
-            server.stop()
+    with serving_smollm2(args.engine, "constraint-bench-") as server:
+        api = client(server)
+        api.completions.create(model="smollm2", prompt="Year:", max_tokens=2,  # starts the grammar checker
+                               extra_body={"structured_outputs": {"regex": "[0-9]+"}})
+        for index in range(runs):
+            for hostile in ((False, True) if index % 2 == 0 else (True, False)):
+                gap, got = run(server, api, tokens, hostile, args.within_budget)
+                (attacked if hostile else alone).append(gap)
+                answers += got
     base, worst = statistics.median(alone), statistics.median(attacked)
     ratio = worst / base
     seconds = [s for _, s in answers]

@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import openai
-from common import ROOT, Server, start_smollm2
+from common import ROOT, Server, serving_smollm2
 
 GOAL = 0.8
 STREAMS = 8
@@ -87,20 +85,15 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="1 run of 16 tokens: a check that it works")
     args = parser.parse_args()
     runs, tokens = (1, 16) if args.smoke else (args.runs, args.tokens)
-    with tempfile.TemporaryDirectory(prefix="structured-bench-") as tmp:
-        work = Path(tmp)
-        server = start_smollm2(work, args.engine)
-        try:
-            api = client(server)
-            one_stream(api, "smollm2", PROMPTS[0], 4, True)  # the worker loads XGrammar once
-            free: list[float] = []
-            schema: list[float] = []
-            for _ in range(runs):
-                free.append(throughput(api, "smollm2", tokens, False))
-                schema.append(throughput(api, "smollm2", tokens, True))
-            rate = auto_rate(api, "smollm2") if args.auto_rate else None
-        finally:
-            server.stop()
+    with serving_smollm2(args.engine, "structured-bench-") as server:
+        api = client(server)
+        one_stream(api, "smollm2", PROMPTS[0], 4, True)  # the worker loads XGrammar once
+        free: list[float] = []
+        schema: list[float] = []
+        for _ in range(runs):
+            free.append(throughput(api, "smollm2", tokens, False))
+            schema.append(throughput(api, "smollm2", tokens, True))
+        rate = auto_rate(api, "smollm2") if args.auto_rate else None
     unconstrained, constrained = statistics.median(free), statistics.median(schema)
     ratio = constrained / unconstrained
     print(f"engine {args.engine}, {STREAMS} streams of {tokens} tokens, {runs} run(s), median tokens/s:")
