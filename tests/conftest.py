@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -87,7 +88,11 @@ def build_mar(store: Path, name: str, handler: str, *, version: str = "1.0", ext
         cmd += ["--model-file", str(HANDLERS / model_file)]
     if config:
         cmd += ["--config-file", config]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=60, cwd=HANDLERS)
+    # the archiver stages files in $TMPDIR/<model name> and removes that folder after: pytest workers
+    # archiving the same name at once would take each other's files, so each call gets its own TMPDIR
+    with tempfile.TemporaryDirectory(prefix="archiver-") as staging:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60, cwd=HANDLERS,
+                       env={**os.environ, "TMPDIR": staging})
     suffix = {"default": ".mar", "tgz": ".tar.gz", "no-archive": ""}[archive_format]
     return name + suffix
 

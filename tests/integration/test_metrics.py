@@ -153,6 +153,7 @@ def test_cancel_and_deadline_are_counted(msrv):
 
 def test_workers_queue_depth_and_restarts(msrv):
     labels = {"model_name": "echo", "model_version": "1.0"}
+    msrv.wait_workers("echo", 2)  # a request of an earlier test may still hold one
     now = scrape(msrv)
     assert value(now, "inference_service_workers", state="READY", **labels) == 2
     assert value(now, "inference_service_workers", state="FAILED", **labels) == 0

@@ -148,17 +148,26 @@ def _call_budget(servicer: Any, context: grpc.aio.ServicerContext) -> CallBudget
     return call
 
 
-def _client_gone(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+def _deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The seconds the call had left when its handler started (``None``: no deadline)."""
+    try:
+        return context.time_remaining()
+    except Exception:  # noqa: BLE001 - no deadline information
+        return None
+
+
+def _client_gone(context: grpc.aio.ServicerContext, budget: float | None) -> tuple[grpc.StatusCode, str]:
     """The status of an RPC whose handler was cancelled: its deadline passed, or the client cancelled.
 
-    ``time_remaining()`` only reads the deadline kept with the call, so it is safe here; ``peer()``
-    is not (it crashes the process once a cancelled call is gone), hence the peer is read at start.
+    A client whose own deadline passes cancels the stream, and that cancel reaches the server
+    before the server's copy of the deadline (counted from when the call arrived) runs out; so a
+    cancel with less than ``max(0.25 s, a tenth of budget)`` left is the deadline's (``budget``:
+    :func:`_deadline_of` at start). ``time_remaining()`` only reads the deadline kept with the
+    call, so it is safe here; ``peer()`` is not (it crashes the process once a cancelled call is
+    gone), hence the peer is read at start.
     """
-    try:
-        remaining = context.time_remaining()
-    except Exception:  # noqa: BLE001 - no deadline information: a plain cancel
-        remaining = None
-    if remaining is not None and remaining <= 0:
+    remaining = _deadline_of(context)
+    if remaining is not None and remaining <= max(0.25, 0.1 * (budget or 0.0)):
         return grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
     return grpc.StatusCode.CANCELLED, "CANCELLED"
 
@@ -184,6 +193,7 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         start = time.perf_counter()
         peer = telemetry.peer(context) if telemetry is not None else ""
         rid = _name_call(context)
+        deadline = _deadline_of(context)
         code, reason = _OK, ""
         try:
             try:
@@ -195,7 +205,7 @@ def unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 code = _aborted_code(context)
                 raise
             except asyncio.CancelledError:
-                code, reason = _client_gone(context)
+                code, reason = _client_gone(context, deadline)
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
                 status, code, reason = _failure(self, exc, name, request)
@@ -218,6 +228,7 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
         start = time.perf_counter()
         peer = telemetry.peer(context) if telemetry is not None else ""
         rid = _name_call(context)
+        deadline = _deadline_of(context)
         code, reason, messages = _OK, "", 0
         try:
             status = None
@@ -234,7 +245,7 @@ def _stream_wrapper(method: Callable[..., AsyncIterator[T]], parsed: bool) -> Ca
                 code = _aborted_code(context)
                 raise
             except (asyncio.CancelledError, GeneratorExit):
-                code, reason = _client_gone(context)
+                code, reason = _client_gone(context, deadline)
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status here, and only here
                 status, code, reason = _failure(self, exc, name, request)
