@@ -25,11 +25,15 @@ if [ ! -d "$SRC" ]; then
   tar -xzf "$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$CACHE"
 fi
 LLAMA="$SRC/vendor/llama.cpp"
+# as scripts/install_llamacpp compiles the llama.cpp engine: ggml's AMX kernels crashed on an Intel
+# Xeon with AMX (SIGSEGV in ggml_backend_amx_mul_mat), so both are built without them
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 if [ ! -x "$CACHE/llama-server" ]; then
   cmake -S "$LLAMA" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
   cmake --build "$BUILD" --target llama-server -j "$JOBS"
   cp "$BUILD/bin/llama-server" "$CACHE/llama-server"
 fi
