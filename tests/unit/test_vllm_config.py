@@ -37,7 +37,7 @@ def test_vllm_engine_config_and_python_are_declared_keys():
     ({"vllm_engine_config": {"max_model_len": [1]}},
      "'vllm_engine_config.max_model_len' must be a string, number or boolean"),
     ({"python": ""}, "'python' must be a non-empty string"),
-    ({"engine": "vLLM-cpu"}, "'engine' must be one of openvino, torch, vllm"),
+    ({"engine": "vLLM-cpu"}, "'engine' must be one of openvino, torch, vllm, llamacpp"),
 ])
 def test_bad_values_are_refused_by_name(section, message):
     with pytest.raises(HandlerConfigError, match=message):

@@ -25,7 +25,7 @@ from inference_service.contracts.sampling import (
 )
 
 #: The LLM engines a handler config may name (docs/llm.md, "Engines").
-ENGINES = ("openvino", "torch", "vllm")
+ENGINES = ("openvino", "torch", "vllm", "llamacpp")
 #: The OpenVINO engine's weight formats; ``auto`` (as absent): the default of the CPU's row
 #: (``inference_service.llm.cpu_defaults``).
 WEIGHT_FORMATS = ("auto", "fp32", "int8", "int4")

@@ -1,4 +1,4 @@
-"""The one builder of the LLM handler's engine: ``engine: openvino | torch | vllm`` of the typed handler
+"""The one builder of the LLM handler's engine: ``engine: openvino | torch | vllm | llamacpp`` of the typed handler
 config (docs/llm.md, "Engines"). Every engine implements
 :class:`~inference_service.llm.engine_protocol.Engine`, so nothing above the handler knows which runs."""
 
@@ -18,6 +18,7 @@ from inference_service.contracts.handler_config import HandlerConfig
 from inference_service.contracts.wire import EngineInfo
 from inference_service.llm.engine import GenerationEngine
 from inference_service.llm.engine_protocol import Engine, EngineCapabilities
+from inference_service.llm.llamacpp_engine import LlamaCppEngine
 from inference_service.llm.openvino_engine import OpenVINOEngine
 from inference_service.llm.vllm_engine import VLLMEngine
 
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 #: Every engine's declaration, by the name the handler config gives it.
 CAPABILITIES: dict[str, EngineCapabilities] = {
-    engine.capabilities.name: engine.capabilities for engine in (OpenVINOEngine, GenerationEngine, VLLMEngine)
+    engine.capabilities.name: engine.capabilities
+    for engine in (OpenVINOEngine, GenerationEngine, VLLMEngine, LlamaCppEngine)
 }
 #: The vLLM engine's KV cache on a CPU when ``cache_size`` names none (GiB; on a GPU vLLM sizes it).
 VLLM_CPU_CACHE_GB = 1
@@ -82,6 +84,8 @@ def build_engine(config: HandlerConfig, device: str, max_num_seqs: int | None, c
         return _build_openvino(config, max_num_seqs)
     if name == "vllm":
         return _build_vllm(config, device, max_num_seqs)
+    if name == "llamacpp":
+        return _build_llamacpp(config, max_num_seqs)
     return _build_torch(config, device, max_num_seqs, continuous)
 
 
@@ -151,6 +155,56 @@ def _build_vllm(config: HandlerConfig, device: str, max_num_seqs: int | None) ->
         raise ModelPreparationError(f"vLLM refused the engine settings: {exc}") from exc
     log.info("loaded %s on vLLM %s in %.1f s", model_dir, vllm.__version__, time.perf_counter() - start)
     return BuiltEngine(engine, tokenizer, engine.max_model_len, "vllm", str(model_dir))
+
+
+#: The llama.cpp engine's KV cache when ``cache_size`` names none (GiB, all sequences together).
+LLAMACPP_CACHE_GB = 1
+
+
+def _build_llamacpp(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:
+    """llama.cpp on the GGUF as it is (``engine: llamacpp``): ``gguf_file``, or ``model_path`` naming a
+    ``.gguf`` file, else the bundled SmolLM2. Its KV cache: ``cache_size`` GiB (default
+    :data:`LLAMACPP_CACHE_GB`) shared by all sequences, at most ``max_num_seqs`` times the model's
+    trained context.
+
+    Raises:
+        EngineConfigError: llama-cpp-python is not installed, or ``model_path`` is not a GGUF file.
+        ModelPreparationError: llama.cpp cannot load the file or make its context.
+    """
+    from inference_service.llm.llamacpp_model import GGUFModel, GGUFTokenizer
+    from inference_service.llm.model import ModelPreparationError, find_default_gguf
+
+    if config.model_path and not str(config.model_path).endswith(".gguf"):
+        raise EngineConfigError(f"handler config: 'engine: llamacpp' serves GGUF files; model_path "
+                                f"{config.model_path} is not one (use gguf_file, or another engine for a folder)")
+    path = Path(str(config.gguf_file or config.model_path)).expanduser() if (config.gguf_file or config.model_path) \
+        else find_default_gguf()
+    if not path.is_file():
+        raise ModelPreparationError(f"GGUF file {path} does not exist")
+    start = time.perf_counter()
+    try:
+        model = GGUFModel(path)
+    except ImportError as exc:
+        raise EngineConfigError(f"handler config: {exc}") from None
+    except ValueError as exc:
+        raise ModelPreparationError(str(exc)) from None
+    tokenizer = GGUFTokenizer(model)
+    seqs = max_num_seqs or 1
+    cache_tokens = int((config.cache_size or LLAMACPP_CACHE_GB) * 2**30 // max(1, model.kv_bytes_per_token))
+    trained = model.n_ctx_train if model.n_ctx_train > 0 else cache_tokens
+    step_tokens = config.max_num_batched_tokens or LlamaCppEngine.capabilities.default_batched_tokens
+    try:
+        engine = LlamaCppEngine(model, tokenizer, max_num_seqs=seqs, max_num_batched_tokens=step_tokens,
+                                kv_cache_tokens=max(256, min(cache_tokens, seqs * trained)),
+                                threads=worker_threads(config) or len(os.sched_getaffinity(0)))
+    except ValueError as exc:
+        model.close()
+        raise ModelPreparationError(str(exc)) from None
+    log.info("loaded %s (%s, %.0f MB, %s vocabulary) on llama.cpp in %.1f s; KV cache %d tokens for %d sequences, "
+             "max_num_batched_tokens %d", path, model.description(), model.size_bytes / 1e6, tokenizer.vocab_type,
+             time.perf_counter() - start, engine.n_ctx, seqs, engine.step_tokens)
+    info = EngineInfo("llamacpp", model.description(), "the GGUF file as it is, on llama.cpp")
+    return BuiltEngine(engine, tokenizer, engine.max_model_len, "llamacpp", str(path), info=info)
 
 
 def _build_openvino(config: HandlerConfig, max_num_seqs: int | None) -> BuiltEngine:

@@ -104,6 +104,9 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, eos_ids: Collection[int]) ->
     import xgrammar
 
     stop = sorted(int(i) for i in eos_ids) or None
+    own = getattr(tokenizer, "xgrammar_info", None)  # a tokenizer that is not transformers' (a GGUF's, llama.cpp)
+    if own is not None:
+        return own(vocab_size, stop)
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
