@@ -189,3 +189,16 @@ def test_a_folder_is_refused_by_the_llamacpp_archive_builder(tmp_path, tiny_llam
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 1 and "--engine llamacpp serves a GGUF file" in done.stderr, done.stderr
     assert not list(tmp_path.glob("*.mar"))
+
+
+def test_a_conversion_that_differs_from_llama_cpp_is_refused_with_its_figures(tmp_path, gemma):
+    """transformers reads Gemma 3's GGUF tokenizer unlike llama.cpp: converted, it would answer garbled."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llm_archive"), "--model-store",
+                           str(tmp_path / "store"), "--engine", "torch", "--gguf-file", str(gemma), "--name", "conv",
+                           "--cache-dir", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "tokenizes 4 of 4 committed texts unlike llama.cpp" in done.stderr, done.stderr
+    assert "serve the file as it is with --engine llamacpp" in done.stderr, done.stderr
+    assert not list((tmp_path / "store").glob("*.mar"))
+    assert not [p for p in (tmp_path / "cache" / "models").iterdir() if not p.name.startswith(".")]

@@ -153,13 +153,16 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLik
                 model = _load_gguf_dense(source)
         except Exception as exc:
             raise ModelPreparationError(f"cannot load GGUF file {source}: {exc}") from exc
+        from inference_service.llm.conversion_check import check_gguf_conversion
+
+        checked = check_gguf_conversion(source, tokenizer, model)  # a conversion that differs is not kept
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         _make_readable(tmp)
         stat = source.stat()
         (tmp / SOURCE_MARKER).write_text(
             json.dumps({"gguf_file": str(source), "size": stat.st_size, "mtime": stat.st_mtime,
-                        "converter": CONVERTER_VERSION}),
+                        "converter": CONVERTER_VERSION, "check": checked}),
             encoding="utf-8",
         )
         (tmp / SOURCE_MARKER).chmod(0o644)
