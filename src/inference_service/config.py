@@ -304,11 +304,33 @@ def _model_snapshot(value: str) -> dict[str, Any]:
         for version, entry in versions.items():
             if not isinstance(entry, dict) or not isinstance(entry.get("marName"), str):
                 raise ValueError(f"model {name!r} version {version!r}: needs a marName")
-            for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout",
-                        "startupTimeout"):
-                if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], int)):
-                    raise ValueError(f"model {name!r} version {version!r}: {key} must be an integer")
+            _check_integers(entry, f"model {name!r} version {version!r}")
     return snapshot
+
+
+#: The integer settings of a model version in the ``models`` and ``model_snapshot`` JSON.
+_INTEGER_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout")
+
+
+def _check_integers(entry: dict[str, Any], where: str) -> None:
+    """ValueError naming the key of ``entry`` that is not an integer."""
+    for key in _INTEGER_KEYS:
+        value = entry.get(key)
+        if key in entry and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{where}: {key} must be an integer, got {json.dumps(value)[:40]}")
+
+
+def _models_json(value: str) -> dict[str, Any]:
+    """TorchServe's ``models``: ``{name: {version: {"marName": ..., "minWorkers": ..., ...}}}``."""
+    models = _json(value)
+    for name, versions in models.items():
+        if not isinstance(versions, dict):
+            raise ValueError(f"model {name!r}: must map versions to settings")
+        for version, entry in versions.items():
+            if not isinstance(entry, dict):
+                raise ValueError(f"model {name!r} version {version!r}: must be an object of settings")
+            _check_integers(entry, f"model {name!r} version {version!r}")
+    return models
 
 
 def _metrics_url(value: str) -> tuple[str, int]:
@@ -341,7 +363,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "grpc_management_port": ("management_port", _int),
     "model_store": ("model_store", _path),
     "load_models": ("load_models", _models),
-    "models": ("models_config", _json),
+    "models": ("models_config", _models_json),
     "model_snapshot": ("model_snapshot", _model_snapshot),
     "enable_envvars_config": ("enable_envvars_config", _bool),
     "use_env_allowed_urls": ("use_env_allowed_urls", _bool),

@@ -137,3 +137,21 @@ def test_a_malformed_model_snapshot_is_a_config_error(value, fragment):
     with pytest.raises(ConfigError, match="invalid value for model_snapshot") as exc:
         apply_properties(Settings(), {"model_snapshot": value}, "config.properties")
     assert fragment in str(exc.value)
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ('{"m": {"1.0": {"minWorkers": "x"}}}', "model 'm' version '1.0': minWorkers must be an integer, got \"x\""),
+    ('{"m": {"1.0": {"marName": "m.mar", "responseTimeout": 1.5}}}', "responseTimeout must be an integer"),
+    ('{"m": {"1.0": {"maxWorkers": true}}}', "maxWorkers must be an integer"),
+    ('{"m": ["1.0"]}', "model 'm': must map versions to settings"),
+    ('{"m": {"1.0": 3}}', "model 'm' version '1.0': must be an object of settings"),
+    ("[]", "must be a JSON object"),
+])
+def test_a_malformed_models_json_is_a_config_error_naming_the_key(value, fragment):
+    """TorchServe's ``models`` JSON, read at startup: a wrong type names the model, version and key."""
+    with pytest.raises(ConfigError, match="invalid value for models") as exc:
+        apply_properties(Settings(), {"models": value}, "config.properties")
+    assert fragment in str(exc.value)
+    settings = Settings()
+    apply_properties(settings, {"models": '{"m": {"1.0": {"marName": "m.mar", "minWorkers": 2}}}'}, "config.properties")
+    assert settings.models_config["m"]["1.0"]["minWorkers"] == 2

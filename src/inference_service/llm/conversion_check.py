@@ -32,6 +32,11 @@ TOKENS = 8
 EXACT_FILE_TYPES = {"0", "1", "32"}
 
 
+class ConversionMismatch(ValueError):
+    """A conversion that differs from llama.cpp on the same file (the model module's loader makes it
+    a ``ModelPreparationError``)."""
+
+
 def check_gguf_conversion(gguf: Path, tokenizer: Any, model: Any) -> str | None:
     """Hold a GGUF's conversion (its transformers ``tokenizer`` and ``model``) to llama.cpp on ``gguf``.
 
@@ -39,10 +44,8 @@ def check_gguf_conversion(gguf: Path, tokenizer: Any, model: Any) -> str | None:
         The figures of a passed check (one line), or ``None`` when llama.cpp is not installed.
 
     Raises:
-        ModelPreparationError: the conversion differs; the message gives the figures and the next step.
+        ConversionMismatch: the conversion differs; the message gives the figures and the next step.
     """
-    from inference_service.llm.model import ModelPreparationError
-
     if importlib.util.find_spec("llama_cpp") is None:
         log.warning("the conversion of %s is not checked: llama.cpp is not installed (scripts/install --engine "
                     "llamacpp)", gguf.name)
@@ -59,7 +62,7 @@ def check_gguf_conversion(gguf: Path, tokenizer: Any, model: Any) -> str | None:
                      != ref_tokenizer.encode(text, add_special_tokens=False)]
         next_step = ("serve the file as it is with --engine llamacpp (handler config 'engine: llamacpp')")
         if differing:
-            raise ModelPreparationError(
+            raise ConversionMismatch(
                 f"the conversion of {gguf.name} tokenizes {len(differing)} of {len(TEXTS)} committed texts unlike "
                 f"llama.cpp (first: {differing[0]!r}); it is not served: {next_step}")
         exact = reference.meta("general.file_type") in EXACT_FILE_TYPES
@@ -79,7 +82,7 @@ def check_gguf_conversion(gguf: Path, tokenizer: Any, model: Any) -> str | None:
             agree += same
             if not same:
                 what = f"{TOKENS} greedy tokens" if exact else "the first greedy token"
-                raise ModelPreparationError(
+                raise ConversionMismatch(
                     f"the conversion of {gguf.name} differs from llama.cpp on {what} of {prompt!r}: "
                     f"{tokenizer.decode(got)!r} against {ref_tokenizer.decode(expected)!r}; it is not served: "
                     f"{next_step}")

@@ -153,9 +153,12 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLik
                 model = _load_gguf_dense(source)
         except Exception as exc:
             raise ModelPreparationError(f"cannot load GGUF file {source}: {exc}") from exc
-        from inference_service.llm.conversion_check import check_gguf_conversion
+        from inference_service.llm.conversion_check import ConversionMismatch, check_gguf_conversion
 
-        checked = check_gguf_conversion(source, tokenizer, model)  # a conversion that differs is not kept
+        try:
+            checked = check_gguf_conversion(source, tokenizer, model)  # a conversion that differs is not kept
+        except ConversionMismatch as exc:
+            raise ModelPreparationError(str(exc)) from None
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         _make_readable(tmp)
