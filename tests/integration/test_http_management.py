@@ -275,6 +275,12 @@ def test_list_models_pagination(server):
             assert status == 200 and [m["modelName"] for m in page["models"]] == everything, query
         for query in ("limit=abc", "next_page_token=x", "limit=2.0"):
             assert error(call(server, "GET", f"/models?{query}"))[:2] == (400, "BadRequestException"), query
+        # empty values (what a form sends for an unset field) are absent, as on TorchServe; a trailing
+        # slash names the same resource
+        status, _, page = call(server, "GET", "/models/?limit=&next_page_token=")
+        assert status == 200 and [m["modelName"] for m in page["models"]] == everything
+        assert call(server, "GET", "/models/hm_page_a/")[0] == 200
+        assert call(server, "DELETE", "/models/hm_page_a/")[::2] == (200, {"status": 'Model "hm_page_a" unregistered'})
     finally:
         for name in names:
             call(server, "DELETE", f"/models/{name}")

@@ -76,7 +76,7 @@ def integer(params: Mapping[str, str], key: str, default: int = 0) -> int:
         InvalidArgument: not a 32-bit integer (TorchServe silently takes the default instead).
     """
     value = params.get(key)
-    if value is None:
+    if value is None or not value.strip():  # an empty value (a form's unset field) is absent, as on TorchServe
         return default
     if _INTEGER.fullmatch(value.strip()) is None or int(value) not in _INT32:
         raise InvalidArgument(f"parameter {key} must be an integer, got {value!r}")
@@ -145,13 +145,14 @@ class HttpManagementApi:
         self.app[MAX_JSON_DEPTH] = core.settings.max_json_depth
         self.app[MAX_JSON_NODES] = core.settings.max_json_nodes
         router = self.app.router
-        router.add_get("/models", self.list_models, allow_head=False)
-        router.add_post("/models", self.register)
-        for path in ("/models/{model_name}", "/models/{model_name}/{model_version}"):
-            router.add_get(path, self.describe, allow_head=False)
-            router.add_put(path, self.scale)
-            router.add_delete(path, self.unregister)
-        router.add_put("/models/{model_name}/{model_version}/set-default", self.set_default)
+        for slash in ("", "/"):  # a trailing slash names the same resource (TorchServe ignores empty segments)
+            router.add_get("/models" + slash, self.list_models, allow_head=False)
+            router.add_post("/models" + slash, self.register)
+            for path in ("/models/{model_name}", "/models/{model_name}/{model_version}"):
+                router.add_get(path + slash, self.describe, allow_head=False)
+                router.add_put(path + slash, self.scale)
+                router.add_delete(path + slash, self.unregister)
+            router.add_put("/models/{model_name}/{model_version}/set-default" + slash, self.set_default)
         if auth is not None:
             router.add_route("*", "/token", self.token)
         install_access_log(self.app, access_log)
