@@ -90,7 +90,7 @@ def test_kservev2_inputs_reshaped_and_outputs_named_after_inputs():
     assert out == [
         {"id": "abc", "model_name": "m", "model_version": "2.0", "outputs": [
             {"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [2.0, 4.0, 6.0, 8.0]},
-            {"name": "s", "datatype": "BYTES", "shape": [], "data": ["HELLO"]}]},
+            {"name": "s", "datatype": "BYTES", "shape": [1], "data": ["HELLO"]}]},  # one scalar: [1], as TorchServe
         {"id": "req-1", "model_name": "m", "model_version": "2.0", "outputs": [
             {"name": "i", "datatype": "FP64", "shape": [2], "data": [1.5, 2.5]}]},
     ]

@@ -190,6 +190,8 @@ class KServev2Envelope(BaseEnvelope):
         if hasattr(item, "detach"):  # a torch tensor (on any device)
             item = item.detach().cpu().numpy()
         array = np.asarray(item)
+        if array.ndim == 0:  # one scalar per request: shape [1], as TorchServe's envelope flattens it
+            array = array.reshape(1)
         datatype = _NUMPY_TO_DATATYPE.get(str(array.dtype)) or "BYTES"
         values = array.flatten().tolist()
         if datatype == "BYTES":
