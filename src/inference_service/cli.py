@@ -186,7 +186,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if args.no_http or args.no_http_management:
         settings.http_management_port = None
     for key, port, https in (("inference_address", settings.http_port, settings.http_tls),
-                             ("management_address", settings.http_management_port, settings.http_management_tls)):
+                             ("management_address", settings.http_management_port, settings.http_management_tls),
+                             ("metrics_address", settings.metrics_port, settings.metrics_tls)):
         if port is not None and https and (settings.certificate_file is None or settings.private_key_file is None):
             raise ConfigError(f"an https:// {key} needs certificate_file and private_key_file "
                               "(or --tls-cert and --tls-key)")

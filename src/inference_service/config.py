@@ -132,6 +132,7 @@ class Settings:
     log_config: Path | None = None
     access_log: bool = True
     metrics_address: str = "127.0.0.1"
+    metrics_tls: bool = False  # metrics_address=https://... (certificate_file / private_key_file)
     metrics_port: int = 8082
     enable_metrics_api: bool = True
     metrics_mode: str = "log"
@@ -205,12 +206,12 @@ class Settings:
     @property
     def metrics_url(self) -> str:
         """The metrics API in TorchServe's ``metrics_address`` form (``http://127.0.0.1:8082``)."""
-        return _http_url(False, self.metrics_address, self.metrics_port)
+        return _http_url(self.metrics_tls, self.metrics_address, self.metrics_port)
 
     @metrics_url.setter
-    def metrics_url(self, bind: tuple[str, int]) -> None:
-        """Set ``metrics_address`` and ``metrics_port`` (config.properties' ``metrics_address``)."""
-        self.metrics_address, self.metrics_port = bind
+    def metrics_url(self, bind: tuple[bool, str, int]) -> None:
+        """Set ``metrics_tls``, ``metrics_address`` and ``metrics_port`` (config.properties' ``metrics_address``)."""
+        self.metrics_tls, self.metrics_address, self.metrics_port = bind
 
 
 def _http_url(tls: bool, host: str, port: int | None) -> str:
@@ -333,12 +334,9 @@ def _models_json(value: str) -> dict[str, Any]:
     return models
 
 
-def _metrics_url(value: str) -> tuple[str, int]:
-    """TorchServe's ``metrics_address`` (``http://host:port``) as ``(host, port)``; https is refused."""
-    tls, host, port = parse_http_url(value)
-    if tls:
-        raise ValueError("the metrics API is served over plain http only")
-    return host, port
+def _metrics_url(value: str) -> tuple[bool, str, int]:
+    """TorchServe's ``metrics_address`` (``http://host:port`` or ``https://``) as ``(tls, host, port)``."""
+    return parse_http_url(value)
 
 
 def _choice(*choices: str) -> Any:

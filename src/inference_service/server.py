@@ -40,7 +40,7 @@ from inference_service.frontends.grpc.registration import add_service
 from inference_service.frontends.grpc.send_budget import SendBudget
 from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.connections import ConnectionGuard
-from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
+from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context, tls_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.frontends.http.shared_port import SharedHttpPort
 from inference_service.frontends.openai.mount import preload_openai_api
@@ -321,15 +321,20 @@ class Server:
         """
         s = self.settings
         if self.metrics is not None:
+            context = None
+            if s.metrics_tls:  # TorchServe's metrics_address=https://: the inference API's certificate
+                if s.certificate_file is None or s.private_key_file is None:
+                    raise OSError("an https:// metrics_address needs certificate_file and private_key_file")
+                context = tls_context(s.certificate_file, s.private_key_file, s.client_ca_file)
             try:
                 self.ports["metrics"] = await asyncio.to_thread(
                     self.metrics.serve, s.metrics_address, s.metrics_port, self.telemetry.access_log,
-                    self.http_cap, s.connections.request_head_timeout_s)
+                    self.http_cap, s.connections.request_head_timeout_s, context)
             except OSError as exc:
                 raise OSError(f"cannot bind the metrics API to {s.metrics_address}:{s.metrics_port}: "
                               f"{exc.strerror or exc}") from exc
-            log.info("metrics API listening on http://%s:%d/metrics (metrics_mode %s)",
-                     s.metrics_address, self.ports["metrics"], s.metrics_mode)
+            log.info("metrics API listening on %s://%s:%d/metrics (metrics_mode %s)",
+                     "https" if s.metrics_tls else "http", s.metrics_address, self.ports["metrics"], s.metrics_mode)
 
     def _begin_startup_models(self) -> None:
         """Write the status file (state ``serving``, every startup model ``registering``: ``--start``

@@ -73,6 +73,7 @@ def test_malformed_config_value_is_a_clear_error(store, tmp_path):
     for properties, args, message in (
             ("inference_address=unix:/tmp/ts.sock\n", [], "invalid value for inference_address"),
             ("inference_address=https://127.0.0.1:8443\n", [], "https:// inference_address needs certificate_file"),
+            ("metrics_address=https://127.0.0.1:8445\n", [], "https:// metrics_address needs certificate_file"),
             ("", ["--http-port", "70000"], "port 70000 is out of range")):
         config.write_text(properties)
         proc = subprocess.run([sys.executable, "-m", "inference_service", "--foreground", "--ts-config", str(config),

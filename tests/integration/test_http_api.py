@@ -391,6 +391,7 @@ def test_https_inference_address_with_mutual_tls(store, tmp_path):
     pki = _pki(tmp_path)
     config = tmp_path / "config.properties"
     config.write_text(f"inference_address=https://127.0.0.1:8443\nenable_grpc_ssl=true\n"
+                      f"metrics_address=https://127.0.0.1:8445\n"
                       f"certificate_file={pki['server']}\nprivate_key_file={pki['server_key']}\n"
                       f"client_ca_file={pki['ca']}\n")
     server = ServerProcess(tmp_path / "work", store, ["--ts-config", str(config)])  # --http-port 0 wins over 8443
@@ -405,6 +406,13 @@ def test_https_inference_address_with_mutual_tls(store, tmp_path):
         response = conn.getresponse()
         assert (response.status, json.loads(response.read())) == (200, {"status": "Healthy"})
         conn.close()
+        # TorchServe's metrics_address=https://... (its test configs): the metrics API over TLS too
+        metrics = http.client.HTTPSConnection("127.0.0.1", server.status["metrics_port"], timeout=10, context=context)
+        metrics.request("GET", "/metrics")
+        response = metrics.getresponse()
+        assert response.status == 200 and b"ts_inference_requests_total" in response.read()
+        metrics.close()
+        assert "metrics API listening on https://127.0.0.1:" in server.log()
         # without a client certificate, and in plaintext, no answer
         anonymous = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
                                                 context=ssl.create_default_context(cafile=str(pki["ca"])))

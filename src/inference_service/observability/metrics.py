@@ -212,9 +212,10 @@ class ServerMetrics:
         return "".join(out).encode() + generate_latest(registry)
 
     def serve(self, address: str, port: int, access_log: AccessLog | None = None, cap: int = 1000,
-              timeout_s: float | None = None) -> int:
-        """Serve ``GET /metrics`` on ``address:port``; returns the bound port; OSError if it cannot bind."""
-        return self._endpoint.serve(address, port, access_log, cap, timeout_s)
+              timeout_s: float | None = None, ssl_context: Any = None) -> int:
+        """Serve ``GET /metrics`` on ``address:port`` (over TLS with ``ssl_context``); returns the bound
+        port; OSError if it cannot bind."""
+        return self._endpoint.serve(address, port, access_log, cap, timeout_s, ssl_context)
 
     def stop(self) -> None:
         """Stop the HTTP endpoint (blocks up to the server's poll interval)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -38,10 +39,11 @@ class MetricsEndpoint:
         self._thread: threading.Thread | None = None
 
     def serve(self, address: str, port: int, access_log: AccessLog | None = None, cap: int = 1000,
-              timeout_s: float | None = None) -> int:
+              timeout_s: float | None = None, ssl_context: ssl.SSLContext | None = None) -> int:
         """Serve on ``address:port`` in a daemon thread; returns the bound port. Each request gets
         an ``access_log`` line (``None``: none); at most ``cap`` connections, each given
-        ``timeout_s`` per read (``request_head_timeout_sec``).
+        ``timeout_s`` per read (``request_head_timeout_sec``); over TLS with ``ssl_context`` (the
+        handshake in the connection's own thread, so a slow client holds no other).
 
         Raises:
             OSError: the address cannot be bound.
@@ -52,6 +54,9 @@ class MetricsEndpoint:
         handler = type("MetricsHandler", (_MetricsHandler,),
                        {"render": staticmethod(self.render), "access_log": access_log, "timeout": timeout_s})
         self._httpd = server_class((host, port), handler)
+        if ssl_context is not None:
+            self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True,
+                                                         do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.25},
                                         name="metrics-http", daemon=True)
         self._thread.start()
