@@ -40,7 +40,7 @@ from inference_service.frontends.grpc.registration import add_service
 from inference_service.frontends.grpc.send_budget import SendBudget
 from inference_service.frontends.http import limits as http_limits
 from inference_service.frontends.http.connections import ConnectionGuard
-from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context, tls_context
+from inference_service.frontends.http.inference import HttpInferenceApi, server_ssl_context
 from inference_service.frontends.http.management import HttpManagementApi, management_ssl_context
 from inference_service.frontends.http.shared_port import SharedHttpPort
 from inference_service.frontends.openai.mount import preload_openai_api
@@ -321,11 +321,7 @@ class Server:
         """
         s = self.settings
         if self.metrics is not None:
-            context = None
-            if s.metrics_tls:  # TorchServe's metrics_address=https://: the inference API's certificate
-                if s.certificate_file is None or s.private_key_file is None:
-                    raise OSError("an https:// metrics_address needs certificate_file and private_key_file")
-                context = tls_context(s.certificate_file, s.private_key_file, s.client_ca_file)
+            context = server_ssl_context(s, "metrics_address")  # TorchServe's https:// metrics_address
             try:
                 self.ports["metrics"] = await asyncio.to_thread(
                     self.metrics.serve, s.metrics_address, s.metrics_port, self.telemetry.access_log,

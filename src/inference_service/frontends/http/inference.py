@@ -102,16 +102,18 @@ def _inference_error_response(exc: InferenceError) -> web.Response:
     return error_response(status, exc.message, headers)
 
 
-def server_ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The HTTP API's TLS context: ``None`` (plaintext) unless ``inference_address`` is ``https://``.
+def server_ssl_context(settings: Settings, key: str = "inference_address") -> ssl.SSLContext | None:
+    """The TLS context of the HTTP API whose address is ``key`` (``inference_address`` or
+    ``metrics_address``, whose metrics API shares the certificate): ``None`` (plaintext) unless
+    that address is ``https://``.
 
     Raises:
         OSError: HTTPS without a certificate or key, or a file that is not a readable PEM one.
     """
-    if not settings.http_tls:
+    if not (settings.metrics_tls if key == "metrics_address" else settings.http_tls):
         return None
     if settings.certificate_file is None or settings.private_key_file is None:
-        raise OSError("an https:// inference_address needs certificate_file and private_key_file")
+        raise OSError(f"an https:// {key} needs certificate_file and private_key_file")
     return tls_context(settings.certificate_file, settings.private_key_file, settings.client_ca_file)
 
 
