@@ -92,15 +92,6 @@ def test_apply_inherits_server_wait_policy() -> None:
     assert env["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-def test_the_llama_cpp_engine_spins_unless_its_config_says_otherwise() -> None:
-    env = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}  # the server's worker_wait_policy
-    assert apply_cpu_settings(HandlerConfig.parse({"engine": "llamacpp"}), env)["wait_policy"] == "active"
-    assert env["OMP_WAIT_POLICY"] == "ACTIVE"
-    env = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
-    config = HandlerConfig.parse({"engine": "llamacpp", "omp_wait_policy": "passive"})
-    assert apply_cpu_settings(config, env)["wait_policy"] == "passive" and env["OMP_WAIT_POLICY"] == "PASSIVE"
-
-
 def test_apply_model_config_wins() -> None:
     env = {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"}
     applied = apply_cpu_settings(HandlerConfig.parse({"torch_threads": 2, "omp_wait_policy": "ACTIVE"}), env)

@@ -39,8 +39,7 @@ def apply_cpu_settings(handler_config: HandlerConfig, environ: dict[str, str] | 
     """Apply a model's ``handler`` CPU keys to this worker process, before torch is imported, and
     return ``{"threads", "wait_policy", "affinity"}`` as applied. ``torch_threads`` defaults to the
     inherited ``OMP_NUM_THREADS`` (set by the server) and is capped at the CPUs of ``cpu_affinity``;
-    ``omp_wait_policy`` to the inherited ``OMP_WAIT_POLICY``, else ``passive`` (on the llama.cpp
-    engine to ``active``).
+    ``omp_wait_policy`` to the inherited ``OMP_WAIT_POLICY``, else ``passive``.
 
     Raises:
         ValueError: a malformed value, or ``cpu_affinity`` naming CPUs this process may not use.
@@ -69,11 +68,7 @@ def apply_cpu_settings(handler_config: HandlerConfig, environ: dict[str, str] | 
         threads = min(threads, len(affinity))
     policy = handler_config.omp_wait_policy
     if policy is None:
-        # llama.cpp's threads wait between a token's hundreds of small operations: asleep
-        # (passive) its decode took 31.0 ms a token instead of 21.7 (SmolLM2, 2 cores)
-        # (the server's worker_wait_policy, inherited, is for the other engines)
-        llamacpp = handler_config.engine == "llamacpp"
-        policy = "active" if llamacpp else env.get("OMP_WAIT_POLICY") or DEFAULT_WAIT_POLICY
+        policy = env.get("OMP_WAIT_POLICY") or DEFAULT_WAIT_POLICY
     if policy.lower() not in WAIT_POLICIES:
         raise ValueError(f"OMP_WAIT_POLICY must be one of {WAIT_POLICIES}, got {policy!r}")
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
