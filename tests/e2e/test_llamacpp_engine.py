@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from llm_models import build_llm_archive, gemma3_gguf
+from test_chat_template import _post  # the same authorized JSON POST
 
 from conftest import ROOT, read_key, serving
 from inference_service.llm.model import find_default_gguf
@@ -76,17 +77,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, gemma: Path):
     assert f'model_path: "model/{gemma.name}"' in config and "engine: llamacpp" in config, config
     with serving(tmp_path_factory.mktemp("llamacpp_work"), store, ["smol_cpp", "gemma3"]) as srv:
         yield srv
-
-
-def _post(srv: Any, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"http://127.0.0.1:{srv.status['http_port']}{path}", json.dumps(body).encode(),
-                                     {"Authorization": f"Bearer {read_key(srv.key_file, 'inference')}",
-                                      "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def _complete(srv: Any, model: str, prompt: str, **fields: Any) -> dict[str, Any]:
