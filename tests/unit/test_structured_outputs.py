@@ -284,12 +284,10 @@ def test_the_torch_engine_masks_accept_exactly_the_constraint(smollm2_tokenizer)
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from transformers import AutoTokenizer
-
-    from inference_service.llm.model import converted_model_dir, find_default_gguf
-
-    return AutoTokenizer.from_pretrained(str(converted_model_dir(find_default_gguf())))
+def smollm2_tokenizer(tokenizer):
+    """SmolLM2's tokenizer (tests/unit/conftest.py: the converted folder's, else the GGUF's: a
+    machine that has not converted it yet)."""
+    return tokenizer
 
 
 # ------------------------------------------------------------------ the grammar checker's budget
