@@ -49,7 +49,8 @@ class ConnectionLimits:
         max_connections: open connections per HTTP port; past it a new one is answered 503
             and closed. Lowered at start to what the open-file limit leaves. 1000.
         max_connections_per_address: of those, what one client address (an IPv6 /64) may
-            hold; past it 503 and closed. 0: half of the port's cap.
+            hold; past it its oldest idle connection is closed for the new one, else 503 and
+            closed. 0: a quarter of the port's cap.
         max_concurrent_streams: concurrent gRPC calls per connection (HTTP/2
             ``SETTINGS_MAX_CONCURRENT_STREAMS``; a client queues the others, but calls opened
             in a burst past it may be refused with UNAVAILABLE, REFUSED_STREAM). It bounds what

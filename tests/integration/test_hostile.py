@@ -366,7 +366,7 @@ def test_1_slow_connections_are_capped_and_closed(slow_server: Any) -> None:
         for sock in socks[-50:]:
             if b"too many connections" in _closed_within(sock, 5):  # past the port's or the address's cap
                 refused += 1
-        assert refused == 50  # one address holds at most half the port's cap, lowered or not
+        assert refused == 50  # one address holds at most a quarter of the port's cap, lowered or not
         assert "connections refused past http_max_connections" in srv.log()
         for sock in socks[:20]:  # sent nothing: closed by request_head_timeout_sec (1 s)
             _closed_within(sock, 3 + 3 - (time.monotonic() - started))

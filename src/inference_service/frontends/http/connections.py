@@ -6,9 +6,14 @@ aiohttp's own ``keepalive_timeout`` (``connection_idle_timeout_sec``) closes a c
 between requests. :class:`ConnectionGuard` wraps each connection's aiohttp protocol and adds, per port:
 
 - a cap (``http_max_connections``) and, within it, a cap per client address
-  (``http_max_connections_per_address``, by default half the port's; an IPv6 client counts by
-  its /64): past either a new connection is answered 503 with TorchServe's JSON body and
-  closed, before aiohttp sees it, so one client never holds the places of the others;
+  (``http_max_connections_per_address``, by default a quarter of the port's, so that no two
+  addresses fill it; an IPv6 client counts by its /64). At either cap a new connection first
+  takes the place of the oldest keep-alive connection idle between requests (of that address,
+  or of the port); with none idle it is answered 503 with TorchServe's JSON body and closed
+  before aiohttp sees it, so one client never holds the places of the others;
+- a reserve past the port's cap (:func:`reserve_of`) for health checks: a connection admitted
+  there is served ``/ping`` and the health routes (:data:`HEALTH_PATHS`), 503 else;
+- a 401 or 403 answer closes its connection (a client without a key holds no place);
 - a deadline for a request's head (``request_head_timeout_sec``), counted from the connection's
   start for its first request (a connection that sends nothing ends then), else from the head's
   first byte;
@@ -37,6 +42,16 @@ from inference_service.connection_limits import ConnectionLimits
 log = logging.getLogger("inference_service.http")
 
 SWEEP_S = 0.5
+#: Routes a connection admitted in the reserve past the port's cap may be served.
+HEALTH_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
+#: A keep-alive connection idle for less than this is not taken over (its answer may be
+#: still going out).
+IDLE_EVICT_AFTER_S = 0.5
+
+
+def reserve_of(cap: int) -> int:
+    """Connections a port admits past its cap ``cap`` for health checks: 2 %, at least 4."""
+    return max(4, cap // 50)
 
 
 def _raw_answer(status: int, reason: str, kind: str, message: str) -> bytes:
@@ -75,16 +90,15 @@ class _Guarded(asyncio.Protocol):
         self.request: web.Request | None = None  # the request in progress
         self.request_started = 0.0
         self.received_at_request = 0
+        self.idle_since: float | None = None  # between requests, nothing received since the last answer
+        self.health_only = False  # admitted in the reserve past the port's cap
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         guard = self.guard
         self.address = client_address(transport)
-        if len(guard.connections) >= guard.cap:
-            refusal = guard.refusal
-        elif self.address is not None and guard.per_address.get(self.address, 0) >= guard.address_cap:
-            refusal = guard.address_refusal
-        else:
+        refusal = guard.admit(self)
+        if refusal is None:
             guard.connections[transport] = self
             if self.address is not None:
                 guard.per_address[self.address] = guard.per_address.get(self.address, 0) + 1
@@ -104,6 +118,8 @@ class _Guarded(asyncio.Protocol):
         self.received += len(data)
         if self.request is None and self.head_started is None:
             self.head_started = time.monotonic()
+            if self.idle_since is not None:
+                self.guard.busy(self)
         if self.inner is not None:
             self.inner.data_received(data)
 
@@ -150,11 +166,16 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits, cap: int, api: str) -> None:
         self.limits = limits
         self.cap = cap
-        self.address_cap = min(cap, limits.max_connections_per_address or max(1, cap // 2))
+        self.address_cap = min(cap, limits.max_connections_per_address or max(1, cap // 4))
+        self.reserve = reserve_of(cap)
         self.api = api
         self.connections: dict[asyncio.BaseTransport, _Guarded] = {}
         self.per_address: dict[str, int] = {}  # open connections per client address
+        self.idle: dict[_Guarded, None] = {}  # keep-alive connections between requests, oldest first
+        self.idle_per_address: dict[str, dict[_Guarded, None]] = {}
+        self.health_only = 0  # connections open in the reserve
         self.refused = 0
+        self.evicted = 0
         self.refusal = _raw_answer(503, "Service Unavailable", "ServiceUnavailableException",
                                    f"too many connections: http_max_connections={cap}")
         self.address_refusal = _raw_answer(
@@ -163,10 +184,63 @@ class ConnectionGuard:
         self._timeout = _raw_answer(408, "Request Timeout", "RequestTimeoutException", "request too slow")
         self._sweeper: asyncio.Task[None] | None = None
 
+    def admit(self, new: _Guarded) -> bytes | None:
+        """Make room for ``new`` (taking over an idle keep-alive connection where one is due), or
+        the refusal to send it."""
+        address = new.address
+        if address is not None and self.per_address.get(address, 0) >= self.address_cap:
+            if not self._evict(self.idle_per_address.get(address)):
+                return self.address_refusal
+        if len(self.connections) - self.health_only >= self.cap and not self._evict(self.idle):
+            if self.health_only >= self.reserve:
+                return self.refusal
+            new.health_only = True
+            self.health_only += 1
+        return None
+
+    def _evict(self, idle: dict[_Guarded, None] | None) -> bool:
+        """Close the oldest connection of ``idle`` if it has been idle long enough; whether it was."""
+        oldest = next(iter(idle), None) if idle else None
+        if oldest is None or oldest.idle_since is None or oldest.transport is None \
+                or time.monotonic() - oldest.idle_since < IDLE_EVICT_AFTER_S:
+            return False
+        self.evicted += 1
+        if self.evicted in (1, 10, 100, 1000) or self.evicted % 10_000 == 0:
+            log.info("%s: %d idle keep-alive connections closed to admit new ones (the last from %s)",
+                     self.api, self.evicted, oldest.address)
+        oldest.transport.close()
+        self.forget(oldest.transport)
+        return True
+
+    def went_idle(self, guarded: _Guarded) -> None:
+        """``guarded`` finished a request and waits for the next (a keep-alive connection)."""
+        if guarded.transport not in self.connections:
+            return
+        guarded.idle_since = time.monotonic()
+        self.idle[guarded] = None
+        if guarded.address is not None:
+            self.idle_per_address.setdefault(guarded.address, {})[guarded] = None
+
+    def busy(self, guarded: _Guarded) -> None:
+        """``guarded`` is no longer idle (bytes of a request arrived, or it closed)."""
+        guarded.idle_since = None
+        self.idle.pop(guarded, None)
+        if guarded.address is not None:
+            of_address = self.idle_per_address.get(guarded.address)
+            if of_address is not None:
+                of_address.pop(guarded, None)
+                if not of_address:
+                    del self.idle_per_address[guarded.address]
+
     def forget(self, transport: asyncio.BaseTransport) -> None:
         """A connection no longer counts (closed, or being closed)."""
         guarded = self.connections.pop(transport, None)
-        if guarded is not None and guarded.address is not None:
+        if guarded is None:
+            return
+        self.busy(guarded)
+        if guarded.health_only:
+            self.health_only -= 1
+        if guarded.address is not None:
             left = self.per_address.get(guarded.address, 1) - 1
             if left > 0:
                 self.per_address[guarded.address] = left
@@ -179,16 +253,31 @@ class ConnectionGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> Any:
-        """Marks the connection's request in progress (its head arrived) until the answer is written."""
+        """Marks the connection's request in progress (its head arrived) until the answer is
+        written; serves a connection of the reserve its health routes only; closes the connection
+        of a 401 or 403."""
         guarded = self.connections.get(request.transport) if request.transport is not None else None
         if guarded is None:
             return await handler(request)
+        if guarded.idle_since is not None:  # a pipelined request, its bytes already read
+            self.busy(guarded)
         guarded.request, guarded.head_started = request, None
         guarded.request_started, guarded.received_at_request = time.monotonic(), guarded.received
+        closes = True
         try:
-            return await handler(request)
+            if guarded.health_only and request.path not in HEALTH_PATHS:
+                response = web.Response(body=self.refusal.split(b"\r\n\r\n", 1)[1], status=503,
+                                        content_type="application/json")
+            else:
+                response = await handler(request)
+            closes = guarded.health_only or response.status in (401, 403)
+            if closes:
+                response.force_close()
+            return response
         finally:
             guarded.request = None
+            if not closes and guarded.transport is not None and not guarded.transport.is_closing():
+                self.went_idle(guarded)
 
     def start(self) -> None:
         """Start the sweep (in the running loop)."""
