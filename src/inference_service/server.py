@@ -102,6 +102,7 @@ class Server:
                 log_level=settings.log_level,
                 service_envelope=settings.service_envelope,
                 decode_input_request=settings.decode_input_request,
+                max_response_size=settings.max_response_size,
                 metrics_sink=self.metrics.handler_metrics if self.metrics is not None else None,
                 forward_handler_metrics=settings.metrics_mode == "prometheus"),
         )

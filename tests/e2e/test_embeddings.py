@@ -245,3 +245,32 @@ def test_a_lone_surrogate_is_refused_alone_and_its_batch_mates_are_served(server
             assert status == 400 and b"lone surrogate" in body, (path, status, body[:300])
     status, body = _post(server, "/v1/embeddings", bad["/v1/embeddings"].encode())
     assert json.loads(body)["error"]["param"] == "input[1]", body
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_request_whose_answer_cannot_fit_is_refused_before_any_work(server, model):
+    """Issue 48 item 6: 2,048 inputs (OpenAI's maximum) were embedded for 57 s, then answered 507
+    (over max_response_size). Now the answer's size is bounded from the input count first: 413
+    naming the limit and the most inputs that fit, at once, on every door; base64 fits."""
+    import time
+
+    inputs = [f"sentence number {i}" for i in range(2048)]
+    started = time.monotonic()
+    status, body = _post(server, "/v1/embeddings", json.dumps({"model": model, "input": inputs}).encode())
+    error = json.loads(body)["error"]
+    assert status == 413 and error["param"] == "input", body[:300]
+    most = int(re.search(r"send at most (\d+) inputs a request", error["message"])[1])
+    assert "more than max_response_size=6553500" in error["message"] and 500 < most < 2048, error
+    assert "encoding_format 'base64'" in error["message"]
+    assert time.monotonic() - started < 5  # refused before the forward passes (57 s for 2,048)
+    status, body = _post(server, f"/predictions/{model}", json.dumps({"input": inputs}).encode())
+    assert status == 413 and "max_response_size=6553500" in json.loads(body)["message"], body[:300]
+    request = inference_pb2.PredictionsRequest(model_name=model, input={"data": json.dumps({"input": inputs}).encode()})
+    with pytest.raises(grpc.RpcError) as refused:
+        server.inference.Predictions(request, timeout=60)
+    assert "max_response_size" in refused.value.details(), refused.value.details()
+    fits = json.loads(_post(server, "/v1/embeddings", json.dumps(
+        {"model": model, "input": inputs[:most]}).encode())[1])  # the most it named: answered
+    assert len(fits["data"]) == most
+    coded = client(server).embeddings.create(model=model, input=inputs, encoding_format="base64")
+    assert len(coded.data) == 2048

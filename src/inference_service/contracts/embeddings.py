@@ -27,12 +27,14 @@ _FIELD = re.compile(r"(input(?:\[\d+\]){0,2}|encoding_format|dimensions|model): 
 
 
 class InvalidEmbeddingRequest(ValueError):
-    """A bad embedding request (400); ``field`` is the request field at fault (``input[3]``)."""
+    """A bad embedding request; ``field`` is the request field at fault (``input[3]``), ``status``
+    the HTTP status to answer (400; 413 for an answer that would pass ``max_response_size``)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.status = status
 
 
 def refused_field(message: str) -> str | None:

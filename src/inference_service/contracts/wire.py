@@ -322,6 +322,7 @@ class WorkerSpec:
         envelope: the ``service_envelope`` to wrap the handler in, or ``None``.
         decode_input_request: JSON and text inputs reach the handler decoded
             (:mod:`inference_service.worker.inputs`).
+        max_response_size: the server's ``max_response_size`` (bytes), for the handler's context.
     """
 
     model_name: str
@@ -344,6 +345,7 @@ class WorkerSpec:
     max_running: int = 1
     envelope: str | None = None
     decode_input_request: bool = True
+    max_response_size: int = 6_553_500
 
     def to_frame(self) -> bytes:
         """The ``INIT`` frame."""

@@ -72,6 +72,7 @@ class WorkerProcess:
         spec.log_level = options.log_level
         spec.envelope = options.service_envelope
         spec.decode_input_request = options.decode_input_request
+        spec.max_response_size = options.max_response_size
         self.concurrent = spec.mode != wire.MODE_BATCH
         # async handlers call send_intermediate_predict_response from the event loop, which must not block
         spec.stream_window = 0 if spec.mode == wire.MODE_ASYNC else wire.STREAM_WINDOW

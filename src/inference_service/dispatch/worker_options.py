@@ -24,6 +24,9 @@ class WorkerOptions:
         service_envelope: the request envelope wrapped around every handler
             (``service_envelope``; ``None``: none).
         decode_input_request: handlers get JSON and text inputs decoded (TorchServe's rule).
+        max_response_size: the largest answer the server sends, in bytes (``max_response_size``):
+            handlers read it as ``system_properties["max_response_size"]`` to refuse a request
+            whose answer cannot fit before computing it.
     """
 
     log_level: str = "INFO"
@@ -31,3 +34,4 @@ class WorkerOptions:
     forward_handler_metrics: bool = False
     service_envelope: str | None = None
     decode_input_request: bool = True
+    max_response_size: int = 6_553_500

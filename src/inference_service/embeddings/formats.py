@@ -103,6 +103,24 @@ def _texts(data: list[Any]) -> list[Any]:
     return decoded
 
 
+#: Most bytes one float of a JSON answer takes with its separator (``-1.2345678901234567e-05, ``).
+JSON_FLOAT_BYTES = 25
+_ITEM_BYTES = 64  # an answer item's own keys (``{"object": "embedding", "index": 2047, ...}``)
+_ANSWER_BYTES = 512  # the answer's envelope: model name, usage, OIP id
+
+
+def answer_bound(job: Job, dimension: int, inputs: int | None = None) -> int:
+    """Most bytes :func:`answer` can write for ``job`` (or for ``inputs`` inputs of its kind) with
+    vectors of ``dimension`` floats: :data:`JSON_FLOAT_BYTES` a float, or the base64 text of
+    ``encoding_format: "base64"``."""
+    if job.oip is None and job.request.encoding_format == "base64":
+        per_input = 4 * -(-4 * dimension // 3) + 2
+    else:
+        per_input = JSON_FLOAT_BYTES * dimension
+    count = len(job.request.inputs) if inputs is None else inputs
+    return _ANSWER_BYTES + count * (per_input + _ITEM_BYTES)
+
+
 def answer(job: Job, vectors: np.ndarray, prompt_tokens: int, model_name: str) -> bytes:
     """The JSON answer of ``job``: OpenAI's list object (``model``: the request's, else
     ``model_name``), or a v2 response with one FP32 output ``[inputs, dimension]``."""

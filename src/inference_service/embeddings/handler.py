@@ -14,7 +14,7 @@ import numpy as np
 from inference_service.contracts.cpu import positive_int
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
 from inference_service.embeddings.engines import Embedder, Encoded, build_engine, engine_name
-from inference_service.embeddings.formats import Job, answer, read_row
+from inference_service.embeddings.formats import Job, answer, answer_bound, read_row
 from inference_service.embeddings.model import EmbeddingSettings, model_dir_of, settings_of
 from inference_service.embeddings.tokens import InputEncoder
 from inference_service.handler import BaseHandler, Context
@@ -94,9 +94,10 @@ class EmbeddingHandler(BaseHandler):
             try:
                 job = read_row(row)
                 self._check_dimensions(job)
+                self._check_answer_size(job)
                 jobs[idx] = (job, encoder.encode(job.request.inputs, job.fields))
             except InvalidEmbeddingRequest as exc:
-                context.set_response_status(400, str(exc), idx)
+                context.set_response_status(exc.status, str(exc), idx)
                 results[idx] = str(exc)
             except Exception as exc:  # a tokenizer's error fails its request alone
                 log.error("request %d of the batch failed while being tokenized", idx, exc_info=exc)
@@ -123,6 +124,22 @@ class EmbeddingHandler(BaseHandler):
         for chosen in length_groups([len(item.ids) for item in items], self.max_batch_inputs):
             out[chosen] = self.engine.embed([items[i] for i in chosen])
         return out
+
+    def _check_answer_size(self, job: Job) -> None:
+        """Refuse (413) a job whose answer could pass the server's ``max_response_size``, before
+        any work: the limit and the most inputs that fit are named."""
+        assert self.settings is not None
+        limit = int((self.context.system_properties or {}).get("max_response_size") or 0) if self.context else 0
+        dimension = job.request.dimensions or self.settings.dimension
+        bound = answer_bound(job, dimension)
+        if not limit or bound <= limit:
+            return
+        envelope = answer_bound(job, dimension, 0)
+        fit = max(0, (limit - envelope) // (answer_bound(job, dimension, 1) - envelope))
+        hint = " or encoding_format 'base64'" if job.oip is None and job.request.encoding_format == "float" else ""
+        raise InvalidEmbeddingRequest(
+            "input", f"{len(job.request.inputs)} inputs of {dimension} dimensions answer up to {bound} bytes, more "
+                     f"than max_response_size={limit}; send at most {fit} inputs a request{hint}", status=413)
 
     def _check_dimensions(self, job: Job) -> None:
         assert self.settings is not None

@@ -87,6 +87,7 @@ class Context:
         gpu: int | None,
         server_version: str,
         limit_max_image_pixels: bool = True,
+        max_response_size: int = 6_553_500,
         metrics: Metrics | None = None,
         model_yaml_config: dict[str, Any] | None = None,
     ) -> None:
@@ -99,6 +100,7 @@ class Context:
             "server_name": "MMS",
             "server_version": server_version,
             "limit_max_image_pixels": limit_max_image_pixels,
+            "max_response_size": max_response_size,
         }
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []
@@ -120,7 +122,7 @@ class Context:
     @property
     def system_properties(self) -> dict[str, Any]:
         """``model_dir``, ``gpu_id``, ``batch_size``, ``server_name``, ``server_version``,
-        ``limit_max_image_pixels``."""
+        ``limit_max_image_pixels`` (TorchServe's), and ``max_response_size`` (bytes; not TorchServe's)."""
         return self._system_properties
 
     @property

@@ -35,6 +35,7 @@ class Worker:
             gpu=spec.gpu,
             server_version=spec.server_version,
             limit_max_image_pixels=spec.limit_max_image_pixels,
+            max_response_size=spec.max_response_size,
             metrics=Metrics(spec.model_name),
             model_yaml_config=spec.model_yaml_config,
         )

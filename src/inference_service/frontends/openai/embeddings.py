@@ -32,5 +32,5 @@ def parse_embedding_body(raw: bytes, max_depth: int, max_nodes: int) -> Embeddin
 
 
 def handler_refusal_param(exc: InferenceError) -> str | None:
-    """The request field a handler's 400 names (``"input[3]: 300 tokens, ..."``), else ``None``."""
-    return refused_field(exc.message) if exc.http_status == 400 else None
+    """The request field a handler's 400 or 413 names (``"input[3]: 300 tokens, ..."``), else ``None``."""
+    return refused_field(exc.message) if exc.http_status in (400, 413) else None
