@@ -68,6 +68,8 @@ class Settings:
         grpc_status_codes: ``"torchserve"``: the gRPC refusals carry TorchServe 0.12's codes.
         decode_input_request: handlers get ``application/json`` inputs decoded and ``text/*``
             ones as ``str`` (TorchServe's ``decode_input_request``).
+        max_engine_requests: most engine requests one OpenAI request may become (prompts x
+            ``max(n, best_of)``); each may generate ``max_tokens``.
     """
 
     inference_address: str = "127.0.0.1"
@@ -140,6 +142,7 @@ class Settings:
     event_loop: str = "uvloop"
     grpc_status_codes: str = "default"
     decode_input_request: bool = True
+    max_engine_requests: int = 64
 
     @property
     def instance_dir(self) -> Path:
@@ -407,6 +410,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
     "decode_input_request": ("decode_input_request", _exactly_true),
+    "max_engine_requests": ("max_engine_requests", _positive_int),
     "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),
 }
 

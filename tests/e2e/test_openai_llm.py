@@ -387,3 +387,55 @@ def test_a_shared_system_prompt_is_computed_once(llm_server):
         tokens = json.loads(response.read())["tokens"]
     usage = client(llm_server).chat.completions.create(model="smollm2", messages=chat, max_tokens=1).usage
     assert usage.prompt_tokens == len(tokens)
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_torch"])
+def test_one_request_of_many_choices_leaves_room_for_another_client(llm_server, model):
+    """Issue 48 item 3: 4 prompts x n=16 became 64 engine requests, 8 running and 56 queued in
+    front of everyone else. Now they are one unit of the job queue (one place of job_queue_size,
+    taken in turn with other requests) and leave a place of the worker for a newcomer: another
+    client's 1-token request is answered at once, not behind the 56."""
+    import contextlib
+    import http.client
+    import socket
+    import threading
+
+    solo = []
+    for _ in range(3):
+        started = time.monotonic()
+        client(llm_server).completions.create(model=model, prompt="quick", max_tokens=1)
+        solo.append(time.monotonic() - started)
+    body = json.dumps({"model": model, "prompt": ["one", "two", "three", "four"], "n": 16, "max_tokens": 1500,
+                       "ignore_eos": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", llm_server.status["http_port"], timeout=300)
+
+    def big() -> None:
+        try:
+            conn.request("POST", "/v1/completions", body, {
+                "Authorization": f"Bearer {read_key(llm_server.key_file, 'inference')}",
+                "Content-Type": "application/json"})
+            conn.getresponse().read()
+        except OSError:
+            pass  # closed by the test
+
+    free = llm_server.describe(model)[0]["jobQueueStatus"]["remainingCapacity"]
+    thread = threading.Thread(target=big, daemon=True)
+    thread.start()
+    try:
+        waiting = llm_server.wait_described(
+            model, lambda d: d["jobQueueStatus"]["pendingRequests"] >= 50, timeout=60, what="the 64 queued")
+        assert waiting["jobQueueStatus"]["remainingCapacity"] == free - 1  # one place of job_queue_size
+        started = time.monotonic()
+        answer = client(llm_server).completions.create(model=model, prompt="quick", max_tokens=1)
+        took = time.monotonic() - started
+        assert answer.usage.completion_tokens == 1
+        assert took < max(3.0, 5 * max(solo)), (took, solo)
+        still = llm_server.describe(model)[0]["jobQueueStatus"]["pendingRequests"]
+        assert still >= 40, still  # answered while the big request's choices still waited
+    finally:  # the client goes away (a shutdown: the reading thread holds the socket open): every choice is dropped
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        thread.join(timeout=30)
+    llm_server.wait_described(model, lambda d: d["jobQueueStatus"]["pendingRequests"] == 0, timeout=60,
+                              what="the choices dropped")

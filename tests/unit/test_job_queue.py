@@ -13,11 +13,16 @@ def _run(coro):
 
 
 class _Worker:
-    """A worker as the queue sees it (a ``Taker``): ``take`` is the test's function."""
+    """A worker as the queue sees it (a ``Taker``): ``take`` is the test's function; ``running``
+    the jobs it holds (what ``runs`` reads)."""
 
     def __init__(self, worker_id: int, take) -> None:
         self.id = worker_id
         self.take = take
+        self.running: list[Job] = []
+
+    def runs(self, unit: str) -> bool:
+        return any(job.unit == unit for job in self.running)
 
 
 def test_a_batch_that_cannot_be_sent_fails_alone_and_the_worker_stays_free():
@@ -57,6 +62,47 @@ def test_a_concurrent_worker_takes_jobs_up_to_its_room():
         assert len(queue) == 1  # the third waits for room
         queue.offer(worker, room=1)
         assert sent[-1] == [jobs[2]] and len(queue) == 0
+
+    _run(scenario())
+
+
+def test_units_take_turns_and_the_last_place_waits_for_a_newcomer():
+    """Issue 48 item 3: 64 engine requests of one OpenAI request (one group) no longer run in
+    front of every later request, nor take every place of the worker."""
+    async def scenario():
+        queue = JobQueue(capacity=3, concurrent=True)
+        worker = _Worker(1, lambda batch: worker.running.extend(batch) or True)
+        big = [Job({"data": b"%d" % i}, stream=True, group="big") for i in range(56)]
+        for job in big:
+            queue.put(job)
+        assert queue.remaining_capacity() == 2  # the group holds one place of job_queue_size
+        queue.offer(worker, room=8)
+        assert len(worker.running) == 7 and len(queue) == 49  # the last place is kept
+        small = Job({"data": b"one token"}, stream=True)
+        queue.put(small)
+        assert worker.running[-1] is small  # a newcomer gets the kept place at once
+        done = worker.running.pop(0)  # one of the group ends: its place goes to the group
+        done.finished = True
+        other = [Job({"data": b"o%d" % i}, stream=True) for i in range(2)]
+        for job in other:
+            queue.put(job)
+        queue.offer(worker, room=1)  # the last place again: a unit running nothing here
+        assert worker.running[-1] is other[0]
+        worker.running.pop(0)
+        queue.offer(worker, room=2)  # in turn: one of the group, then other[1] (the last place)
+        assert worker.running[-2:] == [big[7], other[1]]
+
+    _run(scenario())
+
+
+def test_a_full_queue_still_takes_the_choices_of_a_queued_request():
+    async def scenario():
+        queue = JobQueue(capacity=2, concurrent=True)
+        queue.put(Job({"data": b"a"}, group="g"))
+        queue.put(Job({"data": b"b"}))
+        assert queue.remaining_capacity() == 0
+        assert queue.remaining_capacity("g") == 1  # a choice of the queued request: its place
+        assert queue.remaining_capacity("h") == 0  # a new request: 429
 
     _run(scenario())
 

@@ -244,6 +244,10 @@ def test_n_fans_out_seeded_choices_and_best_of_keeps_the_best():
     with pytest.raises(ChoiceError) as err:
         ChoicePlan.of(many.to_generation_requests(), stream=False)
     assert err.value.param == "prompt" and "64 engine requests" in str(err.value)
+    with pytest.raises(ChoiceError) as err:  # config.properties max_engine_requests=8
+        ChoicePlan.of(completion.to_generation_requests(), stream=False, limit=4)
+    assert "2 prompt(s) x 3 choice(s) exceed the 4 engine requests" in str(err.value)
+    assert len(ChoicePlan.of(many.to_generation_requests(), stream=False, limit=80).bodies) == 80
 
 
 def test_unknown_fields_are_named_and_known_neutral_ones_are_not():

@@ -177,10 +177,11 @@ def test_loads_sliced_refuses_what_json_loads_refuses(body):
 
 def test_the_bounds_are_config_properties_keys():
     settings = Settings()
-    assert (settings.max_request_parts, settings.max_json_depth) == (1000, 64)
-    apply_properties(settings, {"max_request_parts": "5", "max_json_depth": " 8 "}, "config.properties")
-    assert (settings.max_request_parts, settings.max_json_depth) == (5, 8)
-    for key in ("max_request_parts", "max_json_depth"):
+    assert (settings.max_request_parts, settings.max_json_depth, settings.max_engine_requests) == (1000, 64, 64)
+    apply_properties(settings, {"max_request_parts": "5", "max_json_depth": " 8 ", "max_engine_requests": "128"},
+                     "config.properties")
+    assert (settings.max_request_parts, settings.max_json_depth, settings.max_engine_requests) == (5, 8, 128)
+    for key in ("max_request_parts", "max_json_depth", "max_engine_requests"):
         with pytest.raises(ConfigError, match=key):
             apply_properties(Settings(), {key: "0"}, "config.properties")
 

@@ -4,7 +4,9 @@ A mailbox is fed only by the routing callback of the worker that runs its job. D
 synchronous: a put job reaches a free worker, and a worker reporting done takes the next batch,
 within the same call; only ``max_batch_delay`` arms a timer (this beat a task per batch). A
 worker offers its *room*: 1 batch, or free places when it runs several requests at once
-(``concurrent=True``). See docs/architecture.md.
+(``concurrent=True``). There the shared jobs are taken in turn by unit of fairness (a client
+request; the engine requests of one OpenAI request share one, :attr:`Job.group`), and a worker's
+last free place goes only to a unit it runs nothing of. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
+from inference_service.dispatch.units import UnitQueue
 from inference_service.errors import DeadlineExceeded, InferenceError
 
 log = logging.getLogger(__name__)
@@ -74,7 +77,9 @@ class Taker(Protocol):
         Raises:
             Exception: anything; :meth:`JobQueue._hand` fails that batch alone (``DISPATCH_FAILED``).
         """
-"""Hands a batch to one worker; False when the worker can no longer take it."""
+
+    def runs(self, unit: str) -> bool:
+        """Whether a request of ``unit`` (:attr:`Job.unit`) runs on the worker."""
 
 
 class Mailbox:
@@ -135,7 +140,8 @@ class Job:
     """One inference request. Times are ``time.monotonic()``: ``deadline`` (dropped after; ``None``:
     none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
     forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value;
-    ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s."""
+    ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s; ``group``: the
+    requests of one client request share it (:attr:`unit`)."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -151,6 +157,12 @@ class Job:
     dispatched: float = 0.0
     taken: int = 0  # intermediate responses taken since the last credit
     content_types: dict[str, str] = field(default_factory=dict)
+    group: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """Its unit of fairness in a concurrent queue: its group, else itself."""
+        return self.group or self.request_id
 
     def took_chunk(self) -> None:
         """The RPC took one intermediate response: credit the worker every :data:`CREDIT_BATCH`."""
@@ -224,7 +236,7 @@ class JobQueue:
         self.batch_size = max(1, batch_size)
         self.max_batch_delay_s = max(0, max_batch_delay_ms) / 1000.0
         self.concurrent = concurrent
-        self._shared: deque[Job] = deque()
+        self._shared: deque[Job] | UnitQueue[Job] = UnitQueue() if concurrent else deque()
         self._pinned: dict[int, deque[Job]] = {}
         self._idle: dict[int, tuple[Taker, int]] = {}  # free workers (in the order they became free), room
         self._timer: asyncio.TimerHandle | None = None
@@ -235,9 +247,17 @@ class JobQueue:
     def __len__(self) -> int:
         return self._size
 
-    def remaining_capacity(self) -> int:
-        """Free places (DescribeModel's ``jobQueueStatus.remainingCapacity``)."""
-        return max(0, self.capacity - self._size)
+    def remaining_capacity(self, unit: str | None = None) -> int:
+        """Free places (DescribeModel's ``jobQueueStatus.remainingCapacity``); a concurrent
+        queue's unit holds one place, so a job of a queued ``unit`` always has room."""
+        if not self.concurrent:
+            return max(0, self.capacity - self._size)
+        if unit is not None and unit in self._shared:
+            return max(1, self.capacity - self._places())
+        return max(0, self.capacity - self._places())
+
+    def _places(self) -> int:
+        return len(self._shared) + sum(len(q) for q in self._pinned.values())
 
     def put(self, job: Job, worker_id: int | None = None) -> None:
         """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready; the caller has
@@ -275,9 +295,11 @@ class JobQueue:
                 if jobs:
                     self._hand(wid, jobs, pinned=True)
         while idle and self._shared:
-            if self.concurrent:
-                wid = max(idle, key=lambda w: idle[w][1])
-                batch = self._take_now(idle[wid][1])
+            if self.concurrent:  # the roomiest worker first; one whose last place no unit may take is passed
+                batch = None
+                for wid in sorted(idle, key=lambda w: -idle[w][1]):
+                    if (batch := self._take_now(*idle[wid])) is not None:
+                        break
             else:
                 wid = next(iter(idle))
                 batch = self._take_shared()
@@ -310,17 +332,29 @@ class JobQueue:
         dq.extendleft(reversed(batch))
         self._size += len(batch)
 
-    def _take_now(self, room: int) -> list[Job] | None:
-        """Up to ``room`` live shared jobs, oldest first (concurrent mode), or None."""
+    def _take_now(self, worker: Taker, room: int) -> list[Job] | None:
+        """Up to ``room`` live shared jobs for ``worker``, a unit at a time in turn (concurrent
+        mode), or None. Its last free place goes only to a unit it runs nothing of, so that a
+        client request arriving later finds a place at once."""
         out: list[Job] = []
-        while len(out) < room and (job := self._pop_live(self._shared)) is not None:
+        taken: set[str] = set()
+
+        def newcomer(unit: str) -> bool:
+            return unit not in taken and not worker.runs(unit)
+
+        while len(out) < room:
+            job = self._pop_live(self._shared, newcomer if room - len(out) == 1 else None)
+            if job is None:
+                break
             out.append(job)
+            taken.add(job.unit)
         return out or None
 
     def _take_shared(self) -> list[Job] | None:
         """The next batch of shared jobs, or None (nothing live, or the batch still fills:
         a timer dispatches it when ``max_batch_delay`` passes)."""
         shared = self._shared
+        assert isinstance(shared, deque)  # batch mode
         first = self._pop_live(shared)
         if first is None:
             return None
@@ -363,10 +397,13 @@ class JobQueue:
         self._timer = None
         self._dispatch()
 
-    def _pop_live(self, dq: deque[Job]) -> Job | None:
+    def _pop_live(self, dq: deque[Job] | UnitQueue[Job], allowed: Callable[[str], bool] | None = None) -> Job | None:
         now = time.monotonic()
         while dq:
-            job = dq.popleft()
+            try:
+                job = dq.popleft(allowed) if isinstance(dq, UnitQueue) else dq.popleft()
+            except IndexError:  # no unit allowed
+                return None
             self._size -= 1
             if job.cancelled:
                 continue

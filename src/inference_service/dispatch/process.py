@@ -1,12 +1,11 @@
 """Frontend side of one worker process: spawn, load, run requests, route responses, stop.
 
-One routing callback per worker connection (:class:`FrameChannel`, an asyncio protocol: no
-task, no await) parses the IPC frames as they arrive and hands every response to its
-job's mailbox by request id; nothing else reads the socket. When the worker has room
-for more requests (its batch is done, or in ``continuous``/``async`` mode one of its
-requests ended), :attr:`WorkerProcess.on_free` runs right there (the slot offers the
-worker to the job queue again). It also hands the handler metrics a worker forwards
-(``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`.
+One routing callback per worker connection (:class:`FrameChannel`, an asyncio protocol: no task,
+no await) parses the IPC frames as they arrive and hands every response to its job's mailbox by
+request id; nothing else reads the socket. When the worker has room for more requests (its batch
+is done, or in ``continuous``/``async`` mode one of its requests ended), :attr:`WorkerProcess.on_free`
+runs right there (the slot offers the worker to the job queue again). It also hands the handler
+metrics a worker forwards (``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`.
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ class WorkerProcess:
         options: the server-wide worker settings (log level, handler metrics sink).
         python: the interpreter that runs it (an engine's own environment; default: the server's).
 
-    In ``batch`` mode (:attr:`wire.WorkerSpec.mode`) the worker takes one batch at a
-    time; in ``continuous`` and ``async`` mode up to ``spec.max_running`` requests at
-    once, each freeing its place when it ends (:attr:`room`).
+    In ``batch`` mode (:attr:`wire.WorkerSpec.mode`) the worker takes one batch at a time; in
+    ``continuous`` and ``async`` mode up to ``spec.max_running`` requests, each freeing its place
+    when it ends (:attr:`room`).
     """
 
     def __init__(self, spec: wire.WorkerSpec, env: dict[str, str], log_name: str,
@@ -114,6 +113,10 @@ class WorkerProcess:
         """Whether the worker has requests in hand."""
         return bool(self._jobs) if self.concurrent else self._batch_running
 
+    def runs(self, unit: str) -> bool:
+        """Whether a request of ``unit`` (:attr:`Job.unit`) is in hand (at most ``max_running``)."""
+        return any(job.unit == unit for job in self._jobs.values() if not job.cancelled)
+
     @property
     def room(self) -> int:
         """How many more requests (``continuous``/``async``) or batches (``batch``) it takes now."""
@@ -143,10 +146,8 @@ class WorkerProcess:
             error = await asyncio.wait_for(asyncio.shield(self._ready), startup_timeout)
         except TimeoutError:
             await self.kill()
-            raise WorkerLoadError(
-                f"worker of model {self.spec.model_name} did not load within startup_timeout="
-                f"{startup_timeout:g}s"
-            ) from None
+            raise WorkerLoadError(f"worker of model {self.spec.model_name} did not load within "
+                                  f"startup_timeout={startup_timeout:g}s") from None
         if error is not None:
             await self.kill()
             raise WorkerLoadError(f"model {self.spec.model_name} failed to load: {error}")
@@ -442,10 +443,8 @@ class WorkerProcess:
 
     def memory_usage(self) -> int:
         """Resident memory of the process in bytes (0 if it is gone)."""
-        if not self.alive or self.pid is None:
-            return 0
         try:
-            with open(f"/proc/{self.pid}/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{self.pid}/statm") as f:  # no pid: OSError
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") if self.alive else 0
         except (OSError, ValueError, IndexError):
             return 0

@@ -201,6 +201,10 @@ class WorkerSlot:
         self.state = WorkerState.BUSY
         return True
 
+    def runs(self, unit: str) -> bool:
+        """Whether a request of ``unit`` runs on this slot's worker (the job queue's fairness)."""
+        return self.process is not None and self.process.runs(unit)
+
     def _worker_free(self, process: WorkerProcess) -> None:
         """``process`` has room again (a batch or a request ended): offer it again, or, when the
         slot stops and nothing runs on it, end :meth:`_serve`."""

@@ -150,19 +150,22 @@ class InferenceCore:
                headers: dict[str, str] | None = None,
                time_remaining: float | None = None,
                sequence_id: str | None = None, *,
-               content_types: dict[str, str] | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
+               content_types: dict[str, str] | None = None,
+               group: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
-        response, then for the final one (``is_final`` True).
+        response, then for the final one (``is_final`` True). Requests of one ``group`` (the
+        engine requests of one client request) are one unit of the job queue's fairness.
 
         Nothing happens (lookup errors included) until the first item is asked for. Closing the
         iterator early aborts the request in the worker. Raises as :meth:`predict`.
         """
-        return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id, content_types)
+        return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id, content_types,
+                               group)
 
     async def _lifecycle(self, name: str, version: str, inputs: dict[str, bytes],
                          headers: dict[str, str] | None, time_remaining: float | None, stream: bool,
-                         sequence_id: str | None,
-                         content_types: dict[str, str] | None) -> AsyncGenerator[tuple[bytes, bool], None]:
+                         sequence_id: str | None, content_types: dict[str, str] | None,
+                         group: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The one request lifecycle of :meth:`predict` and :meth:`stream`; unary joins the parts."""
         model = self.get(name, version)
         SERVED_VERSION.set(model.version)
@@ -170,7 +173,7 @@ class InferenceCore:
         stats = telemetry.model(name, model.version) if telemetry is not None else None
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
                   deadline=None if time_remaining is None else time.monotonic() + time_remaining,
-                  content_types=content_types or {})
+                  content_types=content_types or {}, group=group)
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)

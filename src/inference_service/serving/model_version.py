@@ -250,7 +250,7 @@ class ModelVersion:
         problem = wire.request_problem(job.inputs, job.headers, job.sequence_id, job.content_types)
         if problem is not None:
             raise InvalidArgument(problem)
-        if self.queue.remaining_capacity() == 0:
+        if self.queue.remaining_capacity(job.unit) == 0:
             raise ResourceExhausted(f"job queue is full ({self.queue.capacity} requests waiting; job_queue_size)",
                                     reason="JOB_QUEUE_FULL", retry_after_s=0.5)
         return self.sequences.get(job.sequence_id) if job.sequence_id is not None else None

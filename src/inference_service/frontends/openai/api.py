@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
@@ -352,13 +353,14 @@ class OpenAIApi:
         name, version = self._resolve(openai_request.model)
         try:  # tools and schemas are checked in a thread when the body is large
             requests = await off_loop(_generation_requests, openai_request, size=request.content_length or 0)
-            plan = ChoicePlan.of(requests, bool(openai_request.stream))
+            plan = ChoicePlan.of(requests, bool(openai_request.stream), self.core.settings.max_engine_requests)
         except InvalidRequest as exc:  # the message names the LLM's field, param the OpenAI one
             raise OpenAIError(400, str(exc), param=openai_param(openai_request, exc.field)) from None
         except ChoiceError as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
-        streams = [self.core.stream(name, version, {"body": body}, headers) for body in plan.bodies]
+        group = secrets.token_hex(8) if len(plan.bodies) > 1 else None  # the choices share the queue's fairness
+        streams = [self.core.stream(name, version, {"body": body}, headers, group=group) for body in plan.bodies]
         candidates = [Candidate() for _ in plan.bodies]
         try:
             async with contextlib.aclosing(merged(streams)) as messages:

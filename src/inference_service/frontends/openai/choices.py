@@ -16,7 +16,8 @@ from inference_service.contracts.sampling import GenerationRequest
 from inference_service.frontends.openai.format import Outcome
 from inference_service.frontends.openai.schemas import Usage
 
-#: Most engine requests one OpenAI request may become (prompts x ``best_of`` or ``n``).
+#: Most engine requests one OpenAI request may become (prompts x ``best_of`` or ``n``) by
+#: default (config.properties ``max_engine_requests``).
 MAX_ENGINE_REQUESTS = 64
 #: Messages of the merged streams held for the answer writer (each stream's own flow control
 #: stops its worker beyond that).
@@ -50,21 +51,22 @@ class ChoicePlan:
     logprobs: bool
 
     @classmethod
-    def of(cls, requests: Sequence[GenerationRequest], stream: bool) -> ChoicePlan:
+    def of(cls, requests: Sequence[GenerationRequest], stream: bool,
+           limit: int = MAX_ENGINE_REQUESTS) -> ChoicePlan:
         """The plan of the LLM requests of each prompt.
 
         Raises:
-            ChoiceError: more than :data:`MAX_ENGINE_REQUESTS` engine requests, or ``best_of`` above
-                ``n`` on a stream (as OpenAI's, the best are known only at the end).
+            ChoiceError: more than ``limit`` engine requests (``max_engine_requests``), or
+                ``best_of`` above ``n`` on a stream (as OpenAI's, the best are known only at the end).
         """
         params = requests[0].params
         n = params.n
         best = max(params.best_of or n, n)
         if best > n and stream:
             raise ChoiceError("'best_of' above 'n' cannot be streamed: the best are known only at the end", "best_of")
-        if len(requests) * best > MAX_ENGINE_REQUESTS:
-            raise ChoiceError(f"{len(requests)} prompt(s) x {best} choice(s) exceed the {MAX_ENGINE_REQUESTS} engine "
-                              "requests one request may make", "prompt" if len(requests) > 1 else "n")
+        if len(requests) * best > limit:
+            raise ChoiceError(f"{len(requests)} prompt(s) x {best} choice(s) exceed the {limit} engine requests one "
+                              "request may make (max_engine_requests)", "prompt" if len(requests) > 1 else "n")
         bodies = [request.choice(i, logprobs=best > n).to_body() for request in requests for i in range(best)]
         return cls(bodies, n, best, params.logprobs)
 
