@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ncs", "--no-config-snapshots", action="store_true", dest="ncs",
                    help="do not write or restore config snapshots")
     p.add_argument("--disable-token-auth", action="store_true", help="turn token authorization off")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="a fixed inference key, kept across restarts, as vLLM's and llama.cpp's --api-key (at "
+                        "least 16 characters; the process list shows it: prefer --api-key-file or "
+                        "INFERENCE_SERVICE_INFERENCE_KEY); default: a new random key at every start")
+    p.add_argument("--api-key-file", type=Path, metavar="FILE", help="read the fixed inference key from FILE")
+    p.add_argument("--management-key-file", type=Path, metavar="FILE",
+                   help="read a fixed management key from FILE (or INFERENCE_SERVICE_MANAGEMENT_KEY)")
     p.add_argument("--enable-model-api", action="store_true",
                    help="allow RegisterModel and UnregisterModel")
     p.add_argument("--log-config", type=Path,
@@ -201,11 +208,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         settings.access_log = False
     if args.disable_metrics_api:
         settings.enable_metrics_api = False
-    settings.inference_key = os.environ.get("INFERENCE_SERVICE_INFERENCE_KEY") or None
-    settings.management_key = os.environ.get("INFERENCE_SERVICE_MANAGEMENT_KEY") or None
-    for name, env_key in (("INFERENCE_SERVICE_INFERENCE_KEY", settings.inference_key),
-                          ("INFERENCE_SERVICE_MANAGEMENT_KEY", settings.management_key)):
-        if env_key is not None and len(env_key) < 16:
+    settings.inference_key, source = _fixed_key(args.api_key, "--api-key", args.api_key_file, "--api-key-file",
+                                                "INFERENCE_SERVICE_INFERENCE_KEY")
+    settings.management_key, management_source = _fixed_key(
+        None, "", args.management_key_file, "--management-key-file", "INFERENCE_SERVICE_MANAGEMENT_KEY")
+    for name, key in ((source, settings.inference_key), (management_source, settings.management_key)):
+        if key is not None and len(key) < 16:
             raise ConfigError(f"{name} must have at least 16 characters")
     if settings.http_shared and settings.http_tls != settings.http_management_tls:
         raise ConfigError("inference_address and management_address name one port, but only one of them "
@@ -215,6 +223,21 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port {port} is out of range 0..65535")
     return settings
+
+
+def _fixed_key(value: str | None, flag: str, path: Path | None, file_flag: str, env: str) -> tuple[str | None, str]:
+    """A fixed key and where it came from: the flag, else the file (stripped), else the environment."""
+    if value:
+        return value, flag
+    if path is not None:
+        try:
+            key = path.expanduser().read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {file_flag} {path}: {exc}") from exc
+        if not key:
+            raise ConfigError(f"{file_flag} {path} is empty")
+        return key, f"{file_flag} {path}"
+    return os.environ.get(env) or None, env
 
 
 def _foreground(settings: Settings) -> int:

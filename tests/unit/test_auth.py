@@ -308,6 +308,34 @@ def test_short_key_from_environment_is_a_config_error(monkeypatch):
         settings_from_args(build_parser().parse_args([]))
 
 
+def test_fixed_keys_from_the_flag_a_file_or_the_environment(monkeypatch, tmp_path):
+    """--api-key > --api-key-file > INFERENCE_SERVICE_INFERENCE_KEY; --management-key-file >
+    INFERENCE_SERVICE_MANAGEMENT_KEY; a short key, an empty or unreadable file: a config error
+    naming where it came from."""
+    from inference_service.cli import build_parser, settings_from_args
+    from inference_service.config import ConfigError
+
+    def settings(*argv: str):
+        return settings_from_args(build_parser().parse_args(list(argv)))
+
+    monkeypatch.setenv("INFERENCE_SERVICE_INFERENCE_KEY", "e" * 20)
+    monkeypatch.setenv("INFERENCE_SERVICE_MANAGEMENT_KEY", "m" * 20)
+    key_file, management_file = tmp_path / "inference.key", tmp_path / "management.key"
+    key_file.write_text("f" * 24 + "\n")
+    management_file.write_text("g" * 24)
+    assert (settings().inference_key, settings().management_key) == ("e" * 20, "m" * 20)
+    chosen = settings("--api-key-file", str(key_file), "--management-key-file", str(management_file))
+    assert (chosen.inference_key, chosen.management_key) == ("f" * 24, "g" * 24)
+    assert settings("--api-key", "a" * 16, "--api-key-file", str(key_file)).inference_key == "a" * 16
+    with pytest.raises(ConfigError, match="--api-key must have at least 16"):
+        settings("--api-key", "short")
+    (tmp_path / "empty.key").write_text("\n")
+    with pytest.raises(ConfigError, match="--api-key-file .*empty.key is empty"):
+        settings("--api-key-file", str(tmp_path / "empty.key"))
+    with pytest.raises(ConfigError, match="cannot read --management-key-file"):
+        settings("--management-key-file", str(tmp_path / "missing.key"))
+
+
 def test_keys_never_begin_with_a_dash_that_a_command_line_reads_as_an_option():
     keys = [new_key() for _ in range(2000)]  # a generator that allowed it fails here but 1 time in 1e13
     assert not [k for k in keys if k.startswith("-")]
