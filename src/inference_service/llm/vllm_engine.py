@@ -23,7 +23,6 @@ import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from inference_service.contracts import wire
@@ -147,13 +146,10 @@ class VLLMEngine:
     """
 
     #: vLLM's penalties follow OpenAI's rules (presence and frequency over the output) and its
-    #: repetition penalty transformers' rule, as the torch engine's. Its structured outputs need the
-    #: tokenizer vLLM is started without (the text is ours, so that stop strings and the stream
-    #: behave as on the other engines).
-    capabilities = EngineCapabilities("vllm", default_batched_tokens=2048, on_cpu=True, on_gpu=True,
-                                      unsupported=MappingProxyType({
-                                          "structured_outputs": "vLLM runs here without its tokenizer, which its "
-                                                                "grammar backends need"}))
+    #: repetition penalty transformers' rule, as the torch engine's. Structured outputs are vLLM's
+    #: own (its grammar backend, with the tokenizer it loads for them; the text stays ours, so that
+    #: stop strings and the stream behave as on the other engines).
+    capabilities = EngineCapabilities("vllm", default_batched_tokens=2048, on_cpu=True, on_gpu=True)
 
     def __init__(self, model_dir: Path, tokenizer: Any, eos_ids: Collection[int], *,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
@@ -166,7 +162,7 @@ class VLLMEngine:
         from vllm import EngineArgs, LLMEngine
 
         settings: dict[str, Any] = {
-            "model": str(model_dir), "skip_tokenizer_init": True, "enable_prefix_caching": enable_prefix_caching,
+            "model": str(model_dir), "enable_prefix_caching": enable_prefix_caching,
             "disable_log_stats": False,
         }
         optional = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
@@ -275,9 +271,11 @@ class VLLMEngine:
 
     def preempt(self, key: str) -> bool:
         """Abort request ``key`` in vLLM (its KV blocks freed); it is added anew (recomputed) when it is
-        active again. False when it is unknown, already preempted, or vLLM is done with it."""
+        active again. False when it is unknown, already preempted, vLLM is done with it, or it is
+        constrained (vLLM's grammar would start again over the tokens it already generated)."""
         live = self._requests.get(key)
-        if live is None or live.vllm_id is None or live.done is not None:
+        if live is None or live.vllm_id is None or live.done is not None \
+                or live.state.params.structured_outputs is not None:
             return False
         self._abort(live)
         self._preempted_total += 1
@@ -380,11 +378,13 @@ def sampling_params(params: GenerationParams, generated: int, eos_ids: Collectio
     """vLLM's ``SamplingParams`` for a request that has already ``generated`` tokens: greedy when
     ``temperature`` is 0, else sampling with ``top_p``, ``top_k`` and the seed offset by ``generated``;
     the end-of-sequence ids as stop token ids unless ``ignore_eos``; stop strings are ours; deltas of
-    token ids, no text."""
+    token ids, no text; a structured output as vLLM's ``StructuredOutputsParams`` (JSON without free
+    whitespace, as on the other engines: ``llm/grammar.py``)."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+    spec = params.structured_outputs
     seed = (params.seed + generated) % 2**64 if params.seed is not None and params.temperature > 0 else None
     return SamplingParams(
         max_tokens=max(1, params.max_new_tokens - generated),
@@ -400,4 +400,7 @@ def sampling_params(params: GenerationParams, generated: int, eos_ids: Collectio
         logprobs=params.top_logprobs if params.logprobs else None,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=None if spec is None else StructuredOutputsParams(
+            json=spec.schema(), regex=spec.regex, choice=list(spec.choice) if spec.choice else None,
+            grammar=spec.grammar, disable_any_whitespace=True),
     )
