@@ -212,8 +212,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                                 "INFERENCE_SERVICE_INFERENCE_KEY")
     settings.management_key, management_source = _fixed_key(
         None, "", args.management_key_file, "--management-key-file", "INFERENCE_SERVICE_MANAGEMENT_KEY")
-    for name, key in ((source, settings.inference_key), (management_source, settings.management_key)):
-        if key is not None and len(key) < 16:
+    for name, fixed in ((source, settings.inference_key), (management_source, settings.management_key)):
+        if fixed is not None and len(fixed) < 16:
             raise ConfigError(f"{name} must have at least 16 characters")
     if settings.http_shared and settings.http_tls != settings.http_management_tls:
         raise ConfigError("inference_address and management_address name one port, but only one of them "
