@@ -206,3 +206,41 @@ def test_an_ir_directory_with_a_bad_value_or_no_tokenizer_fails_its_load_by_name
         assert "AttributeError" not in srv.log() and "Traceback" not in srv.log()
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+def test_an_ir_is_held_to_transformers_before_it_is_kept(tiny, tmp_path_factory):
+    """Issue 47 item 2: a transformers folder's IR passes the check (fp32: 16 greedy tokens of
+    every prompt equal; int8: each first token within the bar) and records its figures; an IR
+    that says something else than the folder (here another model's) is refused with the figures
+    and the next step, by the check's own process."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from inference_service.llm import ir_check
+    from inference_service.llm.model import ModelPreparationError
+    from inference_service.llm.openvino_ir import exporter_environment, prepare_ir
+
+    cache = tmp_path_factory.mktemp("checked_ir")
+    for weight_format in ("fp32", "int8"):
+        ir_dir, seconds = prepare_ir(tiny, weight_format, cache)
+        assert seconds is not None
+        record = json.loads((ir_dir / "inference_service_ir.json").read_text())
+        assert record["check"].startswith("tokenization equal on 4 texts; "), record
+        if weight_format == "fp32":
+            assert "all 16 greedy tokens of 4 prompts equal" in record["check"], record
+        else:
+            assert "the first greedy token of 4 prompts within 1 nats" in record["check"], record
+    other = tmp_path_factory.mktemp("models") / "other"
+    torch.manual_seed(1)
+    model = LlamaForCausalLM.from_pretrained(str(tiny))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    model.save_pretrained(str(other))
+    AutoTokenizer.from_pretrained(str(tiny)).save_pretrained(str(other))
+    fp32_ir, _ = prepare_ir(tiny, "fp32", cache)
+    with pytest.raises(ModelPreparationError) as refused:
+        ir_check.checked(other, fp32_ir, "fp32", exporter_environment(), 600)
+    message = str(refused.value)
+    assert "differs from transformers: its 16 greedy tokens of 'The capital of France is' are" in message, message
+    assert message.endswith(ir_check.NEXT_STEP), message

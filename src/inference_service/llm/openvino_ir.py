@@ -1,8 +1,9 @@
 """OpenVINO IR for the OpenVINO engine: converted once, with optimum-intel's exporter and NNCF's
 weight compression, into a cache keyed by the source model's content, the weight format and the
-tools' versions (docs/llm.md, "Engines"). The exporter runs in a child process
-(:mod:`inference_service.llm.ir_export`): it loads the torch model, about 1 GB the worker need
-not keep, and ends with the process that started it."""
+tools' versions (docs/llm.md, "Engines"); an LLM's IR enters it only once held to transformers
+(:mod:`inference_service.llm.ir_check`). The exporter runs in a child process
+(:mod:`inference_service.llm.ir_export`): it loads the torch model, about 1 GB the worker need not
+keep, and ends with the process that started it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from inference_service.llm import ir_check
 from inference_service.llm.ir_export import STOPPED_BY
 from inference_service.llm.model import SOURCE_MARKER, ModelPreparationError, _exclusive_lock, default_cache_root
 
@@ -34,8 +36,7 @@ log = logging.getLogger(__name__)
 #: (NNCF's data-aware compression of a share of the layers, :mod:`inference_service.llm.int4_export`;
 #: the variants that fail the bar are not offered: benchmarks/RESULTS.md, "Issue 40").
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
-#: The weight format of an archive or handler config that names none: the fastest one within
-#: the quality bar (benchmarks/RESULTS.md, "OpenVINO engine").
+#: The format of an archive or config naming none: the fastest within the bar (RESULTS.md, "OpenVINO engine").
 DEFAULT_WEIGHT_FORMAT = "int8"
 #: Largest size of the IR cache (``<root>/openvino``) by default, in GB; past it the IRs used
 #: least recently are removed after a conversion.
@@ -44,9 +45,8 @@ DEFAULT_IR_CACHE_LIMIT_GB = 20
 _IR_FILES = ("openvino_model.xml", "openvino_model.bin", "config.json")
 #: An IR directory holds one of these (the tokenizer transformers loads).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-#: Counts in an IR's ``config.json`` that must be positive integers when present.
 _COUNT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
-                 "vocab_size")
+                 "vocab_size")  # positive integers in an IR's config.json when present
 #: Longest context an IR's ``config.json`` may declare (tokens): above any released model's.
 MAX_CONTEXT_LENGTH = 1 << 24
 _MARKER = "inference_service_ir.json"
@@ -59,8 +59,7 @@ LLM_TASK = "text-generation-with-past"
 #: three 1 MiB samples (start, middle, end), so a key costs milliseconds for any model.
 _WHOLE_HASH_BYTES = 16 << 20
 _SAMPLE_BYTES = 1 << 20
-#: Environment variables the exporter must not inherit: the OpenVINO worker sets ``USE_TORCH=0``
-#: for its own imports, and the exporter needs torch.
+#: Not inherited by the exporter and the check: the OpenVINO worker's ``USE_TORCH=0`` (they need torch).
 _NOT_INHERITED = ("USE_TORCH",)
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
 
@@ -109,11 +108,11 @@ def ir_cache_dir(model_dir: str | os.PathLike[str], weight_format: str,
     """Where the IR of ``model_dir`` in ``weight_format`` lives in the cache:
     ``<root>/openvino/<model dir name>-<format>-<12 hex digits of the key>``, or an IR of the same
     key under another name (another copy of the files, another extraction of one archive). The key
-    holds ``task`` when it is not :data:`LLM_TASK`."""
+    holds ``task`` when it is not :data:`LLM_TASK`, else the check's version (an IR made unchecked
+    is converted again)."""
     source = Path(model_dir).expanduser().resolve()
     identity: dict[str, object] = {"source": source_key(source), "format": weight_format, "tools": tool_versions()}
-    if task != LLM_TASK:
-        identity["task"] = task
+    identity.update({"task": task} if task != LLM_TASK else {"check": ir_check.VERSION})
     if weight_format == "int4":  # its recipe and calibration text
         from inference_service.llm.int4_export import recipe_key
 
@@ -221,7 +220,8 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
 
     Raises:
         ModelPreparationError: names the model type and the exporter's own error (and, for an
-            architecture it does not take, the ``engine: torch`` fallback).
+            architecture it does not take, the ``engine: torch`` fallback); an LLM's IR that
+            differs from transformers (its figures).
     """
     source = Path(model_dir).expanduser().resolve()
     final = Path(target)
@@ -231,20 +231,20 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
     try:
         returncode, output = _run_exporter(source, tmp, weight_format, task)
         if returncode != 0 or not is_ir_dir(tmp):
-            tail = "\n".join(output.splitlines()[-30:])
             log.debug("the OpenVINO exporter failed on %s (exit status %d); its last lines:\n%s",
-                      source, returncode, tail)
+                      source, returncode, "\n".join(output.splitlines()[-30:]))
             reason = failure_reason(output, returncode) if returncode != 0 else \
                 "the exporter wrote no openvino_model.xml/.bin and config.json"
             fallback = ("; set 'engine: torch' in the handler config to serve it with the torch engine"
                         if "support" in reason.lower() else "")
             raise ModelPreparationError(
                 f"cannot convert {source} (model type {model_type(source)!r}) to OpenVINO: {reason}{fallback}")
-        (tmp / _MARKER).write_text(json.dumps({"source": str(source), "format": weight_format,
-                                                "tools": tool_versions()}), encoding="utf-8")
-        for path in tmp.rglob("*"):
+        record: dict[str, Any] = {"source": str(source), "format": weight_format, "tools": tool_versions()}
+        if task == LLM_TASK:
+            record["check"] = ir_check.checked(source, tmp, weight_format, exporter_environment(), CONVERT_TIMEOUT_S)
+        (tmp / _MARKER).write_text(json.dumps(record), encoding="utf-8")
+        for path in [*tmp.rglob("*"), tmp]:
             path.chmod(0o755 if path.is_dir() else 0o644)
-        tmp.chmod(0o755)
         try:
             os.rename(tmp, final)
         except OSError:
