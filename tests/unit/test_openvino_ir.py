@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,10 +176,49 @@ def test_int4_runs_the_calibrated_compression_and_is_keyed_by_its_recipe(monkeyp
      "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"),
     ("usage: optimum-cli\n", 2, "usage: optimum-cli"),
     ("", 3, "the exporter exited with status 3 and printed nothing"),
-    ("half done", -signal.SIGKILL, "the exporter was killed by SIGKILL (out of memory?)"),
+    ("half done", -signal.SIGTERM, "the exporter was killed by SIGTERM"),
 ])
 def test_the_failure_reason_is_the_exporters_own_error(output, code, reason):
     assert failure_reason(output, code) == reason
+
+
+def test_a_killed_exporter_names_its_peak_memory_and_the_next_step():
+    reason = failure_reason("half done", -signal.SIGKILL, peak_rss=2_660_000_000)
+    assert reason.startswith("the exporter was killed by SIGKILL after reaching 2.66 GB (out of memory? "), reason
+    assert "--engine llamacpp" in reason and "serve the IR" in reason
+
+
+def test_the_conversion_estimate_scales_with_the_parameters(tmp_path):
+    """Issue 47 item 7: the estimate was SmolLM2's half a minute whatever the model."""
+    from inference_service.llm.exporter_run import estimate, parameters
+
+    small, large = tmp_path / "small", tmp_path / "large"
+    for folder, size, dtype in ((small, 540_000_000, "float32"), (large, 2_000_000_000, "bfloat16")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"torch_dtype": dtype}))
+        with open(folder / "model.safetensors", "wb") as f:
+            f.truncate(size)  # sparse: the size is what counts
+    assert (parameters(small), parameters(large)) == (135_000_000, 1_000_000_000)
+    assert estimate(small, "int8") == "135M parameters, about 40 s on 2 cores"
+    assert estimate(large, "int8") == "1.0B parameters, about 5 min on 2 cores"
+    assert estimate(large, "int4") == "1.0B parameters, about 8 min on 2 cores"
+    assert estimate(tmp_path, "int8") == "its size unknown"
+
+
+def test_a_long_conversion_logs_its_progress_and_peak_memory(monkeypatch, tmp_path, caplog):
+    import logging
+
+    from inference_service.llm import exporter_run
+
+    monkeypatch.setattr(exporter_run, "PROGRESS_S", 0.5)
+    command = [sys.executable, "-c", "import time; data = bytearray(50_000_000); time.sleep(2.5); print('done')"]
+    with caplog.at_level(logging.INFO, "inference_service.llm.openvino_ir"):
+        code, output, peak = exporter_run.run_exporter(command, tmp_path / "model", 60)
+    assert (code, output.strip()) == (0, "done") and peak > 50_000_000
+    progress = [r.getMessage() for r in caplog.records if "so far, the exporter's peak memory" in r.getMessage()]
+    assert len(progress) >= 2, progress
+    with pytest.raises(ModelPreparationError, match="took over 1 s"):
+        exporter_run.run_exporter([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "model", 1)
 
 
 def test_a_complete_ir_directory_passes_its_checks(tmp_path):

@@ -30,7 +30,7 @@ def _end(output_dir: str) -> None:
 
 
 #: The line the exporter prints when a SIGTERM stops it, naming its sender (read by
-#: :func:`inference_service.llm.openvino_ir.failure_reason`).
+#: :func:`inference_service.llm.exporter_run.failure_reason`).
 STOPPED_BY = "ir_export: stopped by SIGTERM from "
 
 

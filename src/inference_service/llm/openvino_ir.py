@@ -15,8 +15,6 @@ import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from inference_service.llm import ir_check
-from inference_service.llm.ir_export import STOPPED_BY
+from inference_service.llm.exporter_run import (  # the exporter's process, as this module's callers know it
+    estimate,
+    exporter_environment,
+    failure_reason,
+    run_exporter,
+)
 from inference_service.llm.model import SOURCE_MARKER, ModelPreparationError, _exclusive_lock, default_cache_root
 
 log = logging.getLogger(__name__)
@@ -59,9 +62,6 @@ LLM_TASK = "text-generation-with-past"
 #: three 1 MiB samples (start, middle, end), so a key costs milliseconds for any model.
 _WHOLE_HASH_BYTES = 16 << 20
 _SAMPLE_BYTES = 1 << 20
-#: Not inherited by the exporter and the check: the OpenVINO worker's ``USE_TORCH=0`` (they need torch).
-_NOT_INHERITED = ("USE_TORCH",)
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
 
 
 def tool_versions() -> dict[str, str]:
@@ -160,58 +160,12 @@ def export_command(model_dir: Path, target: Path, weight_format: str, task: str 
             "--weight-format", weight_format, str(target)]
 
 
-def exporter_environment() -> dict[str, str]:
-    """This process's environment, less what keeps the exporter from importing torch, offline
-    and without progress bars or library notices."""
-    env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
-    env.update(HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error",
-               TRANSFORMERS_NO_ADVISORY_WARNINGS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 def model_type(model_dir: Path) -> str:
     """``config.json``'s ``model_type`` (``"unknown"`` when unreadable), for error messages."""
     try:
         return str(json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type"))
     except (OSError, ValueError, AttributeError):
         return "unknown"
-
-
-def failure_reason(output: str, returncode: int) -> str:
-    """Why the exporter failed, from its output: the last exception line of its traceback (else
-    its last line), or the signal that killed it."""
-    stopped = next((line for line in output.splitlines() if line.startswith(STOPPED_BY)), None)
-    if stopped is not None:  # it ended itself (its process group) on a SIGTERM
-        return f"the exporter was stopped by a SIGTERM from {stopped.removeprefix(STOPPED_BY)}"[:400]
-    if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"the exporter was killed by {name}{hint}"
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    cause = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
-    if cause is None:
-        cause = lines[-1] if lines else f"the exporter exited with status {returncode} and printed nothing"
-    return cause[:400]
-
-
-def _run_exporter(source: Path, output_dir: Path, weight_format: str, task: str) -> tuple[int, str]:
-    """Run the exporter into ``output_dir``; ``(exit status, its output)``. Its whole process
-    group is killed if this call ends early (a timeout, an exception, an interrupt)."""
-    proc = subprocess.Popen(export_command(source, output_dir, weight_format, task), env=exporter_environment(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=CONVERT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ModelPreparationError(
-            f"converting {source} to OpenVINO took over {CONVERT_TIMEOUT_S:.0f} s; set 'engine: torch' "
-            "in the handler config to serve it with the torch engine") from None
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, output or ""
 
 
 def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], weight_format: str,
@@ -229,11 +183,12 @@ def convert(model_dir: str | os.PathLike[str], target: str | os.PathLike[str], w
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     start = time.perf_counter()
     try:
-        returncode, output = _run_exporter(source, tmp, weight_format, task)
+        returncode, output, peak = run_exporter(export_command(source, tmp, weight_format, task), source,
+                                                CONVERT_TIMEOUT_S)
         if returncode != 0 or not is_ir_dir(tmp):
             log.debug("the OpenVINO exporter failed on %s (exit status %d); its last lines:\n%s",
                       source, returncode, "\n".join(output.splitlines()[-30:]))
-            reason = failure_reason(output, returncode) if returncode != 0 else \
+            reason = failure_reason(output, returncode, peak) if returncode != 0 else \
                 "the exporter wrote no openvino_model.xml/.bin and config.json"
             fallback = ("; set 'engine: torch' in the handler config to serve it with the torch engine"
                         if "support" in reason.lower() else "")
@@ -348,7 +303,8 @@ def prepare_ir(model_dir: str | os.PathLike[str], weight_format: str = DEFAULT_W
             found = _existing(target)  # converted meanwhile, perhaps under another name
             if found is None:
                 _remove_leftovers(target)
-                log.info("converting %s to OpenVINO IR (%s), once", model_dir, weight_format)
+                log.info("converting %s to OpenVINO IR (%s), once: %s", model_dir, weight_format,
+                         estimate(Path(model_dir), weight_format))
                 seconds = convert(model_dir, target, weight_format, task)
                 log.info("converted %s to OpenVINO IR (%s) in %.1f s", model_dir, weight_format, seconds)
                 evict(target.parent, target, int(cache_limit_gb * 1e9))
