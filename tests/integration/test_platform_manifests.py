@@ -133,8 +133,11 @@ def test_the_runtime_is_kserve_torchserve_with_this_image() -> None:
     assert ours["spec"]["annotations"] == theirs["spec"]["annotations"]  # prometheus.kserve.io/port 8082, /metrics
     assert set(ours["spec"]["protocolVersions"]) == {"v1", "v2", "grpc-v2"}
     (fmt,), (their_fmt,) = ours["spec"]["supportedModelFormats"], theirs["spec"]["supportedModelFormats"]
-    assert (fmt["name"], fmt["version"], fmt["autoSelect"]) == ("pytorch", "1", True)
-    assert fmt["priority"] > their_fmt["priority"]
+    # opt-in (issue 49 item 7): applying it takes no pytorch InferenceService over from kserve-torchserve
+    assert (fmt["name"], fmt["version"], fmt["autoSelect"]) == ("pytorch", "1", False) and "priority" not in fmt
+    assert their_fmt["autoSelect"] is True
+    for name in ("inferenceservice-torchserve.yaml", "inferenceservice-llm.yaml"):  # the samples name it
+        assert _load(KSERVE / name)["spec"]["predictor"]["model"]["runtime"] == ours["metadata"]["name"]
     # the ports of KServe's sample config.properties: HTTP (both APIs) and gRPC inference, named for KServe
     sample = javaproperties.loads((ROOT / "tests" / "data" / "kserve" / "v2" / "config.properties").read_text())
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
