@@ -179,15 +179,17 @@ _BY_CODE: dict[grpc.StatusCode, type[InferenceError]] = {
 def error_for_code(code: grpc.StatusCode, message: str, http_status: int | None = None) -> InferenceError:
     """The error a worker reported for one request, as an :class:`InferenceError`.
 
-    INTERNAL without an HTTP status is the handler's exception (reason HANDLER_ERROR); CANCELLED
-    without one a cancel; anything else came from a status the handler set (TorchServe's
-    table), reason HANDLER_STATUS, carrying ``http_status`` for the HTTP API.
+    INTERNAL without an HTTP status or with 503 (TorchServe's for a handler that raised) is the
+    handler's exception (reason HANDLER_ERROR, carrying the 503); CANCELLED without one a cancel;
+    anything else came from a status the handler set (TorchServe's table, where 503 is
+    UNAVAILABLE), reason HANDLER_STATUS, carrying ``http_status`` for the HTTP API.
     """
-    if http_status is None:
-        if code == grpc.StatusCode.CANCELLED:
-            return Cancelled(message)
-        if code == grpc.StatusCode.INTERNAL:
-            return HandlerError(message)
+    if http_status is None and code == grpc.StatusCode.CANCELLED:
+        return Cancelled(message)
+    if code == grpc.StatusCode.INTERNAL and http_status in (None, 503):
+        raised = HandlerError(message)
+        raised.http_status = http_status
+        return raised
     cls = _BY_CODE.get(code)
     error = cls(message, reason="HANDLER_STATUS") if cls is not None else InferenceError(message, "HANDLER_STATUS")
     error.code = code  # codes without a class of their own (ABORTED, OUT_OF_RANGE, ...)

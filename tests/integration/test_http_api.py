@@ -190,7 +190,8 @@ def test_client_disconnect_cancels_the_request(srv):
 
 def test_error_statuses(srv):
     status, _, body = post(srv, "/predictions/echo", "boom")
-    assert (status, error(body)) == (500, {"code": 500, "type": "InternalServerException",
+    # a handler that raised: TorchServe's 503 (its message is "Prediction failed"; here the exception's)
+    assert (status, error(body)) == (503, {"code": 503, "type": "ServiceUnavailableException",
                                            "message": "boom: the handler failed"})
     # the handler's own status comes back as is, as from TorchServe's REST API
     for handler_status, expected in ((400, 400), (404, 404), (503, 503), (507, 507), (418, 418), (409, 409),

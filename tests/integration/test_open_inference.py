@@ -376,7 +376,7 @@ def test_http_errors(oip):
         ("/v2/models/oip_echo/infer", good, {}, None, 401, "Token Authorization failed"),
         ("/v2/models/oip_echo/infer", good, {}, "management", 401, "Token Authorization failed"),
         ("/v2/models/oip_echo/infer", good.replace(b'"inputs"', b'"parameters": {"fail": true}, "inputs"'), {},
-         "inference", 500, "failed on purpose"),
+         "inference", 503, "failed on purpose"),  # a handler that raised: TorchServe's 503
     ]
     for path, body, headers, key, want_status, needle in cases:
         status, response_headers, answer = http(oip, "POST", path, body, headers, key)

@@ -127,8 +127,8 @@ def test_a_handler_written_for_decoded_json_answers_as_on_torchserve(servers):
     assert status == 200 and json.loads(body) == {"y": [2.0, 4.0, 6.0]}  # TorchServe indents the same JSON
     # decoding off, the handler gets the bytearray, as TorchServe's with decode_input_request=false
     status, body = post(servers[False], "/predictions/scaler2", request, "application/json")
-    assert status == 500 and "bytearray indices must be integers" in json.loads(body)["message"]
-    assert post(servers[False], "/predictions/scaler2", b"[1]", "application/json")[0] == 500
+    assert status == 503 and "bytearray indices must be integers" in json.loads(body)["message"]
+    assert post(servers[False], "/predictions/scaler2", b"[1]", "application/json")[0] == 503
     assert post(servers[True], "/predictions/scaler2", request, "application/json")[0] == 200  # the worker serves on
 
 

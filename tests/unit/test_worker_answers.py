@@ -53,7 +53,7 @@ def test_failures_become_one_error_per_request():
         raise ValueError()
     except ValueError as exc:
         (frame,) = answers.failed(["a"], exc)
-    assert _decode(frame) == ("ERROR", "a", 13, "ValueError", 0)  # no message: the exception's type
+    assert _decode(frame) == ("ERROR", "a", 13, "ValueError", 503)  # no message: its type; HTTP 503 as TorchServe
     assert _decode(answers.cancelled("a")) == ("ERROR", "a", 1, "request cancelled", 0)
 
 

@@ -24,6 +24,8 @@ log = logging.getLogger("inference_service.worker")
 
 CANCELLED = 1  #: grpc.StatusCode.CANCELLED
 INTERNAL = 13  #: grpc.StatusCode.INTERNAL
+#: The HTTP status of a handler that raised (TorchServe's worker answers 503 "Prediction failed").
+PREDICTION_FAILED = 503
 
 
 def final(request_id: str, value: Any) -> bytes:
@@ -61,14 +63,15 @@ def result(context: Context, idx: int, request_id: str, value: Any) -> bytes:
 def failed(request_ids: Sequence[str], exc: Exception) -> list[bytes]:
     """``ERROR`` frames for every request of a handler call that raised ``exc`` (a cancel is
     the caller's to answer): a ``PredictionException`` gives its code and HTTP status, anything
-    else INTERNAL with the exception's message. Logs it (the traceback for a handler bug)."""
+    else INTERNAL with the exception's message and HTTP status 503 (TorchServe's for a handler
+    that raised, "Prediction failed"). Logs it (the traceback for a handler bug)."""
     if isinstance(exc, PredictionException):
         log.warning("handler raised PredictionException %s: %s", exc.error_code, exc.message)
         code, http = _code(exc.error_code), _http(exc.error_code)
         return [wire.encode_error(rid, code, exc.message, http) for rid in request_ids]
     log.error("handler failed on requests %s:\n%s", list(request_ids), traceback.format_exc())
     message = str(exc) or type(exc).__name__
-    return [wire.encode_error(rid, INTERNAL, message) for rid in request_ids]
+    return [wire.encode_error(rid, INTERNAL, message, PREDICTION_FAILED) for rid in request_ids]
 
 
 def _code(status: int) -> int:
