@@ -123,6 +123,40 @@ def test_exact_counts_after_known_traffic(msrv):
     assert delta("inference_service_cancellations_total", **default) == 0
 
 
+def test_torchserve_requests_by_status_class(msrv):
+    """Issue 49 item 6: TorchServe's frontend counters of HTTP answers, Requests2XX/4XX/5XX with its
+    labels, counting the inference and management APIs' answers (a 401 and a 404 among them)."""
+    import http.client
+
+    from conftest import read_key
+
+    def call(port_key: str, path: str, key: str | None, body: bytes | None = None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", msrv.status[port_key], timeout=30)
+        try:
+            conn.request("POST" if body is not None else "GET", path, body=body,
+                         headers={"Authorization": f"Bearer {key}"} if key else {})
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        finally:
+            conn.close()
+
+    def counts() -> list[float]:
+        samples = scrape(msrv)
+        return [value(samples, f"Requests{c}XX", Level="Host") for c in "245"]
+
+    before = counts()
+    inference = read_key(msrv.key_file, "inference")
+    statuses = [call("http_port", "/ping", inference), call("http_port", "/predictions/echo", inference, b"ok"),
+                call("http_management_port", "/models", read_key(msrv.key_file, "management")),
+                call("http_port", "/predictions/nope", inference, b"x"), call("http_port", "/ping", None),
+                call("http_port", "/predictions/echo", inference, b"boom")]
+    assert statuses == [200, 200, 200, 404, 401, 503], statuses
+    assert [a - b for a, b in zip(counts(), before, strict=True)] == [3, 2, 1]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{msrv.status['metrics_port']}/metrics", timeout=10).read()
+    assert b"# TYPE Requests2XX counter\n" in text and re.search(rb'\nRequests2XX\{Level="Host",Hostname="[^"]+"\} ', text)
+
+
 def test_cancel_and_deadline_are_counted(msrv):
     before = scrape(msrv)
     call = msrv.inference.StreamPredictions(_req("stream:200:0.05", version="1.0"), timeout=30)

@@ -37,6 +37,9 @@ _TS_COUNTERS = (
      "Total queue latency in microseconds (receipt until a worker took the request)."),
 )
 _OK = grpc.StatusCode.OK
+#: TorchServe's frontend counters of HTTP answers by status class (its ``NettyUtils``: 2xx, 4xx, and
+#: every other status as 5XX), labels ``Level="Host"`` and ``Hostname``.
+_HTTP_COUNTERS = ("Requests2XX", "Requests4XX", "Requests5XX")
 
 class StatsSource(Protocol):
     """What the collector reads the serving state from (the core implements it)."""
@@ -132,6 +135,7 @@ class ServerMetrics:
             ("model_name", "model_version"), registry=self.registry, buckets=GAP_BUCKETS)
         self._models: dict[str, dict[str, ModelStats]] = {}
         self._errors: dict[tuple[str, str, str], int] = {}
+        self._http = [0, 0, 0]  # HTTP answers: 2xx, 4xx, others (TorchServe's Requests2XX/4XX/5XX)
         self._handler = HandlerMetricsExporter(self.registry, self.hostname)
         self.llm = LLMMetrics(self.registry, self.stats, self._handler.warn_once)
         self.source: StatsSource | None = None
@@ -178,6 +182,10 @@ class ServerMetrics:
         key = (method, code.name, reason)
         self._errors[key] = self._errors.get(key, 0) + 1
 
+    def http_response(self, status: int) -> None:
+        """Count one HTTP answer of the inference or management API (its head sent) by status class."""
+        self._http[0 if 200 <= status < 300 else 1 if 400 <= status < 500 else 2] += 1
+
     def attach(self, source: StatsSource) -> None:
         """Read in-flight requests, queue depths, workers and restarts from ``source`` at scrape time."""
         self.source = source
@@ -207,6 +215,12 @@ class ServerMetrics:
                 for version, stats in versions:
                     labels = _labels(("model_name", "model_version", "hostname"), (name, version, self.hostname))
                     out.append(f"{metric}{{{labels}}} {floatToGoString(getattr(stats, attr))}\n")
+        host = _labels(("Level", "Hostname"), ("Host", self.hostname))
+        for metric, count in zip(_HTTP_COUNTERS, list(self._http), strict=True):
+            if names is None or metric in names:
+                out.append(f"# HELP {metric} HTTP answers of the inference and management APIs with a "
+                           f"{metric[-3:]} status (TorchServe's frontend counter).\n# TYPE {metric} counter\n"
+                           f"{metric}{{{host}}} {floatToGoString(count)}\n")
         registry = self.registry if names is None else self.registry.restricted_registry(
             {f"{n}{suffix}" for n in names for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")})
         return "".join(out).encode() + generate_latest(registry)
@@ -295,6 +309,11 @@ class Telemetry:
         """The :class:`ModelStats` to record a request of a registered model into (``None``: metrics off)."""
         metrics = self.metrics
         return None if metrics is None else metrics.model(name, version)
+
+    def http_response(self, status: int) -> None:
+        """One HTTP answer was sent with ``status`` (TorchServe's ``Requests2XX`` counters)."""
+        if self.metrics is not None:
+            self.metrics.http_response(status)
 
     def peer(self, context: Any) -> str:
         """The client's address for the access log ("" when the access log is off).

@@ -39,6 +39,10 @@ class RequestTelemetry(Protocol):
         """The stats of ``name`` and the request's ``version`` ("": the default), or ``None``: not recorded."""
         ...
 
+    def http_response(self, status: int) -> None:
+        """One HTTP answer of the inference or management API was sent with ``status``."""
+        ...
+
 
 __all__ = ["RequestStats", "RequestTelemetry", "VersionStats", "version_stats"]
 

@@ -32,13 +32,16 @@ def peer_of(request: web.Request) -> str:
     return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
 
 
-def install_access_log(app: web.Application, access_log: AccessLog | None) -> None:
+def install_access_log(app: web.Application, access_log: AccessLog | None,
+                       count: Callable[[int], None] | None = None) -> None:
     """Give every request of ``app`` its request id (``request["request_id"]``, echoed as
-    ``X-Request-Id``) and log it on ``access_log`` (``None``: not logged, nothing measured).
-    Call before the application starts."""
+    ``X-Request-Id``) and log it on ``access_log`` (``None``: not logged, nothing measured);
+    ``count`` gets each answer's status as its head goes out. Call before the application starts."""
 
     async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
         """Echo the request id; wrap the response's ``write`` (per instance) to count a stream's chunks."""
+        if count is not None:
+            count(response.status)
         rid = request.get("request_id")
         if rid is not None:
             response.headers["X-Request-Id"] = rid

@@ -191,7 +191,8 @@ class HttpInferenceApi:
         self.app.router.add_post("/v1/models/{model_name}:predict", self.kserve_v1_predict)
         add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
-        install_access_log(self.app, access_log)  # one line per request, /v1 and /v2 included
+        install_access_log(self.app, access_log,  # one line per request, /v1 and /v2 included
+                           core.telemetry.http_response if core.telemetry is not None else None)
         self._runner: web.AppRunner | None = None
         self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 

@@ -155,7 +155,7 @@ class HttpManagementApi:
             router.add_put("/models/{model_name}/{model_version}/set-default" + slash, self.set_default)
         if auth is not None:
             router.add_route("*", "/token", self.token)
-        install_access_log(self.app, access_log)
+        install_access_log(self.app, access_log, core.telemetry.http_response if core.telemetry is not None else None)
         self._runner: web.AppRunner | None = None
         self.connection_guard: ConnectionGuard | None = None  # set before start (server.py)
 
