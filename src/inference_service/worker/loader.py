@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any
 
 from inference_service.handler import envelopes
 from inference_service.handler.context import Context
+
+log = logging.getLogger(__name__)
 
 #: The function a module without ``:function`` is served by, when it has one (TorchServe's default).
 DEFAULT_FUNCTION = "handle"
@@ -100,6 +103,12 @@ def load_service(handler: str, model_dir: str, context: Context, envelope: str |
     """
     service = _load(handler, model_dir, context)
     if not envelope:
+        return service
+    if getattr(service.instance, "accepts_generation_requests", False):
+        # an LLM handler takes the typed request every door translates to (the Open Inference
+        # doors too); an envelope around its stream would keep only the final, empty message
+        log.info("the %s envelope is not applied to the LLM handler: the /v2 doors translate its requests",
+                 envelope)
         return service
     try:
         wrapped = envelopes.wrap(service.handle, envelope)

@@ -32,13 +32,13 @@ import grpc
 from inference_service.errors import HandlerError, InvalidArgument
 from inference_service.frontends.grpc.base import unary
 from inference_service.frontends.grpc.inference import request_headers
+from inference_service.frontends.oip.generation import infer_any
 from inference_service.frontends.oip.protocol import (
     InferRequest,
     InferResponse,
     RequestedOutput,
     convert,
     element_total,
-    infer,
     make_input,
     model_metadata,
     model_ready,
@@ -183,7 +183,7 @@ class OpenInferenceServicer:
         """Run the request on the model: proto to :class:`InferRequest`, the core, answer to proto."""
         self.core.get(request.model_name, request.model_version)  # an unknown model is NOT_FOUND, whatever it holds
         infer_req = await convert(infer_request, request, size=request.ByteSize())
-        response = await infer(self.core, infer_req, request_headers(context), context.time_remaining())
+        response = await infer_any(self.core, infer_req, request_headers(context), context.time_remaining())
         return await convert(infer_response, self.pb2, response, bool(request.raw_input_contents),
                              size=element_total(response.outputs))
 

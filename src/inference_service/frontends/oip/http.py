@@ -16,8 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_service.errors import HandlerError, InvalidArgument
+from inference_service.errors import HandlerError, InferenceError, InvalidArgument
 from inference_service.frontends.limits import JsonWriter, parse_json, refuse_form
+from inference_service.frontends.oip.generation import generate, infer_any, llm_body
 from inference_service.frontends.oip.protocol import (
     InferRequest,
     InferResponse,
@@ -25,7 +26,6 @@ from inference_service.frontends.oip.protocol import (
     convert,
     element_total,
     elements_json,
-    infer,
     make_input,
     model_metadata,
     model_ready,
@@ -55,6 +55,8 @@ def add_open_inference_routes(app: web.Application, core: InferenceCore) -> None
         app.router.add_get(prefix, routes.model_metadata, allow_head=False)
         app.router.add_get(prefix + "/ready", routes.model_ready, allow_head=False)
         app.router.add_post(prefix + "/infer", routes.infer)
+        app.router.add_post(prefix + "/generate", routes.generate)  # Triton's generate extension (an LLM)
+        app.router.add_post(prefix + "/generate_stream", routes.generate_stream)
     app.router.add_get("/v2", routes.server_metadata, allow_head=False)
     app.router.add_get("/v2/health/live", routes.live, allow_head=False)
     app.router.add_get("/v2/health/ready", routes.ready, allow_head=False)
@@ -264,6 +266,67 @@ class OpenInferenceRoutes:
                                       self.core.settings.max_json_depth, self.core.settings.max_json_nodes,
                                       size=len(body))
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
-        response = await infer(self.core, infer_request, headers)
+        response = await infer_any(self.core, infer_request, headers)
         return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))
 
+
+    async def generate(self, request: web.Request) -> web.Response:
+        """``POST /v2/models/{name}[/versions/{v}]/generate``, Triton's generate extension:
+        ``{"text_input", "parameters"}`` in, ``{"model_name", "model_version", "text_output"}`` out
+        (400 for a model that is not an LLM, or a field it does not take)."""
+        name, version, body = await self._generation(request)
+        pieces = [piece async for piece, _ in generate(self.core, name, version, body, _headers(request))]
+        return web.json_response({"model_name": name, "model_version": version, "text_output": "".join(pieces)})
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """``POST .../generate_stream``: server-sent events, one ``{"model_name", "model_version",
+        "text_output"}`` a piece as the model writes it. An error before the first piece is the
+        route's error answer; after it, an event ``{"error": message}`` ends the stream."""
+        name, version, body = await self._generation(request)
+        stream = generate(self.core, name, version, body, _headers(request))
+        try:
+            item: tuple[str, bool] | None = await anext(stream)  # a refusal still has its own status
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            try:
+                while item is not None:
+                    piece, final = item
+                    if piece or final:
+                        event = {"model_name": name, "model_version": version, "text_output": piece}
+                        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    item = None if final else await anext(stream)
+            except InferenceError as exc:
+                await response.write(b"data: " + json.dumps({"error": exc.message}).encode() + b"\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            await stream.aclose()
+
+    async def _generation(self, request: web.Request) -> tuple[str, str, bytes]:
+        """``(model, served version, the LLM handler's body)`` of a generate request.
+
+        Raises:
+            InvalidArgument: not JSON, no ``text_input`` string, another field, or the model is
+                not an LLM.
+        """
+        name = request.match_info["model_name"]
+        model = self.core.get(name, _version(request))
+        if not model.accepts_generation:
+            raise InvalidArgument(f"model {name!r} does not generate text (its handler takes no LLM requests): "
+                                  "send tensors to /v2/models/<model>/infer")
+        raw = await request.read()
+        refuse_form(request.content_type, raw)
+        settings = self.core.settings
+        decoded = await convert(parse_json, raw, settings.max_json_depth, settings.max_json_nodes, size=len(raw))
+        if not isinstance(decoded, dict) or not isinstance(decoded.get("text_input"), str) or not decoded["text_input"]:
+            raise InvalidArgument('the body must be a JSON object with a non-empty string "text_input"')
+        others = sorted(set(decoded) - {"text_input", "parameters", "id"})
+        if others:
+            raise InvalidArgument(f"field(s) {', '.join(map(repr, others))} are not read: send the text as "
+                                  '"text_input" and sampling settings in "parameters"')
+        parameters = _parameters(decoded.get("parameters"), "parameters")
+        return name, model.version, llm_body(decoded["text_input"], parameters, "parameters")
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
