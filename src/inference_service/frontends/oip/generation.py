@@ -28,14 +28,15 @@ _ALIASES = {"max_tokens": "max_new_tokens"}
 _TRANSPORT = frozenset({"stream"})
 
 
-def llm_body(text: str, parameters: Mapping[str, Any], where: str) -> bytes:
-    """The LLM handler's JSON body of ``text`` (a prompt, or an LLM request as a JSON object) with
-    the request's ``parameters`` over it (``max_tokens`` read as ``max_new_tokens``).
+def llm_body(text: str, parameters: Mapping[str, Any], where: str, chat: bool = False) -> bytes:
+    """The LLM handler's JSON body of ``text`` (a prompt, a user's message when ``chat``, or an LLM
+    request as a JSON object) with the request's ``parameters`` over it (``max_tokens`` read as
+    ``max_new_tokens``).
 
     Raises:
         InvalidArgument: a parameter the LLM does not take (the message names it and ``where``).
     """
-    body: dict[str, Any] = {"prompt": text}
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
@@ -66,11 +67,10 @@ def prompt_of(request: InferRequest) -> str:
         raise InvalidArgument(f"this model is an LLM: send one BYTES input holding the prompt (or an LLM request "
                               f"as JSON), got {len(request.inputs)} inputs")
     tensor: Tensor = request.inputs[0]
-    data = list(tensor.data) if isinstance(tensor.data, list) else None
-    if tensor.datatype != "BYTES" or data is None or len(data) != 1:
+    if tensor.datatype != "BYTES" or len(tensor.data) != 1:
         raise InvalidArgument(f"inputs[0] ({tensor.name!r}): this model is an LLM: send one BYTES element holding "
-                              f"the prompt, got {tensor.datatype} with {len(data) if data is not None else 'raw'} "
-                              "elements")
+                              f"the prompt, got {tensor.datatype} with {len(tensor.data)} elements")
+    data = list(tensor.data[:1]) if not isinstance(tensor.data, list) else tensor.data
     value = data[0]
     if isinstance(value, bytes | bytearray):
         try:
@@ -94,9 +94,13 @@ async def generate(core: InferenceCore, name: str, version: str, body: bytes, he
 
 async def infer_llm(core: InferenceCore, request: InferRequest, headers: dict[str, str],
                     time_remaining: float | None = None) -> InferResponse:
-    """An inference request to an LLM: its answer as the BYTES output :data:`TEXT_OUTPUT`, shape [1]."""
-    body = llm_body(prompt_of(request), model_parameters(request.parameters), "parameters")
+    """An inference request to an LLM: its answer as the BYTES output :data:`TEXT_OUTPUT`, shape [1].
+    A plain text is the user's message when the model has a chat template (an instruct model's
+    answer), else the prompt."""
     model = core.get(request.model_name, request.model_version)
+    template = model.chat_template or ""
+    body = llm_body(prompt_of(request), model_parameters(request.parameters), "parameters",
+                    chat=bool(template) and not template.startswith("none"))
     pieces = [piece async for piece, _ in generate(core, request.model_name, model.version, body, headers,
                                                      time_remaining)]
     return InferResponse(request.model_name, model.version, request.id,
