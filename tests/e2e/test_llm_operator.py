@@ -130,13 +130,16 @@ def test_request_id_is_made_when_absent_or_invalid(tiny_server):
         assert _log_lines(tiny_server, f"request_id={rid}") and _log_lines(tiny_server, f"request {rid}: ")
 
 
-def test_v2_body_is_refused_with_the_way_to_go(tiny_server):
-    v2 = {"id": "1", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Hello"]}]}
-    response, data = _post(tiny_server, "/v2/models/tiny/infer", v2)
-    assert response.status == 400
-    message = json.loads(data)["error"]
-    assert "not an Open Inference Protocol (v2) body" in message
-    assert "/predictions/<model>" in message and "/v1/chat/completions" in message
+def test_v2_body_is_served_on_v2_and_refused_elsewhere_with_the_way_to_go(tiny_server):
+    v2 = {"id": "1", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Hello"]}],
+          "parameters": {"max_tokens": 4, "ignore_eos": True}}
+    response, data = _post(tiny_server, "/v2/models/tiny/infer", v2)  # the /v2 door translates it (issue 49)
+    assert response.status == 200, data
+    (output,) = json.loads(data)["outputs"]
+    assert output["name"] == "text_output" and output["data"][0], output
     with pytest.raises(grpc.RpcError) as info:
         tiny_server.predict("tiny", json.dumps({"id": "1", "model_name": "tiny", "inputs": []}), timeout=60)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "/v1/completions" in info.value.details()
+    message = info.value.details()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not an Open Inference Protocol (v2) body" in message
+    assert "/v2/models/<model>/infer" in message and "/v1/completions" in message

@@ -56,8 +56,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 #: The answer to an Open Inference Protocol (v2) body: which body this handler takes, and where.
 V2_REFUSAL = (
-    'this model is an LLM: it takes {"prompt": "..."} or {"messages": [...]}, not an Open Inference '
-    "Protocol (v2) body with \"inputs\"; send it to /predictions/<model> (gRPC: StreamPredictions), "
+    'this model is an LLM: here it takes {"prompt": "..."} or {"messages": [...]}, not an Open Inference '
+    "Protocol (v2) body with \"inputs\"; send the v2 body to /v2/models/<model>/infer (gRPC: ModelInfer), "
     "or an OpenAI body to /v1/chat/completions or /v1/completions"
 )
 
