@@ -49,7 +49,9 @@ class Runtime:
         return f"http://127.0.0.1:{self.ports[port]}{path}"
 
     def log(self) -> str:
-        return (self.workdir / "logs" / "inference_service.log").read_text()
+        """The server's log ("" before it wrote one: a start that failed early shows its own output)."""
+        path = self.workdir / "logs" / "inference_service.log"
+        return path.read_text() if path.exists() else ""
 
     def stop(self) -> None:
         proc = subprocess.run([str(self.torchserve), "--stop"], cwd=self.workdir, env=self.env, capture_output=True,
