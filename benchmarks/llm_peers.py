@@ -104,6 +104,7 @@ OUR_VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "torch_bounded100k": (["--engine", "torch"], {"omp_wait_policy": "bounded", "omp_spin_count": 100000}),
     "vllm": (["--engine", "vllm"], {}),
     "llamacpp": (["--engine", "llamacpp"], {}),  # the Q4_1 GGUF as it is, on llama.cpp in the worker
+    "llamacpp_active": (["--engine", "llamacpp"], {"omp_wait_policy": "active"}),  # its threads spin between steps
     "llamacpp_chunk64": (["--engine", "llamacpp"], {"max_num_batched_tokens": 64}),
     "llamacpp_chunk128": (["--engine", "llamacpp"], {"max_num_batched_tokens": 128}),
     # smaller prefill chunks a step: a decode step waits on less of a new prompt (ITL against TTFT)
