@@ -9,7 +9,8 @@ on :mod:`~inference_service.llm.conversion_check`'s committed texts and prompts:
 - the IR's tokenizer files give the source's token ids for every text;
 - greedy decoding on the OpenVINO engine, as served (the format's precision settings), against
   transformers' eager fp32: for ``fp32`` the first :data:`TOKENS` tokens of
-  every prompt are equal; for a quantized format each prompt's first token is transformers' most
+  every prompt are equal (or part where transformers' choice is a near-tie, :data:`TIE_NATS`); for
+  a quantized format each prompt's first token is transformers' most
   likely one or within :data:`MAX_GAP_NATS` of it (a quantized model may flip a near-tie; a broken
   conversion answers tokens transformers finds unlikely).
 
@@ -38,6 +39,10 @@ TOKENS = 16
 #: Most a quantized IR's first greedy token may lie below transformers' most likely one, in
 #: transformers' log probabilities (nats).
 MAX_GAP_NATS = 1.0
+#: An unquantized IR may part from transformers' greedy tokens where transformers' two most likely
+#: differ by at most this much (nats): float rounding in another order flips such a near-tie (a
+#: random test model has many), and the tokens after it follow another prefix.
+TIE_NATS = 1e-3
 #: Exit status of a conversion that differs.
 MISMATCH = 3
 NEXT_STEP = "set 'engine: torch' in the handler config (scripts/build_llm_archive --engine torch) to serve the folder"
@@ -68,40 +73,46 @@ def check(source: Path, ir_dir: Path, weight_format: str) -> str:
     prompts = [list(tokenizer(prompt)["input_ids"]) for prompt in PROMPTS]
     got = _served(ir_dir, weight_format, tokenizer, prompts)
     exact = weight_format == "fp32"
-    equal = 0
+    equal = ties = 0
     for prompt, ids, tokens in zip(PROMPTS, prompts, got, strict=True):
-        expected, logprobs = _greedy(model, ids, TOKENS if exact else 1)
+        expected, steps = _greedy(model, ids, TOKENS if exact else 1)
         if exact and tokens != expected:
-            raise IRMismatch(f"its {TOKENS} greedy tokens of {prompt!r} are {tokenizer.decode(tokens)!r}, "
-                             f"transformers' (fp32) {tokenizer.decode(expected)!r}")
+            at = next(i for i, (a, b) in enumerate(zip(tokens, expected, strict=True)) if a != b)
+            if float(steps[at][expected[at]] - steps[at][tokens[at]]) > TIE_NATS:
+                raise IRMismatch(f"its {TOKENS} greedy tokens of {prompt!r} are {tokenizer.decode(tokens)!r}, "
+                                 f"transformers' (fp32) {tokenizer.decode(expected)!r}")
+            ties += 1  # a near-tie that float rounding flips: the rest follows another prefix
+        logprobs = steps[0]
         gap = float(logprobs[expected[0]] - logprobs[tokens[0]])
         if gap > MAX_GAP_NATS:
             raise IRMismatch(f"its first greedy token of {prompt!r} is {tokenizer.decode(tokens[:1])!r}, "
                              f"{gap:.2f} nats below transformers' (fp32) {tokenizer.decode(expected[:1])!r} "
                              f"(at most {MAX_GAP_NATS:g})")
         equal += tokens[0] == expected[0]
-    what = (f"all {TOKENS} greedy tokens of {len(PROMPTS)} prompts equal" if exact else
+    what = (f"all {TOKENS} greedy tokens of {len(PROMPTS)} prompts equal"
+            + (f" ({ties} up to a near-tie within {TIE_NATS:g} nats)" if ties else "") if exact else
             f"the first greedy token of {len(PROMPTS)} prompts within {MAX_GAP_NATS:g} nats "
             f"({equal} equal)")
     return (f"tokenization equal on {len(TEXTS)} texts; {what} (transformers fp32 eager on the folder); "
             f"checked in {time.perf_counter() - start:.1f} s")
 
 
-def _greedy(model: Any, ids: list[int], count: int) -> tuple[list[int], Any]:
+def _greedy(model: Any, ids: list[int], count: int) -> tuple[list[int], list[Any]]:
     """``count`` greedy tokens of transformers after ``ids`` (no end of sequence: as ``ignore_eos``),
-    and the log probabilities of the first."""
+    and the log probabilities at each of them."""
     import torch
 
     tokens: list[int] = []
-    past, step, first = None, torch.tensor([ids]), None
+    steps: list[Any] = []
+    past, step = None, torch.tensor([ids])
     with torch.no_grad():
         for _ in range(count):
             out = model(step, past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1].float()
-            first = torch.log_softmax(logits, -1) if first is None else first
+            steps.append(torch.log_softmax(logits, -1))
             tokens.append(int(logits.argmax()))
             step = torch.tensor([[tokens[-1]]])
-    return tokens, first
+    return tokens, steps
 
 
 def _served(ir_dir: Path, weight_format: str, tokenizer: Any, prompts: list[list[int]]) -> list[list[int]]:
