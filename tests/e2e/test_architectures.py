@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from inference_service.contracts.handler_config import HandlerConfig
+from inference_service.llm.engine_protocol import run_to_the_end
 from inference_service.llm.engines import build_engine
 from inference_service.llm.params import GenerationParams
 
@@ -67,16 +68,7 @@ def _served(config: dict[str, Any], prompts: list[list[int]]) -> list[list[int]]
     built = build_engine(HandlerConfig.parse(config), "cpu", 4, True)
     engine = built.engine
     try:
-        for i, ids in enumerate(prompts):
-            engine.add(str(i), ids, GenerationParams(max_new_tokens=TOKENS, ignore_eos=True))
-        done: dict[str, list[int]] = {}
-        for _ in range(20 * TOKENS):
-            for key, out in engine.step().items():
-                if out.finished:
-                    done[key] = list(out.result.token_ids)
-            if len(done) == len(prompts):
-                return [done[str(i)] for i in range(len(prompts))]
-        raise AssertionError(f"the requests did not end: {done}")
+        return run_to_the_end(engine, prompts, GenerationParams(max_new_tokens=TOKENS, ignore_eos=True), 20 * TOKENS)
     finally:
         engine.close()
 

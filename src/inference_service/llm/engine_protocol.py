@@ -159,3 +159,23 @@ def add_request(engine: Engine, key: str, prompt_ids: Sequence[int], params: Gen
     except Exception as exc:  # noqa: BLE001 - one request's fault ends that request alone
         return request_fault(key, exc)
     return None
+
+
+def run_to_the_end(engine: Engine, prompts: Sequence[Sequence[int]], params: GenerationParams,
+                   max_steps: int) -> list[list[int]]:
+    """The generated token ids of each of ``prompts``, added to ``engine`` together (keys ``"0"``,
+    ``"1"``, ...) and stepped until every one has ended (a conversion check, a test).
+
+    Raises:
+        RuntimeError: not every request ended within ``max_steps`` steps.
+    """
+    for i, ids in enumerate(prompts):
+        engine.add(str(i), ids, params)
+    done: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        for key, out in engine.step().items():
+            if out.finished and out.result is not None:
+                done[key] = list(out.result.token_ids)
+        if len(done) == len(prompts):
+            return [done[str(i)] for i in range(len(prompts))]
+    raise RuntimeError(f"{len(prompts) - len(done)} of {len(prompts)} requests did not end in {max_steps} steps")

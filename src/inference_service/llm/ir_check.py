@@ -118,22 +118,16 @@ def _greedy(model: Any, ids: list[int], count: int) -> tuple[list[int], list[Any
 def _served(ir_dir: Path, weight_format: str, tokenizer: Any, prompts: list[list[int]]) -> list[list[int]]:
     """The greedy tokens of ``prompts`` on the OpenVINO engine with the format's precision settings
     (those a worker serves with; the CPU rows of :mod:`~inference_service.llm.cpu_defaults` add none)."""
+    from inference_service.llm.engine_protocol import run_to_the_end
     from inference_service.llm.openvino_engine import OpenVINOEngine
     from inference_service.llm.params import GenerationParams
 
     engine = OpenVINOEngine(ir_dir, tokenizer, (), max_num_seqs=len(prompts), max_model_len=4096,
                             weight_format=weight_format)
     try:
-        for i, ids in enumerate(prompts):
-            engine.add(str(i), ids, GenerationParams(max_new_tokens=TOKENS, ignore_eos=True))
-        done: dict[str, list[int]] = {}
-        for _ in range(20 * TOKENS):
-            for key, out in engine.step().items():
-                if out.finished and out.result is not None:
-                    done[key] = list(out.result.token_ids)
-            if len(done) == len(prompts):
-                return [done[str(i)] for i in range(len(prompts))]
-        raise IRMismatch(f"the OpenVINO engine did not finish {len(prompts)} greedy requests of {TOKENS} tokens")
+        return run_to_the_end(engine, prompts, GenerationParams(max_new_tokens=TOKENS, ignore_eos=True), 20 * TOKENS)
+    except RuntimeError as exc:
+        raise IRMismatch(f"the OpenVINO engine did not finish its greedy requests: {exc}") from None
     finally:
         engine.close()
 
