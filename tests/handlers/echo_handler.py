@@ -3,7 +3,9 @@
 Body commands: ``stream:N[:DELAY]`` sends N intermediate responses DELAY seconds
 apart, ``pid`` answers the worker's pid, ``boom`` raises, ``sleep:S`` sleeps,
 ``status:CODE`` sets a response status, ``exit`` kills the worker process,
-``headers`` answers the request headers as JSON, ``batch`` the batch size,
+``headers`` answers the request headers as JSON, ``replyheaders:N`` sets response headers
+(``Content-Type: application/x-echo``, ``X-Echo-Parts: N``, a ``Content-Length`` that must not
+pass) and sends N intermediate responses, ``batch`` the batch size,
 ``touch:PATH`` appends a line to PATH, ``repeat:N`` answers N bytes, ``tensor``
 a torch tensor, ``streamclock:N:SIZE`` sends N intermediate responses of SIZE bytes
 (``<i>:`` then padding) as fast as it may and answers ``time.monotonic()`` when it has
@@ -49,6 +51,15 @@ class EchoHandler:
                         [head + "x" * (int(size) - len(head)) for _ in data], context.request_ids,
                         "Intermediate Prediction success", 200, context)
                 out.append(repr(time.monotonic()))
+            elif text.startswith("replyheaders:"):
+                parts = int(text.split(":")[1])
+                context.set_response_content_type(idx, "application/x-echo")
+                context.set_response_header(idx, "X-Echo-Parts", str(parts))
+                context.set_response_header(idx, "Content-Length", "1")
+                for i in range(parts):
+                    send_intermediate_predict_response({idx: f"part{i};"}, {idx: context.request_ids[idx]},
+                                                       "Intermediate Prediction success", 200, context)
+                out.append("end")
             elif text == "pid":
                 out.append(str(os.getpid()))
             elif text == "boom":

@@ -5,7 +5,9 @@ sum per sequence, kept across the sequence's requests.
 Body: an integer. The sequence's first request (header ``context.header_key_sequence_start``)
 starts the sum at 0. An even number adds to the sum and answers it once (stopping criterion
 ``None``); an odd number adds and then streams the sum once per call (0.2 s) until 10 messages
-were sent or a ``-1`` request of the same sequence cancels the stream; ``-1`` answers ``-1``.
+were sent or a ``-1`` request of the same sequence cancels the stream; ``-1`` answers ``-1``; ``0``
+answers the sum and ends the sequence (response header ``context.header_key_sequence_end``). A JSON
+body ``{"input": n}`` is the number ``n``.
 """
 import json
 import time
@@ -30,7 +32,10 @@ class RunningSum(BaseHandler):
             if req_id not in ctx.cache:
                 if ctx.get_request_header(idx, ctx.header_key_sequence_start):
                     self.sums[seq] = 0
-                number = int(_text(row.get("data") or row.get("body")))
+                body = row.get("data") if row.get("data") is not None else row.get("body")
+                number = int(body["input"] if isinstance(body, dict) else _text(body))
+                if number == 0:
+                    ctx.set_response_header(idx, ctx.header_key_sequence_end, seq)
                 if number == -1:
                     ctx.cache[seq + ":cancel"] = True
                     ctx.cache[req_id] = {"seq": seq, "stream": False, "left": 0}

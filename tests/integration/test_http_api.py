@@ -172,6 +172,19 @@ def test_intermediate_responses_stream_as_chunks(srv):
     assert (status, out) == (200, b"one two three <done>") and response.getheader("Transfer-Encoding") == "chunked"
 
 
+@pytest.mark.parametrize("model,parts", [("echo", 0), ("echo", 2), ("echo_dir", 0)])
+def test_the_handlers_response_headers_go_on_the_answer(srv, model, parts):
+    """As TorchServe's RestJob: the handler's content type and headers, on a whole answer, a stream
+    and a dynamically batched one; a framing header it sets is left out."""
+    status, response, body = post(srv, f"/predictions/{model}", f"replyheaders:{parts}")
+    assert status == 200, body
+    assert body == "".join(f"part{i};" for i in range(parts)).encode() + b"end"
+    assert response.getheader("Content-Type") == "application/x-echo"
+    assert response.getheader("X-Echo-Parts") == str(parts)
+    assert (response.getheader("Transfer-Encoding") == "chunked") == (parts > 0)
+    assert response.getheader("Content-Length") == (None if parts else str(len(body)))
+
+
 def test_client_disconnect_cancels_the_request(srv):
     """echo has one worker: a 10 s stream whose client hangs up must free it within a step."""
     conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=30)

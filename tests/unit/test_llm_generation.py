@@ -666,7 +666,7 @@ class RecordingChannel:
         self.sent: list[tuple[str, str]] = []
         self.cancel_after = cancel_after or {}
 
-    def send_intermediate(self, request_id: str, payload: bytes) -> None:
+    def send_intermediate(self, request_id: str, payload: bytes, headers: dict | None = None) -> None:
         assert not self.is_cancelled(request_id), f"message sent to cancelled request {request_id}"
         self.sent.append((request_id, payload.decode()))
 

@@ -61,7 +61,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
 
-    def send_intermediate(self, request_id: str, payload: bytes) -> None:
+    def send_intermediate(self, request_id: str, payload: bytes, headers: dict | None = None) -> None:
         self.sent.append((request_id, payload))
 
     def is_cancelled(self, request_id: str) -> bool:

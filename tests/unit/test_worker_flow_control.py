@@ -126,3 +126,20 @@ def test_requests_outside_a_batch_are_not_flow_controlled(pair):
     for _ in range(10):  # a handler thread that outlived its batch must never block
         channel.send_intermediate("r1", b"late")
     assert len(_read_frames(frontend, 10)) == 10
+
+
+def test_response_headers_go_before_a_chunk_when_they_changed(pair):
+    frontend, channel = pair
+    channel.begin(["r1"])
+    channel.send_intermediate("r1", b"a", {"X-Step": 1})
+    channel.send_intermediate("r1", b"b", {"X-Step": 1})  # unchanged: no second HEADERS frame
+    channel.send_intermediate("r1", b"c", {"X-Step": 2})
+    frames = _read_frames(frontend, 5)
+    assert [kind for kind, _ in frames] == [wire.HEADERS, wire.CHUNK, wire.CHUNK, wire.HEADERS, wire.CHUNK]
+    assert wire.decode_headers(frames[0][1]) == ("r1", {"X-Step": "1"})  # values become strings
+    assert wire.decode_headers(frames[3][1]) == ("r1", {"X-Step": "2"})
+    channel.end(["r1"])
+    assert channel.headers_frames("r1", {"X-Step": "2"}) != []  # a request id's record ends with it
+    assert channel.headers_frames("r2", {}) == []
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_headers(wire.encode_response(wire.HEADERS, "r1", b"[1]")[wire.HEADER.size:])

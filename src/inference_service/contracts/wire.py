@@ -33,6 +33,9 @@ METRIC = 16
 PREEMPTED = 17
 #: continuous batching: the preempted request (body: its id) takes a place again.
 RESUMED = 18
+#: the response headers the handler set for a request (``context.set_response_header``), sent
+#: before its next ``CHUNK`` or ``FINAL`` when they changed: the HTTP answer carries them.
+HEADERS = 19
 
 #: Intermediate responses a request may have in flight beyond the frontend's credits.
 STREAM_WINDOW = 64
@@ -251,6 +254,28 @@ def decode_response(body: bytes) -> tuple[str, bytes]:
     """Inverse of :func:`encode_response`: ``(request_id, payload)``."""
     (n,) = _U16.unpack_from(body, 0)
     return body[2 : 2 + n].decode(), body[2 + n :]
+
+
+def encode_headers(request_id: str, headers: dict[str, str]) -> bytes:
+    """A ``HEADERS`` frame: u16 id length, id, the headers as a JSON object of strings."""
+    rid = request_id.encode()
+    return frame(HEADERS, _U16.pack(len(rid)) + rid + json.dumps(headers, separators=(",", ":")).encode())
+
+
+def decode_headers(body: bytes) -> tuple[str, dict[str, str]]:
+    """Inverse of :func:`encode_headers`; entries that are not strings are left out.
+
+    Raises:
+        ProtocolError: the headers are not a JSON object.
+    """
+    request_id, payload = decode_response(body)
+    try:
+        headers = json.loads(payload)
+    except ValueError as exc:
+        raise ProtocolError(f"malformed headers frame: {exc}") from exc
+    if not isinstance(headers, dict):
+        raise ProtocolError("malformed headers frame: not an object")
+    return request_id, {str(k): v for k, v in headers.items() if isinstance(v, str)}
 
 
 def encode_credit(request_id: str, count: int) -> bytes:

@@ -141,7 +141,8 @@ class Job:
     none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
     forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value;
     ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s; ``group``: the
-    requests of one client request share it (:attr:`unit`)."""
+    requests of one client request share it (:attr:`unit`); ``response_headers``: those the handler
+    set, filled in as they arrive (before the message they came with)."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -158,6 +159,7 @@ class Job:
     taken: int = 0  # intermediate responses taken since the last credit
     content_types: dict[str, str] = field(default_factory=dict)
     group: str | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def unit(self) -> str:

@@ -5,8 +5,8 @@ no await) parses the IPC frames as they arrive and hands every response to its j
 request id; nothing else reads the socket. When the worker has room for more requests (its batch
 is done, or in ``continuous``/``async`` mode one of its requests ended), :attr:`WorkerProcess.on_free`
 runs right there (the slot offers the worker to the job queue again). It also hands the handler
-metrics a worker forwards (``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`.
-"""
+metrics a worker forwards (``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`, and
+the response headers a handler set (``HEADERS``) to the job."""
 
 from __future__ import annotations
 
@@ -249,6 +249,10 @@ class WorkerProcess:
             if job is not None:
                 job.fail(error_for_code(_CODES.get(code, grpc.StatusCode.INTERNAL), message, http_status or None))
                 self._request_ended()
+        elif kind == wire.HEADERS:
+            rid, headers = wire.decode_headers(body)
+            if channel.answers and (job := self._jobs.get(rid)) is not None:
+                job.response_headers.update(headers)
         elif kind == wire.PREEMPTED or kind == wire.RESUMED:
             if not channel.answers:
                 return
@@ -258,13 +262,11 @@ class WorkerProcess:
             elif rid in self._jobs:
                 self._preempted.add(rid)
                 self._request_ended()  # its place is free: the dispatcher may send another request
-        elif kind == wire.METRIC:
-            sink = self.metrics_sink
-            if sink is not None and channel.answers:
-                try:
-                    sink(self.spec.model_name, self.spec.model_version, wire.decode_metrics(body))
-                except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
-                    log.exception("model %s: cannot export handler metrics", self.spec.model_name)
+        elif kind == wire.METRIC and (sink := self.metrics_sink) is not None and channel.answers:
+            try:
+                sink(self.spec.model_name, self.spec.model_version, wire.decode_metrics(body))
+            except Exception:  # noqa: BLE001 - a bad metric must not stop the routing
+                log.exception("model %s: cannot export handler metrics", self.spec.model_name)
         elif kind == wire.READY:
             info = json.loads(body)
             if int(info.get("rank", 0)) == 0:
@@ -361,7 +363,7 @@ class WorkerProcess:
     def _stop_clock(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        self._timer = None
 
     def _check_timeout(self) -> None:
         """The response_timeout timer: re-armed while responses come, else the worker is replaced; a
@@ -425,10 +427,8 @@ class WorkerProcess:
         """SIGKILL the process and wait for it."""
         if self.alive and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                if self._own_group:  # the launcher, or an engine's own Python, leads its own process group
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                else:
-                    self.proc.send_signal(signal.SIGKILL)
+                # the launcher, or an engine's own Python, leads its own process group
+                os.killpg(self.proc.pid, signal.SIGKILL) if self._own_group else self.proc.send_signal(signal.SIGKILL)
             await self.wait_exit(5.0)
         await self._close()
 

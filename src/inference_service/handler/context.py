@@ -13,8 +13,8 @@ from inference_service.handler.metrics import Metrics
 class Channel(Protocol):
     """The worker's transport, as seen by handler-side helpers (private)."""
 
-    def send_intermediate(self, request_id: str, payload: bytes) -> None:
-        """Send one intermediate response of ``request_id`` to the frontend."""
+    def send_intermediate(self, request_id: str, payload: bytes, headers: dict[str, Any] | None = None) -> None:
+        """Send one intermediate response of ``request_id`` (and its response headers) to the frontend."""
 
     def is_cancelled(self, request_id: str) -> bool:
         """Whether the client of ``request_id`` went away."""

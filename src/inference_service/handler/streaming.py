@@ -39,7 +39,7 @@ def send_intermediate_predict_response(
     for idx, request_id in req_id_map.items():
         if channel.is_cancelled(request_id):
             continue
-        channel.send_intermediate(request_id, encode_response(ret[idx]))
+        channel.send_intermediate(request_id, encode_response(ret[idx]), context.get_response_headers(idx))
         live += 1
     if req_id_map and live == 0:
         raise RequestCancelled("all requests of this batch were cancelled")

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import math
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextvars import ContextVar
 from pathlib import Path
@@ -38,6 +37,7 @@ from inference_service.serving.registration import (
     newest_version,
     prepare_version,
 )
+from inference_service.serving.sequences import SEQ_END, SEQ_ID, SEQ_START, new_sequence_id
 from inference_service.serving.stats import RequestTelemetry, VersionStats, version_stats
 
 log = logging.getLogger(__name__)
@@ -130,19 +130,22 @@ class InferenceCore:
     async def predict(self, name: str, version: str, inputs: dict[str, bytes],
                       headers: dict[str, str] | None = None,
                       time_remaining: float | None = None, *,
-                      content_types: dict[str, str] | None = None) -> bytes:
+                      content_types: dict[str, str] | None = None, sequence_id: str | None = None,
+                      response_headers: dict[str, str] | None = None) -> bytes:
         """Unary inference: the final response, preceded by any intermediate ones, concatenated.
 
         ``version`` "" is the default; ``time_remaining``: seconds left of the client's deadline;
-        ``content_types``: of the inputs that have one (the worker decodes JSON and text ones).
+        ``content_types``: of the inputs that have one (the worker decodes JSON and text ones);
+        ``response_headers`` receives those the handler set (``context.set_response_header``);
+        ``sequence_id``: of :meth:`enter_sequence`.
 
         Raises:
             InferenceError: NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED, the handler's error.
         """
         result = b""
         # runs the lifecycle to its end (it returns after its one item), so its cleanup has run
-        async for data, _final in self._lifecycle(name, version, inputs, headers, time_remaining, False, None,
-                                                  content_types):
+        async for data, _final in self._lifecycle(name, version, inputs, headers, time_remaining, False,
+                                                  sequence_id, content_types, response_headers=response_headers):
             result = data
         return result
 
@@ -151,21 +154,23 @@ class InferenceCore:
                time_remaining: float | None = None,
                sequence_id: str | None = None, *,
                content_types: dict[str, str] | None = None,
-               group: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
+               group: str | None = None,
+               response_headers: dict[str, str] | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """Streaming inference (batch of one): yields ``(payload, is_final)`` for each intermediate
         response, then for the final one (``is_final`` True). Requests of one ``group`` (the
         engine requests of one client request) are one unit of the job queue's fairness.
 
         Nothing happens (lookup errors included) until the first item is asked for. Closing the
-        iterator early aborts the request in the worker. Raises as :meth:`predict`.
+        iterator early aborts the request in the worker. ``response_headers`` and raises as :meth:`predict`.
         """
         return self._lifecycle(name, version, inputs, headers, time_remaining, True, sequence_id, content_types,
-                               group)
+                               group, response_headers)
 
     async def _lifecycle(self, name: str, version: str, inputs: dict[str, bytes],
                          headers: dict[str, str] | None, time_remaining: float | None, stream: bool,
                          sequence_id: str | None, content_types: dict[str, str] | None,
-                         group: str | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
+                         group: str | None = None,
+                         response_headers: dict[str, str] | None = None) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The one request lifecycle of :meth:`predict` and :meth:`stream`; unary joins the parts."""
         model = self.get(name, version)
         SERVED_VERSION.set(model.version)
@@ -174,6 +179,8 @@ class InferenceCore:
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
                   deadline=None if time_remaining is None else time.monotonic() + time_remaining,
                   content_types=content_types or {}, group=group)
+        if response_headers is not None:
+            job.response_headers = response_headers
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)
@@ -214,9 +221,51 @@ class InferenceCore:
             if stats is not None:
                 stats.finish(job.enqueued, job.dispatched, ok, cancelled)
 
-    def new_sequence_id(self) -> str:
-        """A fresh sequence id in TorchServe's form ``ts-seq-<uuid>``."""
-        return f"ts-seq-{uuid.uuid4()}"
+    def enter_sequence(self, name: str, version: str, sequence_id: str | None,
+                       headers: dict[str, str]) -> tuple[ModelVersion, str]:
+        """A request of a sequence the server holds between requests (HTTP, :mod:`.sequences`) starts:
+        with no ``sequence_id`` a sequence opens under a new id (``headers`` get
+        ``ts_request_sequence_start: true``), else the named one goes on (a name not seen yet opens
+        it, as TorchServe's job groups). ``headers`` get ``ts_request_sequence_id``. Pair with
+        :meth:`leave_sequence`.
+
+        Raises:
+            NotFound: an id of this server's minting whose sequence ended, expired or lost its worker.
+            Unavailable: ``maxNumSequence`` sequences open (HTTP 503, as TorchServe), or no worker.
+            FailedPrecondition: the model has no ``sequenceBatching``.
+        """
+        model = self.get(name, version)
+        held, now = model.held, time.monotonic()
+        if sequence_id is None:
+            for seq, why in held.overdue(now):  # their places count against maxNumSequence
+                model.close_sequence(seq, why)
+            sequence_id = new_sequence_id()
+            headers[SEQ_START] = "true"
+        elif (overdue := held.why_overdue(sequence_id, now)) is not None:
+            model.close_sequence(sequence_id, overdue)
+        elif sequence_id in held.held and sequence_id not in model.sequences:
+            model.close_sequence(sequence_id, "its worker stopped")
+        held.check(sequence_id)
+        try:
+            model.open_sequence(sequence_id)
+        except ResourceExhausted as exc:  # TorchServe answers 503 when its job groups are full
+            raise Unavailable(f"{exc.message}; one closes when its handler ends it or at its idle or total limit",
+                              reason="MAX_NUM_SEQUENCE", retry_after_s=1.0) from None
+        held.enter(sequence_id, now)
+        headers[SEQ_ID] = sequence_id
+        return model, sequence_id
+
+    def leave_sequence(self, model: ModelVersion, sequence_id: str, client_ended: bool,
+                       response_headers: dict[str, str]) -> None:
+        """The request of :meth:`enter_sequence` ended, however: its sequence closes when the handler
+        named it in the response header ``ts_request_sequence_end`` (``;``-separated ids, as
+        TorchServe's SequenceContinuousBatching) or ``client_ended`` (``ts_request_sequence_end: true``)."""
+        model.held.leave(sequence_id, time.monotonic())
+        ended = {s.strip() for s in response_headers.get(SEQ_END, "").split(";")} - {""}
+        if client_ended:
+            ended.add(sequence_id)
+        for seq in ended & model.held.held.keys():
+            model.close_sequence(seq)
 
     def open_sequence(self, name: str, version: str, sequence_id: str) -> ModelVersion:
         """Start (or continue) a sequence on the model (StreamPredictions2)."""

@@ -8,7 +8,6 @@ import itertools
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 
 from inference_service.archive.model_archive import ModelArchive
@@ -28,6 +27,7 @@ from inference_service.errors import (
 )
 from inference_service.serving.interpreter import InterpreterError, worker_python
 from inference_service.serving.model_config import ModelConfig, parallel_settings
+from inference_service.serving.sequences import SequenceBook
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ class ModelVersion:
         self.queue = JobQueue(config.job_queue_size, config.batch_size, config.max_batch_delay_ms,
                               concurrent=config.worker_mode != wire.MODE_BATCH)
         self.slots: dict[int, WorkerSlot] = {}
-        self.sequences: dict[str, int] = {}
-        self.sequence_last_used: dict[str, float] = {}
+        self.sequences: dict[str, int] = {}  # sequence id -> the worker it is pinned to
+        self.held = SequenceBook(config.sequence_max_idle_ms, config.sequence_timeout_ms)  # HTTP's sequences
         self.restarts_total = 0  # worker restarts of this version, kept when workers are removed
         self.accepts_generation = False  # a worker's handler took the typed LLM request: /v1/models lists it
         self.chat_template: str | None = None  # an LLM worker's READY: the chat template it renders with
@@ -200,7 +200,7 @@ class ModelVersion:
         self.slots.pop(slot.id, None)
         for seq, wid in list(self.sequences.items()):
             if wid == slot.id:
-                del self.sequences[seq]
+                self.close_sequence(seq, f"its worker {slot.id} stopped")
         self.on_change()
 
     def load_error(self) -> str | None:
@@ -285,12 +285,11 @@ class ModelVersion:
                 load[wid] += 1
         ready = [s.id for s in slots if s.state in (WorkerState.READY, WorkerState.BUSY)] or list(load)
         self.sequences[sequence_id] = min(ready, key=lambda wid: load[wid])
-        self.sequence_last_used[sequence_id] = time.monotonic()
 
-    def close_sequence(self, sequence_id: str) -> None:
-        """Forget a sequence (its end, or its stream closed)."""
+    def close_sequence(self, sequence_id: str, why: str = "it ended") -> None:
+        """Forget a sequence (its end, its stream closed, or its limits passed)."""
         self.sequences.pop(sequence_id, None)
-        self.sequence_last_used.pop(sequence_id, None)
+        self.held.close(sequence_id, why)
 
     async def close(self) -> None:
         """Stop every worker, fail queued jobs, remove the extracted archive; scale-downs still running

@@ -98,7 +98,7 @@ class AsyncRunner:
             frame = answers.failed([rid], exc)[0]
         finally:
             self.tasks.pop(rid, None)
-            self.channel.cancelled.discard(rid)
+            self.channel.end([rid])
         metrics = self.channel.metrics
         if metrics is not None and metrics.pending:
             frame = wire.encode_metrics(metrics.drain()) + frame
@@ -113,11 +113,12 @@ class AsyncRunner:
             async for item in result:
                 value = item[0] if isinstance(item, (list, tuple)) and len(item) == 1 else item
                 if value is not None:
-                    self.channel.send_intermediate(rid, encode_response(value))
+                    self.channel.send_intermediate(rid, encode_response(value), context.get_response_headers(0))
             result = [None]
         elif inspect.isawaitable(result):
             result = await result
         if not isinstance(result, (list, tuple)) or len(result) != 1:
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
             raise TypeError(f"handler returned {got} results for a batch of 1 request")
-        return answers.result(context, 0, rid, result[0])
+        return b"".join(self.channel.headers_frames(rid, context.get_response_headers(0))
+                        + [answers.result(context, 0, rid, result[0])])

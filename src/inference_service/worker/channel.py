@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from inference_service.contracts import wire
 from inference_service.handler.metrics import Metrics
@@ -33,6 +34,7 @@ class WorkerChannel:
         self.metrics: Metrics | None = None  # set when handler metrics go to the frontend
         self.window = 0
         self._credit: dict[str, int] = {}  # running request -> intermediate responses it may still send
+        self._sent_headers: dict[str, dict[str, str]] = {}  # running request -> response headers sent
         self._eof = False
 
     def _next_buffered(self) -> tuple[int, bytes] | None:
@@ -80,6 +82,7 @@ class WorkerChannel:
         self.cancelled.difference_update(request_ids)
         for rid in request_ids:
             self._credit.pop(rid, None)
+            self._sent_headers.pop(rid, None)
 
     def _take(self, item: tuple[int, bytes]) -> None:
         kind, body = item
@@ -179,15 +182,29 @@ class WorkerChannel:
             self._sock.sendall(data)
 
     # Channel protocol used by the handler API
-    def send_intermediate(self, request_id: str, payload: bytes) -> None:
-        """Send a ``CHUNK`` after any queued handler metrics; blocks while the request has no credit."""
+    def send_intermediate(self, request_id: str, payload: bytes, headers: dict[str, Any] | None = None) -> None:
+        """Send a ``CHUNK`` after any queued handler metrics and the request's response ``headers``
+        when they changed; blocks while the request has no credit."""
         credit = self._credit.get(request_id)
         if credit is not None:
             if credit <= 0:
                 self._await_credit(request_id)
                 credit = self._credit.get(request_id, 1)
             self._credit[request_id] = credit - 1
-        self.send(b"".join(self.pending_metrics() + [wire.encode_response(wire.CHUNK, request_id, payload)]))
+        frames = self.pending_metrics()
+        if headers:
+            frames += self.headers_frames(request_id, headers)
+        frames.append(wire.encode_response(wire.CHUNK, request_id, payload))
+        self.send(b"".join(frames))
+
+    def headers_frames(self, request_id: str, headers: dict[str, Any]) -> list[bytes]:
+        """The ``HEADERS`` frame of ``request_id`` when ``headers`` differ from those sent last ([] else);
+        values become strings."""
+        text = {str(k): str(v) for k, v in headers.items()}
+        if not text or self._sent_headers.get(request_id) == text:
+            return []
+        self._sent_headers[request_id] = text
+        return [wire.encode_headers(request_id, text)]
 
     def pending_metrics(self) -> list[bytes]:
         """The METRIC frame of what the handler recorded since the last one ([] when nothing)."""

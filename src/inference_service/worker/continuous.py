@@ -224,10 +224,12 @@ class ContinuousRunner:
                     continue
                 value = result[idx]
                 stop = criteria[idx](value) if criteria is not None else None
+                headers = context.get_response_headers(idx)
                 if stop is False:
                     if value is not None:
-                        self.channel.send_intermediate(rid, encode_response(value))
+                        self.channel.send_intermediate(rid, encode_response(value), headers)
                     continue
+                out += self.channel.headers_frames(rid, headers)
                 out.append(answers.final(rid, value))
                 ended.append(rid)
         except RequestCancelled:

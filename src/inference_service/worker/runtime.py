@@ -99,6 +99,7 @@ class Worker:
                 if rid in cancelled:
                     out.append(answers.cancelled(rid))
                 else:
+                    out += self.channel.headers_frames(rid, self.context.get_response_headers(idx))
                     out.append(answers.result(self.context, idx, rid, result[idx]))
         except RequestCancelled:
             out = [answers.cancelled(rid) for rid in ids]
@@ -122,12 +123,13 @@ class Worker:
                     )
                 live = 0
                 self.channel.poll_due()  # take the cancels that arrived meanwhile
-                for rid, value in zip(ids, item, strict=True):
+                for idx, (rid, value) in enumerate(zip(ids, item, strict=True)):
                     if rid in cancelled:
                         continue
                     live += 1
                     if value is not None:
-                        self.channel.send_intermediate(rid, encode_response(value))
+                        self.channel.send_intermediate(rid, encode_response(value),
+                                                       self.context.get_response_headers(idx))
                 if live == 0:
                     gen.close()
                     raise RequestCancelled("all requests of this batch were cancelled")

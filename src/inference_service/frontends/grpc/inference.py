@@ -19,11 +19,9 @@ from inference_service.frontends.grpc.registration import Malformed
 from inference_service.frontends.request_ids import REQUEST_ID_HEADER, current
 from inference_service.observability.metrics import Telemetry
 from inference_service.serving.core import InferenceCore
+from inference_service.serving.sequences import SEQ_END, SEQ_ID, SEQ_START, new_sequence_id
 
 PredictionResponse = inference_pb2.PredictionResponse
-SEQ_ID = "ts_request_sequence_id"
-SEQ_START = "ts_request_sequence_start"
-SEQ_END = "ts_request_sequence_end"
 _SKIP_HEADERS = ("authorization", "grpc-", ":")
 
 
@@ -145,7 +143,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
             if not seq:
                 if not _flag(inputs, SEQ_START):
                     raise InvalidArgument("Parameter sequenceId is required.", reason="SEQUENCE_ID_REQUIRED")
-                seq = self.core.new_sequence_id()
+                seq = new_sequence_id()
             model = opened.get(seq) or self.core.open_sequence(request.model_name, request.model_version, seq)
             opened[seq] = model
             seq_headers = dict(headers)

@@ -34,7 +34,7 @@ from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
 from inference_service.frontends.http.limits import PartCounter, form_fields
-from inference_service.frontends.http.streams import StreamFraming, usage_object, wants_ndjson
+from inference_service.frontends.http.streams import StreamFraming, passed_headers, usage_object, wants_ndjson
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
 from inference_service.frontends.request_ids import handler_headers
@@ -42,6 +42,7 @@ from inference_service.observability.accesslog import AccessLog
 from inference_service.security.auth import INFERENCE, KeyStore, read_bearer
 from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
+from inference_service.serving.sequences import SEQ_END, SEQ_ID
 
 log = logging.getLogger("inference_service.http")
 
@@ -268,12 +269,23 @@ class HttpInferenceApi:
         inputs, content_types = await self._inputs(request)
         headers = handler_headers(request.headers.items(), request["request_id"])
         headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
-        if model.config.batch_size > 1 and not model.config.streams_in_batches:
-            # batch mode: a stream would be a batch of one, so the request is batched dynamically
-            return web.Response(body=await self.core.predict(name, version, inputs, headers,
-                                                             content_types=content_types))
-        return await self._stream(request, self.core.stream(name, version, inputs, headers,
-                                                            content_types=content_types))
+        reply: dict[str, str] = {}  # the handler's response headers, as they arrive
+        seq = None
+        if model.config.sequence_batching:  # a sequence held between requests (serving/sequences.py)
+            model, seq = self.core.enter_sequence(name, version, request.headers.get(SEQ_ID) or None, headers)
+            reply[SEQ_ID] = seq
+        try:
+            if model.config.batch_size > 1 and not model.config.streams_in_batches:
+                # batch mode: a stream would be a batch of one, so the request is batched dynamically
+                body = await self.core.predict(name, model.version, inputs, headers, content_types=content_types,
+                                               sequence_id=seq, response_headers=reply)
+                return web.Response(body=body, headers=passed_headers(reply))
+            return await self._stream(request, self.core.stream(name, model.version, inputs, headers, sequence_id=seq,
+                                                                content_types=content_types,
+                                                                response_headers=reply), reply)
+        finally:
+            if seq is not None:
+                self.core.leave_sequence(model, seq, request.headers.get(SEQ_END, "").lower() == "true", reply)
 
     async def kserve_v1_predict(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/models/{model_name}:predict``, KServe v1 as TorchServe serves it: the body is the
@@ -329,24 +341,27 @@ class HttpInferenceApi:
             raise InvalidArgument(f"malformed multipart body: {exc or type(exc).__name__}") from exc
         return inputs, content_types
 
-    async def _stream(self, request: web.Request,
-                      messages: AsyncIterator[tuple[bytes, bool]]) -> web.StreamResponse:
-        """One body for a single message; chunked transfer, a chunk per message, for several."""
+    async def _stream(self, request: web.Request, messages: AsyncIterator[tuple[bytes, bool]],
+                      reply: dict[str, str] | None = None) -> web.StreamResponse:
+        """One body for a single message; chunked transfer, a chunk per message, for several. The
+        handler's response headers in ``reply`` (as of the first message) go on the answer."""
         framing = StreamFraming(wants_ndjson(request.headers.get("Accept", "")))
         async with contextlib.aclosing(messages):  # type: ignore[type-var]
             first = await anext(messages, None)
             if first is None:  # pragma: no cover - the core always ends with a final message
                 return web.Response(body=b"")
+            extra = passed_headers(reply or {})
             if first[1]:
                 if not framing.ndjson and usage_object(first[0]) is None:
-                    return web.Response(body=first[0])  # a whole answer, as TorchServe's
+                    return web.Response(body=first[0], headers=extra)  # a whole answer, as TorchServe's
                 content_type = framing.content_type(first[0])
                 return web.Response(body=framing.final(first[0]),
-                                    headers={"Content-Type": content_type} if content_type else None)
+                                    headers={"Content-Type": content_type, **extra} if content_type else extra)
             response = web.StreamResponse()
             content_type = framing.content_type(first[0])
             if content_type is not None:
                 response.headers["Content-Type"] = content_type
+            response.headers.update(extra)
             response.enable_chunked_encoding()
             await response.prepare(request)
             try:

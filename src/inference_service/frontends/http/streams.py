@@ -109,3 +109,14 @@ class StreamFraming:
 
 def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+#: Response headers a handler may not set: the HTTP framing's, and TorchServe's internal stream flag.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "ts_stream_next"})
+
+
+def passed_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The handler's response headers that go on the HTTP answer, as TorchServe's RestJob sets them
+    (``Content-Type`` included); framing headers and values with a line break are left out."""
+    return {key: value for key, value in headers.items()
+            if key.lower() not in _FRAMING and "\r" not in value and "\n" not in value}
