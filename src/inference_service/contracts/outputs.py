@@ -112,16 +112,20 @@ class Usage:
 class FinalMessage:
     """How a generation ended, as its final message tells it: ``text`` not sent before (``""`` when
     streamed), ``finish_reason``, ``usage`` (``None`` when absent or malformed), ``logprobs`` of the
-    tokens not sent before (``None``: not asked for)."""
+    tokens not sent before (``None``: not asked for), the stop string that ended it (``None``: none
+    did; Anthropic's ``stop_sequence``, vLLM's ``stop_reason``)."""
 
     text: str
     finish_reason: str
     usage: Usage | None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_string: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the handler returns (the worker encodes it)."""
         out: dict[str, Any] = {"text": self.text, "finish_reason": self.finish_reason}
+        if self.stop_string is not None:
+            out["stop_string"] = self.stop_string
         if self.usage is not None:
             out["usage"] = {"prompt_tokens": self.usage.prompt_tokens,
                             "completion_tokens": self.usage.completion_tokens}
@@ -144,4 +148,6 @@ class FinalMessage:
         if isinstance(counts, dict) and isinstance(counts.get("prompt_tokens"), int) \
                 and isinstance(counts.get("completion_tokens"), int):
             usage = Usage(counts["prompt_tokens"], counts["completion_tokens"])
-        return cls(obj["text"], str(obj["finish_reason"]), usage, _logprobs(obj))
+        stop = obj.get("stop_string")
+        return cls(obj["text"], str(obj["finish_reason"]), usage, _logprobs(obj),
+                   stop if isinstance(stop, str) else None)

@@ -155,4 +155,4 @@ def final_message(result: GenerationResult, params: GenerationParams,
         return result.remaining_text
     usage = Usage(result.prompt_tokens, result.completion_tokens) if params.include_usage else None
     entries = tuple(logprobs) if params.logprobs else None
-    return FinalMessage(result.remaining_text, result.finish_reason, usage, entries).to_json()
+    return FinalMessage(result.remaining_text, result.finish_reason, usage, entries, result.stop_string).to_json()

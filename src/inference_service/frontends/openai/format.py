@@ -38,13 +38,14 @@ def sse_event(model: BaseModel, exclude: set[str] | None = None) -> bytes:
 @dataclass
 class Outcome:
     """How one choice ended, from its final message: the text not sent before, the finish reason,
-    its token counts (``None``: not reported) and the log probability entries not sent before
-    (``None``: not asked for)."""
+    its token counts (``None``: not reported), the log probability entries not sent before
+    (``None``: not asked for) and the stop string that ended it (``None``: none did)."""
 
     text: str
     reason: FinishReason
     usage: Usage | None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_string: str | None = None
 
 
 def final_outcome(payload: bytes) -> Outcome:
@@ -59,7 +60,7 @@ def final_outcome(payload: bytes) -> Outcome:
     usage = None if counts is None else Usage(prompt_tokens=counts.prompt_tokens,
                                               completion_tokens=counts.completion_tokens,
                                               total_tokens=counts.total_tokens)
-    return Outcome(final.text, reason, usage, final.logprobs)
+    return Outcome(final.text, reason, usage, final.logprobs, final.stop_string)
 
 
 def piece_of(payload: bytes, logprobs: bool) -> Piece:
