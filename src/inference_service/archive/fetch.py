@@ -23,6 +23,8 @@ from inference_service.errors import DeadlineExceeded, InvalidArgument, NotFound
 log = logging.getLogger(__name__)
 
 REMOTE_SCHEMES = ("http", "https")
+#: The reason of every failed download (NOT_FOUND for a 404, UNAVAILABLE, DEADLINE_EXCEEDED).
+DOWNLOAD_FAILED = "DOWNLOAD_FAILED"
 MAX_REDIRECTS = 5
 
 
@@ -91,6 +93,7 @@ def fetch_archive(url: str, dest_dir: Path, policy: UrlPolicy) -> Path:
     Raises:
         InvalidArgument / PermissionDenied: as :meth:`UrlPolicy.check`; above ``max_download_bytes``.
         NotFound: 404. Unavailable: unreachable or another error. DeadlineExceeded: past ``timeout_s``.
+            All three with reason ``DOWNLOAD_FAILED``.
     """
     policy.check(url)
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -113,19 +116,21 @@ def fetch_archive(url: str, dest_dir: Path, policy: UrlPolicy) -> Path:
                     if total > cap:
                         raise InvalidArgument(too_big)
                     if time.monotonic() > deadline:
-                        raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s")
+                        raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s",
+                                               reason=DOWNLOAD_FAILED)
                     out.write(chunk)
     except urllib.error.HTTPError as exc:
         target.unlink(missing_ok=True)
         if exc.code == 404:
-            raise NotFound(f"model URL {url!r}: the server answered 404") from exc
-        raise Unavailable(f"cannot download {url!r}: HTTP {exc.code} {exc.reason}") from exc
+            raise NotFound(f"model URL {url!r}: the server answered 404", reason=DOWNLOAD_FAILED) from exc
+        raise Unavailable(f"cannot download {url!r}: HTTP {exc.code} {exc.reason}", reason=DOWNLOAD_FAILED) from exc
     except (urllib.error.URLError, OSError) as exc:
         target.unlink(missing_ok=True)
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-            raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s") from exc
-        raise Unavailable(f"cannot download {url!r}: {reason}") from exc
+            raise DeadlineExceeded(f"downloading {url!r} took longer than {policy.timeout_s:g} s",
+                                   reason=DOWNLOAD_FAILED) from exc
+        raise Unavailable(f"cannot download {url!r}: {reason}", reason=DOWNLOAD_FAILED) from exc
     except BaseException:
         target.unlink(missing_ok=True)
         raise

@@ -24,6 +24,7 @@ _VERSION_NOT_FOUND = _JAVA + "archive.model.ModelVersionNotFoundException"
 _MODEL_EXCEPTION = _JAVA + "archive.model.ModelException"
 _BAD_REQUEST = _JAVA + "http.BadRequestException"
 _INTERNAL_SERVER = _JAVA + "http.InternalServerException"
+_DOWNLOAD = _JAVA + "archive.DownloadArchiveException"
 _INFERENCE = grpc.StatusCode.INTERNAL  # every refusal of InferenceImpl.prediction
 
 
@@ -107,6 +108,8 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
         return java(_INFERENCE, "Parameter sequenceId is required.", "BadRequestException.()")
     if reason == "URL_REQUIRED":
         return java(grpc.StatusCode.INVALID_ARGUMENT, "Parameter url is required.", _BAD_REQUEST)
+    if reason == "DOWNLOAD_FAILED":  # ArchiveUtils.downloadArchive: any IOException
+        return java(grpc.StatusCode.INVALID_ARGUMENT, f"Failed to download archive from: {url}", _DOWNLOAD)
     if reason == "ARCHIVE_NOT_FOUND":
         return java(grpc.StatusCode.NOT_FOUND, f"Model not found at: {url}", _MODEL_NOT_FOUND)
     if reason == "URL_NOT_ALLOWED":
