@@ -185,6 +185,56 @@ def test_register_errors(server):
     assert error(call(server, "GET", "/models/hm_bad"))[0] == 404  # none of the bad requests registered it
 
 
+def _startup_timeout(server: ServerProcess, name: str) -> int:
+    return described(server, f"/models/{name}")[0]["startupTimeout"]
+
+
+def test_startup_timeout_zero_gives_no_time_to_load(server):
+    # TorchServe's "Register Model with Additional Params and startup_timeout as 0" (its REST API keeps
+    # the 0 for an archive without model-config.yaml): 500, nothing registered
+    status, kind, message = error(call(server, "POST", "/models?url=echo.mar&model_name=st0&initial_workers=1"
+                                                       "&startup_timeout=0"))
+    assert (status, kind) == (500, "InternalServerException") and "startup_timeout=0" in message
+    assert error(call(server, "GET", "/models/st0"))[0] == 404
+    # without workers it registers (its next case) and keeps the 0: a worker scaled to cannot load
+    for query, body in (("?url=echo.mar&model_name=st0&startup_timeout=0", b""),
+                        ("", json.dumps({"url": "echo.mar", "model_name": "st0", "startup_timeout": 0}).encode())):
+        assert call(server, "POST", "/models" + query, body=body, headers={"Content-Type": "application/json"}
+                    if body else None)[0] == 200
+        try:
+            assert _startup_timeout(server, "st0") == 0
+            assert error(call(server, "PUT", "/models/st0?min_worker=1&synchronous=true"))[:2] == \
+                (500, "InternalServerException")
+        finally:
+            assert call(server, "DELETE", "/models/st0")[0] == 200
+    assert server.predict("echo", "still serving") == b"still serving"
+
+
+def test_startup_timeout_zero_elsewhere_is_the_default(server):
+    # an empty value is absent; any other value is kept
+    for query, expected in (("startup_timeout=", 120), ("startup_timeout=7", 7)):
+        assert call(server, "POST", f"/models?url=echo.mar&model_name=st_other&{query}")[0] == 200
+        try:
+            assert _startup_timeout(server, "st_other") == expected, query
+        finally:
+            assert call(server, "DELETE", "/models/st_other")[0] == 200
+    # an archive with a model-config.yaml (minWorkers 1): TorchServe takes its startupTimeout, 120 unless set
+    status, _, body = call(server, "POST", "/models?url=echo_dir&model_name=st_yaml&startup_timeout=0")
+    try:
+        assert status == 200, body
+        assert _startup_timeout(server, "st_yaml") == 120
+        assert [w["status"] for w in described(server, "/models/st_yaml")[0]["workers"]] == ["READY"]
+    finally:
+        assert call(server, "DELETE", "/models/st_yaml")[0] == 200
+    # gRPC's RegisterModel: 0 is unset (TorchServe's GRPCUtils.getRegisterParam), so the worker loads
+    server.register("echo.mar", model_name="st_grpc", startup_timeout=0, initial_workers=1)
+    try:
+        assert server.describe("st_grpc")[0]["startupTimeout"] == 120
+        assert server.predict("st_grpc", "loaded") == b"loaded"
+    finally:
+        server.unregister("st_grpc")
+
+
 def test_scale_workers(server):
     assert call(server, "POST", "/models?url=echo.mar&model_name=hm_scale")[0] == 200
     # curl -v -X PUT "http://localhost:8081/models/noop?min_worker=3&synchronous=true" (2 here: 2 cores)

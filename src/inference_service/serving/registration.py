@@ -54,6 +54,7 @@ class RegisterRequest:
     initial_workers: int = 0
     response_timeout: int = 0
     startup_timeout: int = 0
+    startup_timeout_zero: bool = False  # HTTP's startup_timeout=0, read as is (see prepare_version)
     synchronous: bool = False
     loaded_at_startup: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -170,6 +171,10 @@ async def prepare_version(settings: Settings, req: RegisterRequest, extract_dir:
             **req.extra,
         }
         config = ModelConfig.resolve(archive.config, overrides, defaults)
+        if req.startup_timeout_zero and not archive.manifest.get("model", {}).get("configFile"):
+            # TorchServe's REST API keeps startup_timeout=0 for an archive without model-config.yaml:
+            # its workers get no time to load (its gRPC API and a model-config.yaml read 0 as unset)
+            config = replace(config, startup_timeout_s=0)
         extra_paths = []
         if (archive.model_dir / "requirements.txt").is_file():
             if settings.install_py_dep_per_model:

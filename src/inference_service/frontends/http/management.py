@@ -202,7 +202,8 @@ class HttpManagementApi:
     # --------------------------------------------------------------- routes
     async def register(self, request: web.Request) -> web.Response:
         """``POST /models``: RegisterModel. A version registered already is 409 (TorchServe's
-        ConflictStatusException); other FAILED_PRECONDITION errors 400."""
+        ConflictStatusException); other FAILED_PRECONDITION errors 400. ``startup_timeout=0`` is read
+        as TorchServe's REST API reads it: no time to load (see ``prepare_version``)."""
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
         params, synchronous_default = await _register_params(request)
@@ -212,6 +213,7 @@ class HttpManagementApi:
                               synchronous=synchronous)
         for key in _REGISTER_FIELDS:
             setattr(req, key, integer(params, key))
+        req.startup_timeout_zero = req.startup_timeout == 0 and bool(params.get("startup_timeout", "").strip())
         try:
             model = await self.core.register(req)
         except FailedPrecondition as exc:
