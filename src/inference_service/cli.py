@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-status-codes", choices=("default", "torchserve"), default=None,
                    help="status codes of refused gRPC calls: this server's (default) or TorchServe 0.12's "
                         "code and message for every refusal (grpc_status_codes)")
+    p.add_argument("--http-management-status-codes", choices=("default", "torchserve"), default=None,
+                   help="status codes of refused HTTP management calls: this server's (default) or "
+                        "TorchServe 0.12's where they differ (http_management_status_codes)")
     p.add_argument("--no-access-log", action="store_true",
                    help="do not write the access log (one inference_service.access line per RPC)")
     p.add_argument("--metrics-address", help="Prometheus /metrics bind address (127.0.0.1)")
@@ -166,6 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "log_config": args.log_config,
         "event_loop": args.event_loop,
         "grpc_status_codes": args.grpc_status_codes,
+        "http_management_status_codes": args.http_management_status_codes,
         "metrics_address": args.metrics_address,
         "metrics_port": args.metrics_port,
         "metrics_mode": args.metrics_mode,

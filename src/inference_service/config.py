@@ -66,6 +66,7 @@ class Settings:
         metrics_mode: ``"log"`` (``"legacy"`` the same) logs handler metrics in the worker,
             ``"prometheus"`` forwards them to ``/metrics``.
         grpc_status_codes: ``"torchserve"``: the gRPC refusals carry TorchServe 0.12's codes.
+        http_management_status_codes: ``"torchserve"``: HTTP management refusals carry TorchServe 0.12's statuses.
         decode_input_request: handlers get ``application/json`` inputs decoded and ``text/*``
             ones as ``str`` (TorchServe's ``decode_input_request``).
         max_engine_requests: most engine requests one OpenAI request may become (prompts x
@@ -141,6 +142,7 @@ class Settings:
     service_envelope: str | None = None
     event_loop: str = "uvloop"
     grpc_status_codes: str = "default"
+    http_management_status_codes: str = "default"
     decode_input_request: bool = True
     max_engine_requests: int = 64
 
@@ -409,6 +411,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "service_envelope": ("service_envelope", _choice("body", "json", "kserve", "kservev2")),
     "event_loop": ("event_loop", _choice("uvloop", "asyncio")),
     "grpc_status_codes": ("grpc_status_codes", _choice("default", "torchserve")),
+    "http_management_status_codes": ("http_management_status_codes", _choice("default", "torchserve")),
     "decode_input_request": ("decode_input_request", _exactly_true),
     "max_engine_requests": ("max_engine_requests", _positive_int),
     "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),

@@ -295,7 +295,7 @@ class Server:
             self.http_management = HttpManagementApi(
                 self.core, auth=self.auth, model_api_enabled=s.enable_model_api,
                 max_request_size=s.max_request_size, ssl_context=management_ssl_context(s),
-                access_log=self.telemetry.access_log)
+                access_log=self.telemetry.access_log, status_codes=s.http_management_status_codes)
             self.http_management.app.middlewares.insert(0, self.loop_lag.middleware)
             self.http_management.connection_guard = ConnectionGuard(s.connections, cap, "HTTP management API")
         if self.http_api is not None and self.http_management is not None and s.http_shared:

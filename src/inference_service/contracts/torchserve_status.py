@@ -1,9 +1,13 @@
-"""TorchServe 0.12's gRPC refusals: the code and message it answers where this server refuses.
+"""TorchServe 0.12's refusals: the gRPC code and message, and the HTTP management API's status and
+error type, it answers where this server refuses.
 
-Used when ``grpc_status_codes: torchserve`` is set (docs/torchserve-compatibility.md).
+Used when ``grpc_status_codes: torchserve`` / ``http_management_status_codes: torchserve`` is set
+(docs/torchserve-compatibility.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import grpc
 
@@ -129,3 +133,40 @@ def torchserve_status(error: InferenceError, method: str, request: object = None
     if reason == "DEFAULT_VERSION":  # ApiUtils.unregisterModel's InvalidModelVersionException
         return UNCAUGHT
     return error.code, error.message
+
+
+#: The HTTP management API's status and error type for a missing or wrong key (TorchServe's
+#: ``InvalidKeyException``, a ``ModelException``, is 400 in its ``HttpRequestHandler``).
+HTTP_TOKEN_REFUSAL = (400, "InvalidKeyException")
+
+
+def torchserve_http_status(error: InferenceError, params: Mapping[str, str]) -> tuple[int, str] | None:
+    """The status and error type TorchServe 0.12's HTTP management API answers where this server
+    refuses with ``error``; ``None`` where they are this server's.
+
+    Read from TorchServe 0.12's ``HttpRequestHandler`` (its exception-to-status table),
+    ``ManagementRequestHandler``, ``ApiUtils``, ``ModelArchive.downloadModel``, ``HttpUtils``,
+    ``ArchiveUtils`` and ``WorkLoadManager.modelChanged``, and checked against its regression data
+    (``test/postman/management_data.json``).
+
+    Args:
+        error: the refusal, as this server raises it (its ``reason`` selects the row).
+        params: the request's parameters (the query, or RegisterModel's JSON body); ``url``,
+            ``min_worker`` and ``max_worker`` are read as TorchServe reads them.
+    """
+    reason = error.reason
+    url = params.get("url")
+    if reason == "URL_REQUIRED" and url is not None:  # ModelArchive.downloadModel: "empty url"
+        return 404, "ModelNotFoundException"
+    if reason in ("URL_NOT_ALLOWED", "RELATIVE_PATH"):  # InvalidArchiveURLException, read as not found
+        return 404, "ModelNotFoundException"
+    if reason == "DOWNLOAD_FAILED":  # a 404, an unreachable host, a cut download: DownloadArchiveException
+        return 400, "DownloadArchiveException"
+    if reason == "VERSION_REGISTERED" and (url or "").lower().startswith(("http://", "https://")):
+        return 500, "InternalServerException"  # ApiUtils.handleRegister: "Model file already exists"
+    if reason == "WORKER_COUNT":
+        min_worker = int(params.get("min_worker") or 1)
+        max_worker = int(params.get("max_worker") or min_worker)
+        if min_worker <= max_worker < 0:  # WorkLoadManager.modelChanged removes worker -1
+            return 500, "IndexOutOfBoundsException"
+    return None

@@ -63,8 +63,9 @@ _HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 507,
 }
-# Reasons whose HTTP status differs from their gRPC code's.
-_REASON_STATUS = {"REQUEST_TOO_LARGE": 413, "JOB_QUEUE_FULL": 503}
+# Reasons whose HTTP status differs from their gRPC code's (TorchServe's ConflictStatusException and
+# InvalidModelVersionException for the last two).
+_REASON_STATUS = {"REQUEST_TOO_LARGE": 413, "JOB_QUEUE_FULL": 503, "VERSION_REGISTERED": 409, "DEFAULT_VERSION": 403}
 # TorchServe's error "type" (its exception class names) per status.
 _ERROR_TYPE = {
     400: "BadRequestException",

@@ -5,6 +5,8 @@ Each route reads TorchServe's query parameters, makes the one core call the gRPC
 for the same RPC, and answers with TorchServe 0.12's status code and JSON body (its
 ``ManagementRequestHandler``, ``ApiUtils`` and ``TokenAuthorizationHandler``). Without
 ``--enable-model-api``, ``POST /models`` and ``DELETE`` answer 405 as TorchServe's REST API does.
+With ``http_management_status_codes=torchserve`` refusals carry TorchServe's status where this
+server's differs (:func:`~inference_service.contracts.torchserve_status.torchserve_http_status`).
 See docs/apis.md and docs/security.md.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from inference_service.config import Settings
+from inference_service.contracts.torchserve_status import HTTP_TOKEN_REFUSAL, TORCHSERVE, torchserve_http_status
 from inference_service.errors import FailedPrecondition, InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard
@@ -63,9 +66,14 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT32 = range(-(2**31), 2**31)
 # TorchServe's error "type" (its exception class names) for statuses the HTTP inference API does not answer.
 _ERROR_TYPE = {403: "ForbiddenException", 409: "ConflictStatusException"}
+# ... and for a reason whose class is not its status's: the default version while others exist.
+_REASON_TYPE = {"DEFAULT_VERSION": "InvalidModelVersionException"}
 #: The application's key of ``max_json_depth`` (set from the core's settings).
 MAX_JSON_DEPTH = web.AppKey("max_json_depth", int)
 MAX_JSON_NODES = web.AppKey("max_json_nodes", int)
+#: ``http_management_status_codes``: ``"torchserve"`` answers TorchServe's statuses.
+STATUS_CODES = web.AppKey("status_codes", str)
+_PARAMETERS = "inference_service.parameters"  # a request's key: RegisterModel's parameters, once read
 _REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
 
 
@@ -129,21 +137,24 @@ class HttpManagementApi:
         await api.stop()
 
     ``auth`` ``None``: off, and no ``/token`` route; ``shutdown_timeout_s``: how long open
-    responses may finish at :meth:`stop`.
+    responses may finish at :meth:`stop`; ``status_codes``: ``http_management_status_codes``.
     """
 
     def __init__(self, core: InferenceCore, *, auth: TokenAuthorization | None, model_api_enabled: bool,
                  max_request_size: int = 6_553_500, ssl_context: ssl.SSLContext | None = None,
-                 shutdown_timeout_s: float = 1.0, access_log: AccessLog | None = None) -> None:
+                 shutdown_timeout_s: float = 1.0, access_log: AccessLog | None = None,
+                 status_codes: str = "default") -> None:
         self.core = core
         self.auth = auth
         self.model_api_enabled = model_api_enabled
         self.ssl_context = ssl_context
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.torchserve_codes = status_codes == TORCHSERVE
         self.app = web.Application(client_max_size=max_request_size,
                                    middlewares=[_answer_errors, self._auth_middleware])
         self.app[MAX_JSON_DEPTH] = core.settings.max_json_depth
         self.app[MAX_JSON_NODES] = core.settings.max_json_nodes
+        self.app[STATUS_CODES] = status_codes
         router = self.app.router
         for slash in ("", "/"):  # a trailing slash names the same resource (TorchServe ignores empty segments)
             router.add_get("/models" + slash, self.list_models, allow_head=False)
@@ -182,13 +193,17 @@ class HttpManagementApi:
     @web.middleware
     async def _auth_middleware(self, request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        """Refuse requests without ``Authorization: Bearer <key>`` (401) when authorization is on: the
-        management key, or the ``API`` key for ``/token`` (TorchServe's TokenAuthorizationHandler)."""
+        """Refuse requests without ``Authorization: Bearer <key>`` (401; TorchServe's codes: 400) when
+        authorization is on: the management key, or the ``API`` key for ``/token`` (TorchServe's
+        TokenAuthorizationHandler)."""
         if self.auth is not None:
             scope = API if request.path == "/token" else MANAGEMENT
             if not self.auth.keys.verify(scope, read_bearer(request.headers.items())):
                 log.info("rejected HTTP %s %s: %s token", request.method, request.path,
                          "missing" if "Authorization" not in request.headers else "invalid")
+                if self.torchserve_codes:
+                    status, error_type = HTTP_TOKEN_REFUSAL
+                    return error_response(status, TOKEN_MESSAGE, error_type=error_type)
                 return error_response(401, TOKEN_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
@@ -207,6 +222,7 @@ class HttpManagementApi:
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
         params, synchronous_default = await _register_params(request)
+        request[_PARAMETERS] = params
         synchronous = boolean(params, "synchronous", synchronous_default)
         req = RegisterRequest(url=params.get("url", ""), model_name=params.get("model_name", ""),
                               handler=params.get("handler", ""), runtime=params.get("runtime", ""),
@@ -214,12 +230,7 @@ class HttpManagementApi:
         for key in _REGISTER_FIELDS:
             setattr(req, key, integer(params, key))
         req.startup_timeout_zero = req.startup_timeout == 0 and bool(params.get("startup_timeout", "").strip())
-        try:
-            model = await self.core.register(req)
-        except FailedPrecondition as exc:
-            if exc.reason != "VERSION_REGISTERED":
-                raise
-            return error_response(409, exc.message, error_type="ConflictStatusException")  # as TorchServe
+        model = await self.core.register(req)
         status = register_status(model, synchronous)
         return status_response(status, 202 if status == PROCESSING else 200)
 
@@ -241,8 +252,11 @@ class HttpManagementApi:
         query = request.query
         version = version or query.get("model_version", "")
         min_worker = integer(query, "min_worker", 1)
+        max_worker = integer(query, "max_worker", min_worker)
         synchronous = boolean(query, "synchronous", False)
-        model = await self.core.scale(name, version, min_worker, integer(query, "max_worker", min_worker),
+        if self.torchserve_codes and min_worker <= max_worker < 0:
+            self.core.get(name, version)  # TorchServe finds the model before its count fails (404 first)
+        model = await self.core.scale(name, version, min_worker, max_worker,
                                       synchronous, integer(query, "timeout"), integer(query, "number_gpu"))
         status = scale_status(model, version, synchronous)
         return status_response(status, 202 if status == PROCESSING else 200)
@@ -252,13 +266,7 @@ class HttpManagementApi:
         if (refusal := self._model_api_refusal(request)) is not None:
             return refusal
         name, version = _model(request)
-        try:
-            await self.core.unregister(name, version)
-        except FailedPrecondition as exc:
-            if exc.reason != "DEFAULT_VERSION":
-                raise
-            # the default version while others exist: TorchServe's InvalidModelVersionException
-            return error_response(403, exc.message, error_type="InvalidModelVersionException")
+        await self.core.unregister(name, version)
         return status_response(unregister_status(name))
 
     async def set_default(self, request: web.Request) -> web.Response:
@@ -291,9 +299,14 @@ async def _answer_errors(request: web.Request,
     try:
         return await handler(request)
     except InferenceError as exc:
-        status = http_status(exc)
-        retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s is not None else None
-        return error_response(status, exc.message, retry, _ERROR_TYPE.get(status))
+        status, error_type, retry_after = http_status(exc), None, exc.retry_after_s
+        if request.app[STATUS_CODES] == TORCHSERVE:
+            torchserve = torchserve_http_status(exc, request.get(_PARAMETERS, request.query))
+            if torchserve is not None:
+                (status, error_type), retry_after = torchserve, None
+        error_type = error_type or _REASON_TYPE.get(exc.reason) or _ERROR_TYPE.get(status)
+        retry = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+        return error_response(status, exc.message, retry, error_type)
     except web.HTTPException as exc:  # from routing: an unknown path or method, a body above the limit
         if isinstance(exc, web.HTTPMethodNotAllowed):
             return _method_not_allowed(exc.allowed_methods)
