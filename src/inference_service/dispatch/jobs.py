@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
+from inference_service.contracts.explain import is_explanation
 from inference_service.dispatch.units import UnitQueue
 from inference_service.errors import DeadlineExceeded, InferenceError
 
@@ -138,11 +139,11 @@ class Mailbox:
 @dataclass(eq=False)
 class Job:
     """One inference request. Times are ``time.monotonic()``: ``deadline`` (dropped after; ``None``:
-    none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream``
-    forces a batch of one; ``request_id`` is the handler's ``context.request_ids`` value;
-    ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s; ``group``: the
-    requests of one client request share it (:attr:`unit`); ``response_headers``: those the handler
-    set, filled in as they arrive (before the message they came with)."""
+    none), ``enqueued`` (starts ``max_batch_delay``), ``dispatched`` (0.0: not yet). ``stream`` (or
+    an explanation: :attr:`alone`) forces a batch of one; ``request_id`` is the handler's
+    ``context.request_ids`` value; ``content_types`` as :class:`~inference_service.contracts.wire.Request`'s;
+    ``group``: the requests of one client request share it (:attr:`unit`); ``response_headers``:
+    those the handler set, filled in as they arrive (before the message they came with)."""
 
     inputs: dict[str, bytes]
     headers: dict[str, str] = field(default_factory=dict)
@@ -165,6 +166,12 @@ class Job:
     def unit(self) -> str:
         """Its unit of fairness in a concurrent queue: its group, else itself."""
         return self.group or self.request_id
+
+    @property
+    def alone(self) -> bool:
+        """A batch of its own: a stream, or an explanation (TorchServe's ``explain_handle`` reads the
+        first request's target only, and a prediction must never get an explanation)."""
+        return self.stream or is_explanation(self.headers)
 
     def took_chunk(self) -> None:
         """The RPC took one intermediate response: credit the worker every :data:`CREDIT_BATCH`."""
@@ -228,8 +235,8 @@ class JobQueue:
 
     Shared jobs are batched for whichever worker is free first (TorchServe's rule); a sequence's go
     to its pinned worker. A batch leaves at ``batch_size`` jobs or after ``max_batch_delay_ms``; a
-    streaming job is a batch of one. With ``concurrent=True`` a worker takes every waiting job it
-    has room for at once, the roomiest first. ``capacity`` is ``job_queue_size``.
+    streaming job or an explanation is a batch of one. With ``concurrent=True`` a worker takes every
+    waiting job it has room for at once, the roomiest first. ``capacity`` is ``job_queue_size``.
     """
 
     def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0,
@@ -360,12 +367,12 @@ class JobQueue:
         first = self._pop_live(shared)
         if first is None:
             return None
-        if first.stream or self.batch_size <= 1:
+        if first.alone or self.batch_size <= 1:
             return [first]
         batch = [first]
         ready = False
         for job in shared:
-            if job.stream:
+            if job.alone:
                 ready = True
                 break
             if not job.cancelled:
@@ -380,7 +387,7 @@ class JobQueue:
             self._arm(due)
             return None
         out = [first]
-        while len(out) < self.batch_size and shared and not shared[0].stream:
+        while len(out) < self.batch_size and shared and not shared[0].alone:
             live = self._pop_live(shared)
             if live is not None:
                 out.append(live)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from contextvars import ContextVar
 
+from inference_service.contracts.explain import EXPLAIN_HEADER
 from inference_service.dispatch.jobs import new_request_id
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -29,7 +30,9 @@ def request_id(client_value: str | None) -> str:
 
 
 def handler_headers(items: Iterable[tuple[str, str]], rid: str) -> dict[str, str]:
-    """The request headers a handler gets: ``Authorization`` left out, ``x-request-id`` = ``rid``."""
-    headers = {key: value for key, value in items if key.lower() not in ("authorization", REQUEST_ID_HEADER)}
+    """The request headers a handler gets: ``Authorization`` and ``explain`` (the route's to set) left
+    out, ``x-request-id`` = ``rid``."""
+    headers = {key: value for key, value in items
+               if key.lower() not in ("authorization", REQUEST_ID_HEADER, EXPLAIN_HEADER)}
     headers[REQUEST_ID_HEADER] = rid
     return headers

@@ -13,6 +13,7 @@ from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
 from inference_service._proto import inference_pb2, inference_pb2_grpc
+from inference_service.contracts.explain import EXPLAIN_HEADER
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.grpc.base import bidi_streaming, refusal, streaming, unary
 from inference_service.frontends.grpc.registration import Malformed
@@ -26,11 +27,12 @@ _SKIP_HEADERS = ("authorization", "grpc-", ":")
 
 
 def request_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    """gRPC metadata passed to the handler as request headers (credentials and
-    transport keys left out; binary ``-bin`` values skipped; ``x-request-id`` the call's id)."""
+    """gRPC metadata passed to the handler as request headers (credentials, transport keys and
+    ``explain`` left out: TorchServe's gRPC API has no explanations; binary ``-bin`` values skipped;
+    ``x-request-id`` the call's id)."""
     headers = {}
     for key, value in context.invocation_metadata() or ():
-        if not key.startswith(_SKIP_HEADERS) and isinstance(value, str):
+        if not key.startswith(_SKIP_HEADERS) and key != EXPLAIN_HEADER and isinstance(value, str):
             headers[key] = value
     if rid := current.get():
         headers[REQUEST_ID_HEADER] = rid  # the call's id, as its access line names it
