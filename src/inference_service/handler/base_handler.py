@@ -14,7 +14,9 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
+from inference_service.contracts.explain import is_explanation
 from inference_service.handler.context import Context
+from inference_service.handler.explanations import no_explanations, request_target
 from inference_service.handler.timer import timed
 from inference_service.handler.util import load_label_mapping
 
@@ -289,12 +291,35 @@ class BaseHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         """Run ``preprocess -> inference -> postprocess`` on one batch (one dict per request, inputs as
-        bytearray); one result per request."""
+        bytearray); one result per request. An explanation request (a batch of its own) runs
+        ``explain_handle(preprocessed, data)`` instead, as TorchServe's."""
         start = time.perf_counter()
         self.context = context
-        output = self.postprocess(self.inference(self.preprocess(data)))
+        preprocessed = self.preprocess(data)
+        if self._is_explain():
+            output = self.explain_handle(preprocessed, data)
+        else:
+            output = self.postprocess(self.inference(preprocessed))
         context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms")
         return output
+
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
+        """TorchServe's: ``get_insights(data_preprocess, data or body, target)`` of the first request,
+        its ``target`` input an integer (0 without one; 400 if not an integer)."""
+        row = raw_data[0] if raw_data else {}
+        inputs = (row.get("data") or row.get("body")) if isinstance(row, dict) else None
+        return self.get_insights(data_preprocess, inputs, request_target(row))
+
+    def get_insights(self, tensor_data: Any, raw_input: Any, target: int = 0) -> Any:
+        """The explanation of a batch (the built-in handlers': Captum's). Here none: PredictionException (501)."""
+        raise no_explanations(self)
+
+    def _is_explain(self) -> bool:
+        """Whether the batch's first request asks for an explanation; also sets ``self.explain`` (TorchServe's)."""
+        context = self.context
+        self.explain = bool(context is not None and context.request_processor
+                            and is_explanation(context.get_all_request_header(0)))
+        return self.explain
 
 
 def _brief(exc: BaseException, limit: int = 500) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from inference_service.handler import text_processing
 from inference_service.handler.base_handler import BaseHandler, ModelLoadError
 from inference_service.handler.context import Context
+from inference_service.handler.explanations import token_importances
 from inference_service.handler.timer import timed
 from inference_service.handler.util import PredictionException, map_class_to_label
 
@@ -136,15 +137,18 @@ class TextClassifier(TextHandler):
         ids: list[int] = []
         offsets: list[int] = []
         failures: dict[int, str] = {}
+        self.input_text = []  # each request's words and n-grams (what get_insights names)
         for idx, row in enumerate(data):
             offsets.append(len(ids))
             try:
                 text = self._request_text(row)
             except PredictionException as exc:
                 failures[idx] = exc.message
+                self.input_text.append([])
                 continue
-            tokens = self.clean_text(text)
-            ids.extend(self.source_vocab[token] for token in text_processing.ngrams(tokens, self.ngrams))
+            words = list(text_processing.ngrams(self.clean_text(text), self.ngrams))
+            self.input_text.append(words)
+            ids.extend(self.source_vocab[word] for word in words)
         if failures:
             if len(failures) == len(data):
                 first = min(failures)
@@ -172,3 +176,21 @@ class TextClassifier(TextHandler):
 
         probabilities = torch.nn.functional.softmax(data, dim=1)
         return map_class_to_label(probabilities.tolist(), self.mapping)
+
+    def get_insights(self, text_preprocess: Any, _: Any, target: int = 0) -> list[dict[str, Any]]:
+        """Per request ``{"words": [...], "importances": [...]}``: its words then n-grams, each with its
+        Layer Integrated Gradients score of class ``target`` at ``model.embedding`` (TorchServe's layer
+        and reference; see :func:`~inference_service.handler.explanations.token_importances`). A
+        preprocess of TorchServe's form, ``(token ids, words)``, explains that one text."""
+        import torch
+
+        ids, offsets = text_preprocess
+        if not isinstance(offsets, torch.Tensor):
+            return [{"words": list(offsets), "importances": token_importances(self.model, self.model.embedding, ids,
+                                                                              target)}]
+        bounds = [*offsets.tolist(), len(ids)]
+        out = []
+        for words, start, end in zip(self.input_text, bounds, bounds[1:], strict=False):
+            scores = token_importances(self.model, self.model.embedding, ids[start:end], target) if words else []
+            out.append({"words": words, "importances": scores})
+        return out
