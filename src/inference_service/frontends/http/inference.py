@@ -30,6 +30,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from inference_service.config import Settings
+from inference_service.contracts.explain import set_explain
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
@@ -191,6 +192,11 @@ class HttpInferenceApi:
             self.app.router.add_post(path, self.predictions)
             self.app.router.add_put(path, self.predictions)
         self.app.router.add_post("/v1/models/{model_name}:predict", self.kserve_v1_predict)
+        for path in ("/explanations/{model_name}", "/explanations/{model_name}/{model_version}",
+                     "/explanations/{model_name}/{model_version}/{url_path:.+}"):
+            self.app.router.add_post(path, self.explanations)
+            self.app.router.add_put(path, self.explanations)
+        self.app.router.add_post("/v1/models/{model_name}:explain", self.kserve_v1_explain)
         add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         install_access_log(self.app, access_log,  # one line per request, /v1 and /v2 included
@@ -270,6 +276,7 @@ class HttpInferenceApi:
         inputs, content_types = await self._inputs(request)
         headers = handler_headers(request.headers.items(), request["request_id"])
         headers["url_path"] = request.match_info.get("url_path", "")  # as TorchServe: "" for the shorter forms
+        set_explain(headers, request.get("explain", False))
         reply: dict[str, str] = {}  # the handler's response headers, as they arrive
         seq = None
         if model.config.sequence_batching:  # a sequence held between requests (serving/sequences.py)
@@ -293,6 +300,17 @@ class HttpInferenceApi:
         input ``body`` whatever its Content-Type (KServe's sample curl sends it as a form), as bytes."""
         request["raw_body"] = True
         return await self.predictions(request)
+
+    async def explanations(self, request: web.Request) -> web.StreamResponse:
+        """``POST /explanations/{model_name}[/{model_version}[/{url_path}]]``: :meth:`predictions` with
+        the header ``explain: True`` (TorchServe's), so that ``BaseHandler`` answers ``explain_handle``."""
+        request["explain"] = True
+        return await self.predictions(request)
+
+    async def kserve_v1_explain(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/models/{model_name}:explain``: :meth:`kserve_v1_predict` flagged as :meth:`explanations`."""
+        request["explain"] = True
+        return await self.kserve_v1_predict(request)
 
     async def _inputs(self, request: web.Request) -> tuple[dict[str, bytes], dict[str, str]]:
         """The input map and its inputs' content types, as TorchServe 0.12's ``InferenceRequestHandler``

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inference_service.contracts.explain import set_explain
 from inference_service.errors import HandlerError, InferenceError, InvalidArgument
 from inference_service.frontends.limits import JsonWriter, parse_json, refuse_form
 from inference_service.frontends.oip.generation import generate, infer_any, llm_body
@@ -55,6 +56,7 @@ def add_open_inference_routes(app: web.Application, core: InferenceCore) -> None
         app.router.add_get(prefix, routes.model_metadata, allow_head=False)
         app.router.add_get(prefix + "/ready", routes.model_ready, allow_head=False)
         app.router.add_post(prefix + "/infer", routes.infer)
+        app.router.add_post(prefix + "/explain", routes.explain)  # TorchServe's: infer flagged explain
         app.router.add_post(prefix + "/generate", routes.generate)  # Triton's generate extension (an LLM)
         app.router.add_post(prefix + "/generate_stream", routes.generate_stream)
     app.router.add_get("/v2", routes.server_metadata, allow_head=False)
@@ -256,7 +258,8 @@ class OpenInferenceRoutes:
         """``POST /v2/models/{name}[/versions/{v}]/infer``.
 
         Steps: 1. resolve the model (404 when unknown); 2. read and check the body (400, 413);
-        3. run it (:func:`~inference_service.frontends.oip.protocol.infer`); 4. answer JSON or binary.
+        3. run it (:func:`~inference_service.frontends.oip.protocol.infer`) with TorchServe's header
+        ``explain`` (``True`` from :meth:`explain`); 4. answer JSON or binary.
         """
         name, version = request.match_info["model_name"], _version(request)
         self.core.get(name, version)
@@ -266,9 +269,15 @@ class OpenInferenceRoutes:
                                       self.core.settings.max_json_depth, self.core.settings.max_json_nodes,
                                       size=len(body))
         headers = {key: value for key, value in request.headers.items() if key.lower() != "authorization"}
+        set_explain(headers, request.get("explain", False))
         response = await infer_any(self.core, infer_request, headers)
         return await convert(response_to_http, infer_request, response, size=element_total(response.outputs))
 
+    async def explain(self, request: web.Request) -> web.Response:
+        """``POST /v2/models/{name}[/versions/{v}]/explain``: :meth:`infer` with ``explain: True``; the
+        handler's explanation must be a v2 response, as an inference's (TorchServe's kservev2 envelope)."""
+        request["explain"] = True
+        return await self.infer(request)
 
     async def generate(self, request: web.Request) -> web.Response:
         """``POST /v2/models/{name}[/versions/{v}]/generate``, Triton's generate extension:
