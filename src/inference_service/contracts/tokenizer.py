@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_service.contracts.sampling import InvalidRequest, parse_messages
+from inference_service.contracts.structured import check_tools
 
 #: Most token ids one ``/detokenize`` request may give.
 MAX_DETOKENIZE_TOKENS = 1 << 17
@@ -37,15 +38,17 @@ def _flag(values: Mapping[str, Any], name: str, default: bool) -> bool:
 class TokenizeRequest:
     """``/tokenize``: a ``prompt`` (with the tokenizer's special tokens unless ``add_special_tokens``
     is false) or ``messages`` (through the chat template, with its generation prompt unless
-    ``add_generation_prompt`` is false or ``continue_final_message``); ``return_token_strs`` adds the
+    ``add_generation_prompt`` is false or ``continue_final_message``, and the ``tools`` the template
+    renders: then the count equals a generation's prompt tokens); ``return_token_strs`` adds the
     tokens' vocabulary strings."""
 
     prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[dict[str, Any], ...] | None
     add_special_tokens: bool
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    tools: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def build(cls, values: Mapping[str, Any]) -> TokenizeRequest:
@@ -63,14 +66,16 @@ class TokenizeRequest:
             if not isinstance(prompt, str):
                 raise InvalidRequest(f"'prompt' must be a string, got {type(prompt).__name__}", "prompt")
             return cls(prompt, None, _flag(values, "add_special_tokens", True), return_token_strs=tokens_strs)
+        tools = check_tools(values["tools"]) if values.get("tools") is not None else ()
         return cls(None, parse_messages(values["messages"]), _flag(values, "add_special_tokens", False),
-                   generation, continued, tokens_strs)
+                   generation, continued, tokens_strs, tools)
 
     def to_body(self) -> bytes:
         fields: dict[str, Any] = ({"prompt": self.prompt} if self.prompt is not None
                                   else {"messages": list(self.messages or ()),
                                         "add_generation_prompt": self.add_generation_prompt,
-                                        "continue_final_message": self.continue_final_message})
+                                        "continue_final_message": self.continue_final_message,
+                                        **({"tools": list(self.tools)} if self.tools else {})})
         fields.update(add_special_tokens=self.add_special_tokens, return_token_strs=self.return_token_strs)
         return json.dumps({"tokenize": fields}).encode()
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from inference_service.contracts.sampling import InvalidRequest
 from inference_service.contracts.tokenizer import NO_CHAT_TEMPLATE, DetokenizeRequest, TokenizeRequest
+from inference_service.llm.generation import template_messages
 
 
 def answer(tokenizer: Any, request: TokenizeRequest | DetokenizeRequest, context_length: int | None) -> dict[str, Any]:
@@ -27,10 +28,11 @@ def answer(tokenizer: Any, request: TokenizeRequest | DetokenizeRequest, context
             raise InvalidRequest(NO_CHAT_TEMPLATE)
         from jinja2 import TemplateError
 
-        try:
-            text = tokenizer.apply_chat_template(list(request.messages), tokenize=False,
+        try:  # rendered as a generation's prompt is (llm/generation.py)
+            text = tokenizer.apply_chat_template(template_messages(request.messages), tokenize=False,
                                                  add_generation_prompt=request.add_generation_prompt,
-                                                 continue_final_message=request.continue_final_message)
+                                                 continue_final_message=request.continue_final_message,
+                                                 tools=list(request.tools) or None)
         except (TemplateError, ValueError) as exc:
             raise InvalidRequest(f"cannot apply the chat template to 'messages': {exc}", "messages") from None
     else:

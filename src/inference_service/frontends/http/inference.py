@@ -32,6 +32,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from inference_service.config import Settings
 from inference_service.contracts.explain import set_explain
 from inference_service.errors import InferenceError, InvalidArgument
+from inference_service.frontends.anthropic.mount import add_anthropic_routes, is_anthropic_path
+from inference_service.frontends.anthropic.mount import unauthorized_response as anthropic_unauthorized
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
 from inference_service.frontends.http.limits import PartCounter, form_fields
@@ -197,7 +199,8 @@ class HttpInferenceApi:
             self.app.router.add_post(path, self.explanations)
             self.app.router.add_put(path, self.explanations)
         self.app.router.add_post("/v1/models/{model_name}:explain", self.kserve_v1_explain)
-        add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
+        openai_api = add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
+        add_anthropic_routes(self.app, openai_api)  # /v1/messages: Anthropic's API (frontends/anthropic)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
         install_access_log(self.app, access_log,  # one line per request, /v1 and /v2 included
                            core.telemetry.http_response if core.telemetry is not None else None)
@@ -250,9 +253,17 @@ class HttpInferenceApi:
     async def _auth_middleware(self, request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Refuse requests without ``Authorization: Bearer <inference key>`` (401) when authorization is on."""
-        if self.keys is not None and not self.keys.verify(INFERENCE, read_bearer(request.headers.items())):
+        if self.keys is None:
+            return await handler(request)
+        token = read_bearer(request.headers.items())
+        anthropic = is_anthropic_path(request.path)
+        if token is None and anthropic:  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key")
+        if not self.keys.verify(INFERENCE, token):
             log.info("rejected HTTP %s %s: %s token", request.method, request.path,
-                     "missing" if "Authorization" not in request.headers else "invalid")
+                     "missing" if token is None else "invalid")
+            if anthropic:
+                return await anthropic_unauthorized(request)
             if is_openai_path(request.path):
                 return await unauthorized_response(request)  # OpenAI's error shape for OpenAI's clients
             return error_response(401, TOKEN_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
