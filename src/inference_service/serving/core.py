@@ -37,7 +37,6 @@ from inference_service.serving.registration import (
     newest_version,
     prepare_version,
 )
-from inference_service.serving.sequences import SEQ_END, SEQ_ID, SEQ_START, new_sequence_id
 from inference_service.serving.stats import RequestTelemetry, VersionStats, version_stats
 
 log = logging.getLogger(__name__)
@@ -220,52 +219,6 @@ class InferenceCore:
                 job.abort()
             if stats is not None:
                 stats.finish(job.enqueued, job.dispatched, ok, cancelled)
-
-    def enter_sequence(self, name: str, version: str, sequence_id: str | None,
-                       headers: dict[str, str]) -> tuple[ModelVersion, str]:
-        """A request of a sequence the server holds between requests (HTTP, :mod:`.sequences`) starts:
-        with no ``sequence_id`` a sequence opens under a new id (``headers`` get
-        ``ts_request_sequence_start: true``), else the named one goes on (a name not seen yet opens
-        it, as TorchServe's job groups). ``headers`` get ``ts_request_sequence_id``. Pair with
-        :meth:`leave_sequence`.
-
-        Raises:
-            NotFound: an id of this server's minting whose sequence ended, expired or lost its worker.
-            Unavailable: ``maxNumSequence`` sequences open (HTTP 503, as TorchServe), or no worker.
-            FailedPrecondition: the model has no ``sequenceBatching``.
-        """
-        model = self.get(name, version)
-        held, now = model.held, time.monotonic()
-        if sequence_id is None:
-            for seq, why in held.overdue(now):  # their places count against maxNumSequence
-                model.close_sequence(seq, why)
-            sequence_id = new_sequence_id()
-            headers[SEQ_START] = "true"
-        elif (overdue := held.why_overdue(sequence_id, now)) is not None:
-            model.close_sequence(sequence_id, overdue)
-        elif sequence_id in held.held and sequence_id not in model.sequences:
-            model.close_sequence(sequence_id, "its worker stopped")
-        held.check(sequence_id)
-        try:
-            model.open_sequence(sequence_id)
-        except ResourceExhausted as exc:  # TorchServe answers 503 when its job groups are full
-            raise Unavailable(f"{exc.message}; one closes when its handler ends it or at its idle or total limit",
-                              reason="MAX_NUM_SEQUENCE", retry_after_s=1.0) from None
-        held.enter(sequence_id, now)
-        headers[SEQ_ID] = sequence_id
-        return model, sequence_id
-
-    def leave_sequence(self, model: ModelVersion, sequence_id: str, client_ended: bool,
-                       response_headers: dict[str, str]) -> None:
-        """The request of :meth:`enter_sequence` ended, however: its sequence closes when the handler
-        named it in the response header ``ts_request_sequence_end`` (``;``-separated ids, as
-        TorchServe's SequenceContinuousBatching) or ``client_ended`` (``ts_request_sequence_end: true``)."""
-        model.held.leave(sequence_id, time.monotonic())
-        ended = {s.strip() for s in response_headers.get(SEQ_END, "").split(";")} - {""}
-        if client_ended:
-            ended.add(sequence_id)
-        for seq in ended & model.held.held.keys():
-            model.close_sequence(seq)
 
     def open_sequence(self, name: str, version: str, sequence_id: str) -> ModelVersion:
         """Start (or continue) a sequence on the model (StreamPredictions2)."""

@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from inference_service.archive.model_archive import ModelArchive
@@ -27,7 +28,7 @@ from inference_service.errors import (
 )
 from inference_service.serving.interpreter import InterpreterError, worker_python
 from inference_service.serving.model_config import ModelConfig, parallel_settings
-from inference_service.serving.sequences import SequenceBook
+from inference_service.serving.sequences import SEQ_END, SEQ_ID, SEQ_START, SequenceBook, new_sequence_id
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +286,49 @@ class ModelVersion:
                 load[wid] += 1
         ready = [s.id for s in slots if s.state in (WorkerState.READY, WorkerState.BUSY)] or list(load)
         self.sequences[sequence_id] = min(ready, key=lambda wid: load[wid])
+
+    def enter_held(self, sequence_id: str | None, headers: dict[str, str]) -> str:
+        """A request of a sequence the server holds between requests (HTTP, :mod:`.sequences`) starts:
+        with no ``sequence_id`` a sequence opens under a new id (``headers`` get
+        ``ts_request_sequence_start: true``), else the named one goes on (a name not seen yet opens
+        it, as TorchServe's job groups). ``headers`` get ``ts_request_sequence_id``. Returns the id;
+        pair with :meth:`leave_held`.
+
+        Raises:
+            NotFound: an id of this server's minting whose sequence ended, expired or lost its worker.
+            Unavailable: ``maxNumSequence`` sequences open (HTTP 503, as TorchServe), or no worker.
+            FailedPrecondition: the model has no ``sequenceBatching``.
+        """
+        held, now = self.held, time.monotonic()
+        if sequence_id is None:
+            for seq, why in held.overdue(now):  # their places count against maxNumSequence
+                self.close_sequence(seq, why)
+            sequence_id = new_sequence_id()
+            headers[SEQ_START] = "true"
+        elif (overdue := held.why_overdue(sequence_id, now)) is not None:
+            self.close_sequence(sequence_id, overdue)
+        elif sequence_id in held.held and sequence_id not in self.sequences:
+            self.close_sequence(sequence_id, "its worker stopped")
+        held.check(sequence_id)
+        try:
+            self.open_sequence(sequence_id)
+        except ResourceExhausted as exc:  # TorchServe answers 503 when its job groups are full
+            raise Unavailable(f"{exc.message}; one closes when its handler ends it or at its idle or total limit",
+                              reason="MAX_NUM_SEQUENCE", retry_after_s=1.0) from None
+        held.enter(sequence_id, now)
+        headers[SEQ_ID] = sequence_id
+        return sequence_id
+
+    def leave_held(self, sequence_id: str, client_ended: bool, response_headers: dict[str, str]) -> None:
+        """The request of :meth:`enter_held` ended, however: its sequence closes when the handler
+        named it in the response header ``ts_request_sequence_end`` (``;``-separated ids, as
+        TorchServe's SequenceContinuousBatching) or ``client_ended`` (``ts_request_sequence_end: true``)."""
+        self.held.leave(sequence_id, time.monotonic())
+        ended = {s.strip() for s in response_headers.get(SEQ_END, "").split(";")} - {""}
+        if client_ended:
+            ended.add(sequence_id)
+        for seq in ended & self.held.held.keys():
+            self.close_sequence(seq)
 
     def close_sequence(self, sequence_id: str, why: str = "it ended") -> None:
         """Forget a sequence (its end, its stream closed, or its limits passed)."""

@@ -291,7 +291,7 @@ class HttpInferenceApi:
         reply: dict[str, str] = {}  # the handler's response headers, as they arrive
         seq = None
         if model.config.sequence_batching:  # a sequence held between requests (serving/sequences.py)
-            model, seq = self.core.enter_sequence(name, version, request.headers.get(SEQ_ID) or None, headers)
+            seq = model.enter_held(request.headers.get(SEQ_ID) or None, headers)
             reply[SEQ_ID] = seq
         try:
             if model.config.batch_size > 1 and not model.config.streams_in_batches:
@@ -304,7 +304,7 @@ class HttpInferenceApi:
                                                                 response_headers=reply), reply)
         finally:
             if seq is not None:
-                self.core.leave_sequence(model, seq, request.headers.get(SEQ_END, "").lower() == "true", reply)
+                model.leave_held(seq, request.headers.get(SEQ_END, "").lower() == "true", reply)
 
     async def kserve_v1_predict(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/models/{model_name}:predict``, KServe v1 as TorchServe serves it: the body is the
