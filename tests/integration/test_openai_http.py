@@ -199,6 +199,7 @@ def test_key_is_required_and_answered_as_openai_does(srv):
     ({**CHAT, "tools": [{"type": "function"}]}, "tools[0]", "'tools[0]' must be"),
     ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type", "must be text, json_object or json_schema"),
     ({**CHAT, "stop": [1]}, "stop[0]", "string"),
+    ({**CHAT, "priority": "high"}, "priority", "integer"),
     # the LLM request's own limits (contracts/sampling.py), checked at the door
     ({**CHAT, "max_tokens": 4097}, "max_tokens", "'max_new_tokens' must be between 1 and 4096, got 4097"),
     ({**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens", "'max_new_tokens' must be between 1"),

@@ -139,3 +139,47 @@ def test_requests_past_response_timeout_are_ended_alone_and_dropped_by_their_wor
         assert runner.dropped == [old.request_id] and len(old.mailbox._items) == 0
 
     _run(scenario())
+
+
+def test_waiting_jobs_leave_by_priority_then_arrival_in_both_modes():
+    async def scenario(concurrent: bool):
+        queue = JobQueue(capacity=10, concurrent=concurrent)
+        names = [("a", 0), ("b", 5), ("c", -1), ("d", 0), ("e", -1), ("f", 5)]
+        for name, priority in names:
+            queue.put(Job({"data": name.encode()}, stream=True, priority=priority))
+        sent: list[str] = []
+        for _ in names:  # a worker with one place, offered again after each job
+            queue.offer(_Worker(1, lambda batch: sent.extend(j.inputs["data"].decode() for j in batch) or True))
+        return sent
+
+    for concurrent in (False, True):
+        assert _run(scenario(concurrent)) == ["c", "e", "a", "d", "b", "f"], concurrent
+
+
+def test_a_queued_job_past_its_deadline_fails_unworked_and_a_running_one_is_stopped():
+    async def scenario():
+        queue = JobQueue(capacity=10)
+        waiting = Job({"data": b"late"}, stream=True)
+        queue.put(waiting)  # no worker yet
+        waiting.deadline_passed()
+        kind, error = await asyncio.wait_for(waiting.mailbox.get(), 1)
+        assert kind is Kind.ERROR and error.reason == "DEADLINE_IN_QUEUE" and error.code.name == "DEADLINE_EXCEEDED"
+        cancels: list[str] = []
+
+        class Runner(_Worker):
+            def cancel(self, request_id: str) -> None:
+                cancels.append(request_id)
+
+        sent: list[list[Job]] = []
+        worker = Runner(1, lambda batch: sent.append(batch) or True)
+        queue.offer(worker)
+        assert sent == []  # the late job never reached the worker
+        running = Job({"data": b"run"}, stream=True)
+        queue.put(running)
+        assert sent == [[running]]
+        running.worker = worker  # as the worker process sets it when it takes the batch
+        running.deadline_passed()
+        kind, error = await asyncio.wait_for(running.mailbox.get(), 1)
+        assert kind is Kind.ERROR and error.reason == "DEADLINE_RUNNING" and cancels == [running.request_id]
+
+    _run(scenario())

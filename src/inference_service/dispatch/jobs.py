@@ -161,6 +161,7 @@ class Job:
     content_types: dict[str, str] = field(default_factory=dict)
     group: str | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    priority: int = 0  # lower first, as vLLM's
 
     @property
     def unit(self) -> str:
@@ -204,6 +205,18 @@ class Job:
         if self.worker is not None:
             self.worker.cancel(self.request_id)
 
+    def deadline_passed(self) -> None:
+        """The client's deadline passed: a queued job leaves the queue unworked (DEADLINE_IN_QUEUE),
+        a running one is stopped in its worker; both answer DEADLINE_EXCEEDED (HTTP 504)."""
+        if self.finished or self.cancelled:
+            return
+        if self.worker is None:
+            self.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
+                                       reason="DEADLINE_IN_QUEUE"))
+            self.cancelled = True  # the queue drops it when it comes up
+        else:
+            self.end(DeadlineExceeded("the request ran past its deadline and was stopped", reason="DEADLINE_RUNNING"))
+
     def abort(self) -> None:
         """The client went away: drop buffered output and tell the worker running it."""
         if self.cancelled:
@@ -233,10 +246,11 @@ def overdue(jobs: Iterable[Job], now: float, timeout: float) -> tuple[list[Job],
 class JobQueue:
     """A model version's bounded job queue, per-worker queues for sequences, and its free workers.
 
-    Shared jobs are batched for whichever worker is free first (TorchServe's rule); a sequence's go
-    to its pinned worker. A batch leaves at ``batch_size`` jobs or after ``max_batch_delay_ms``; a
-    streaming job or an explanation is a batch of one. With ``concurrent=True`` a worker takes every
-    waiting job it has room for at once, the roomiest first. ``capacity`` is ``job_queue_size``.
+    Shared jobs are batched for whichever worker is free first (TorchServe's rule), by priority then
+    arrival; a sequence's go to its pinned worker. A batch leaves at ``batch_size`` jobs or after
+    ``max_batch_delay_ms``; a streaming job or an explanation is a batch of one. With
+    ``concurrent=True`` a worker takes every waiting job it has room for at once, the roomiest
+    first. ``capacity`` is ``job_queue_size``.
     """
 
     def __init__(self, capacity: int, batch_size: int = 1, max_batch_delay_ms: int = 0,
@@ -271,10 +285,12 @@ class JobQueue:
     def put(self, job: Job, worker_id: int | None = None) -> None:
         """Enqueue ``job`` (pinned to ``worker_id`` when given) and dispatch what is ready; the caller has
         admitted it (``ModelVersion.admit``)."""
-        if worker_id is None:
-            self._shared.append(job)
-        else:
+        if worker_id is not None:
             self._pinned.setdefault(worker_id, deque()).append(job)
+        elif isinstance(self._shared, UnitQueue) or not self._shared or job.priority >= self._shared[-1].priority:
+            self._shared.append(job)
+        else:  # ahead of the first waiting job of a later priority (lower first, then arrival)
+            self._shared.insert(next(i for i, j in enumerate(self._shared) if j.priority > job.priority), job)
         self._size += 1
         if self._idle:
             self._dispatch()

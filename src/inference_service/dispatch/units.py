@@ -15,6 +15,10 @@ class Unit(Protocol):
     def unit(self) -> str:
         """Its unit of fairness."""
 
+    @property
+    def priority(self) -> int:
+        """Lower first (0: the default)."""
+
 
 J = TypeVar("J", bound=Unit)
 
@@ -24,10 +28,11 @@ class UnitQueue(Generic[J]):
     which then goes to the back. ``len`` counts units: a unit's jobs hold one place of
     ``job_queue_size``, as the client request they are."""
 
-    __slots__ = ("_units",)
+    __slots__ = ("_units", "_ranked")
 
     def __init__(self) -> None:
-        self._units: dict[str, deque[J]] = {}  # in turn order
+        self._units: dict[str, deque[J]] = {}  # in turn order: by priority of their first job, then turn
+        self._ranked = 0  # jobs of a priority other than 0 waiting (none: the turn is plain order)
 
     def __len__(self) -> int:
         return len(self._units)
@@ -36,12 +41,28 @@ class UnitQueue(Generic[J]):
         return unit in self._units
 
     def append(self, job: J) -> None:
-        """Queue ``job`` behind its unit's others (a new unit goes to the back of the turn)."""
-        self._units.setdefault(job.unit, deque()).append(job)
+        """Queue ``job`` behind its unit's others (a new unit goes to the back of its priority's turn)."""
+        self._ranked += job.priority != 0
+        queue = self._units.get(job.unit)
+        if queue is not None:
+            queue.append(job)
+        else:
+            self._place(job.unit, deque([job]))
+
+    def _place(self, unit: str, queue: deque[J]) -> None:
+        """Put ``unit`` at the back of the turn of its first job's priority."""
+        if not self._ranked:
+            self._units[unit] = queue
+            return
+        items = list(self._units.items())
+        at = next((i for i, (_, q) in enumerate(items) if q[0].priority > queue[0].priority), len(items))
+        items.insert(at, (unit, queue))
+        self._units = dict(items)
 
     def extendleft(self, jobs: Iterable[J]) -> None:
         """Put ``jobs`` back in front (``deque.extendleft``'s order), their units first in turn."""
         for job in jobs:
+            self._ranked += job.priority != 0
             queue = self._units.pop(job.unit, None) or deque()
             queue.appendleft(job)
             self._units = {job.unit: queue, **self._units}
@@ -52,7 +73,8 @@ class UnitQueue(Generic[J]):
             if allowed is None or allowed(unit):
                 queue = self._units.pop(unit)
                 job = queue.popleft()
+                self._ranked -= job.priority != 0
                 if queue:
-                    self._units[unit] = queue
+                    self._place(unit, queue)
                 return job
         raise IndexError("no job")

@@ -28,6 +28,7 @@ from inference_service.errors import (
     WorkerLoadError,
     shorten,
 )
+from inference_service.serving.controls import request_controls
 from inference_service.serving.cpu_budget import CpuBudget
 from inference_service.serving.model_version import ModelVersion
 from inference_service.serving.registration import (
@@ -175,15 +176,19 @@ class InferenceCore:
         SERVED_VERSION.set(model.version)
         telemetry = self.telemetry
         stats = telemetry.model(name, model.version) if telemetry is not None else None
+        timeout, priority = request_controls(headers or {})  # x-request-timeout, x-request-priority
+        time_remaining = time_remaining if time_remaining is not None else timeout
         job = Job(inputs, headers or {}, stream=stream, sequence_id=sequence_id,
                   deadline=None if time_remaining is None else time.monotonic() + time_remaining,
-                  content_types=content_types or {}, group=group)
+                  content_types=content_types or {}, group=group, priority=priority)
         if response_headers is not None:
             job.response_headers = response_headers
         if stats is not None:
             stats.requests += 1
         self._submit(model, job)
         self._enter()
+        alarm = None if time_remaining is None else asyncio.get_running_loop().call_later(
+            time_remaining, job.deadline_passed)
         parts: list[bytes] = []
         ok = cancelled = False
         last = 0.0  # monotonic time of the previous stream message (metrics)
@@ -215,6 +220,8 @@ class InferenceCore:
             raise
         finally:
             self._leave()
+            if alarm is not None:
+                alarm.cancel()
             if not job.finished:
                 job.abort()
             if stats is not None:

@@ -62,6 +62,7 @@ from inference_service.frontends.openai.tokenizer import DetokenizeBody, Tokeniz
 from inference_service.frontends.openai.tool_calls import ToolChatFormat
 from inference_service.frontends.openai.tools import constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
+from inference_service.serving.controls import PRIORITY_HEADER
 from inference_service.serving.core import InferenceCore
 
 log = logging.getLogger("inference_service.openai")
@@ -359,6 +360,8 @@ class OpenAIApi:
         except ChoiceError as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
         headers = handler_headers(request.headers.items(), request.get("request_id") or request_id(None))
+        if openai_request.priority is not None:  # vLLM's body field, the x-request-priority header's sense
+            headers[PRIORITY_HEADER] = str(openai_request.priority)
         group = secrets.token_hex(8) if len(plan.bodies) > 1 else None  # the choices share the queue's fairness
         streams = [self.core.stream(name, version, {"body": body}, headers, group=group) for body in plan.bodies]
         candidates = [Candidate() for _ in plan.bodies]

@@ -1,0 +1,104 @@
+"""A request's service level on the real server: ``x-request-priority`` orders the waiting requests
+(lower first, then arrival) and ``x-request-timeout`` bounds its wait: still queued when it passes,
+the request leaves with 504 before any work; running, it is stopped with 504."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import build_mar, read_key, wait_for
+from inference_service._proto import inference_pb2
+
+CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\n"
+
+
+@pytest.fixture(scope="module")
+def srv(server, store: Path):
+    (store / "one.yaml").write_text(CONFIG)
+    build_mar(store, "one", "echo_handler.py", config=str(store / "one.yaml"))
+    server.register("one.mar")
+    yield server
+    server.unregister("one")
+
+
+def _post(srv, body: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=60)
+    try:
+        conn.request("POST", "/predictions/one", body=body.encode(), headers={
+            "Authorization": f"Bearer {read_key(srv.key_file, 'inference')}", "Content-Type": "text/plain",
+            **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _queued(srv) -> int:
+    """The model's waiting requests (DescribeModel's job queue)."""
+    return int(srv.describe("one")[0]["jobQueueStatus"]["pendingRequests"])
+
+
+def _busy(srv) -> bool:
+    """Whether its one worker runs a request (DescribeModel's worker status)."""
+    return srv.describe("one")[0]["workers"][0]["status"] == "BUSY"
+
+
+def test_waiting_requests_are_served_by_priority_then_arrival(srv):
+    done: list[str] = []
+    blocker = threading.Thread(target=_post, args=(srv, "sleep:1.5"))
+    blocker.start()  # holds the only worker while the others queue
+    wait_for(lambda: _busy(srv), timeout=10, what="the blocker running")
+    threads = []
+    for name, priority in (("late", "5"), ("first", "-1"), ("plain", None), ("second", "-1")):
+        headers = {"x-request-priority": priority} if priority is not None else {}
+        thread = threading.Thread(target=lambda n=name, h=headers: done.append(
+            n if _post(srv, n, h) == (200, n.encode()) else f"failed {n}"))
+        threads.append(thread)
+        thread.start()
+        wait_for(lambda k=len(threads): _queued(srv) >= k, timeout=10, what=f"{len(threads)} queued")
+    for thread in [blocker, *threads]:
+        thread.join(30)
+    assert done == ["first", "second", "plain", "late"]
+
+
+def test_a_deadline_passed_in_the_queue_is_504_before_any_work(srv, tmp_path):
+    marker = tmp_path / "ran"
+    blocker = threading.Thread(target=_post, args=(srv, "sleep:2"))
+    blocker.start()
+    wait_for(lambda: _busy(srv), timeout=10, what="the blocker running")
+    start = time.monotonic()
+    status, body = _post(srv, f"touch:{marker}", {"x-request-timeout": "0.5"})
+    elapsed = time.monotonic() - start
+    assert status == 504 and "waited in the job queue" in json.loads(body)["message"], (status, body)
+    assert elapsed < 1.5, elapsed
+    blocker.join(30)
+    assert _post(srv, "after") == (200, b"after")  # the worker is free: the late request never ran
+    assert not marker.exists()
+
+
+def test_a_running_request_past_its_deadline_is_stopped_with_504(srv):
+    start = time.monotonic()
+    status, body = _post(srv, "sleep:3", {"X-Request-Timeout": "0.5"})
+    assert status == 504 and "ran past its deadline" in json.loads(body)["message"], (status, body)
+    assert time.monotonic() - start < 2.0
+    wait_for(lambda: _post(srv, "ok") == (200, b"ok"), timeout=30, what="the worker serves again")
+
+
+def test_bad_service_level_headers_are_400_naming_them(srv):
+    for headers, name in (({"x-request-timeout": "soon"}, "x-request-timeout"),
+                          ({"x-request-timeout": "-1"}, "x-request-timeout"),
+                          ({"x-request-priority": "high"}, "x-request-priority")):
+        status, body = _post(srv, "hello", headers)
+        assert status == 400 and name in json.loads(body)["message"], (status, body)
+    # over gRPC the priority is call metadata, the deadline the call's own
+    with pytest.raises(grpc.RpcError) as err:
+        srv.inference.Predictions(inference_pb2.PredictionsRequest(model_name="one", input={"data": b"x"}),
+                                  metadata=[("x-request-priority", "high")], timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-request-priority" in err.value.details()
