@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -40,6 +39,14 @@ from inference_service.frontends.openai.choices import (
     whole_choices,
 )
 from inference_service.frontends.openai.embeddings import NotAnObject, handler_refusal_param, parse_embedding_body
+from inference_service.frontends.openai.errors import (
+    IGNORED_FIELDS_HEADER,
+    IGNORED_HEADERS,
+    NAMED_FIELD,
+    SSE_HEADERS,
+    OpenAIError,
+    openai_error_response,
+)
 from inference_service.frontends.openai.format import (
     AnswerFormat,
     ChatFormat,
@@ -52,8 +59,6 @@ from inference_service.frontends.openai.format import (
 from inference_service.frontends.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    ErrorBody,
-    ErrorResponse,
     ModelCard,
     ModelList,
     validation_error_param,
@@ -69,29 +74,7 @@ log = logging.getLogger("inference_service.openai")
 
 _DONE = b"data: [DONE]\n\n"
 _R = TypeVar("_R", bound=BaseModel)
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-#: The answer's header naming the request fields that were ignored (unknown to this server).
-IGNORED_FIELDS_HEADER = "x-ignored-fields"
-#: Where a request keeps that header once its body is parsed.
-IGNORED_HEADERS = "openai_ignored_headers"
 _SHOWN_IGNORED = 20
-#: A refusal of the LLM handler that names its field first (contracts/sampling.py's messages).
-_NAMED_FIELD = re.compile(r"'([A-Za-z_][\w.\[\]]*)'[ :]")
-
-
-def error_type(status: int) -> str:
-    """OpenAI's error ``type`` for an HTTP status: ``rate_limit_error`` (429), ``server_error``
-    (5xx), ``invalid_request_error`` (other 4xx, 401 included, as OpenAI answers a wrong key)."""
-    if status == 429:
-        return "rate_limit_error"
-    return "server_error" if status >= 500 else "invalid_request_error"
-
-
-def openai_error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                          headers: dict[str, str] | None = None) -> web.Response:
-    """OpenAI's error answer: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-    body = ErrorResponse(error=ErrorBody(message=message, type=error_type(status), param=param, code=code))
-    return web.Response(text=body.model_dump_json(), status=status, headers=headers, content_type="application/json")
 
 
 def unauthorized_response(request: web.Request) -> web.Response:
@@ -101,30 +84,6 @@ def unauthorized_response(request: web.Request) -> web.Response:
                else "You didn't provide an API key. Send it as 'Authorization: Bearer <inference key>' "
                     "(the inference key of key_file.json).")
     return openai_error_response(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-
-class OpenAIError(Exception):
-    """A /v1 failure with its OpenAI error fields (``param``: the request field at fault)."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
-
-    def response(self) -> web.Response:
-        """The error answer (:func:`openai_error_response`)."""
-        return openai_error_response(self.status, self.message, param=self.param, code=self.code,
-                                     headers=self.headers)
-
-    def event(self) -> bytes:
-        """The error as a server-sent event, for a stream whose status line is gone already."""
-        body = ErrorResponse(error=ErrorBody(message=self.message, type=error_type(self.status), param=self.param,
-                                             code=self.code))
-        return sse_event(body)
 
 
 def openai_param(openai_request: ChatCompletionRequest | CompletionRequest, field: str | None) -> str | None:
@@ -381,7 +340,7 @@ class OpenAIApi:
                         candidate.logprobs += piece.logprobs
         except InferenceError as exc:  # before any answer: the handler's 400 names the LLM's field first
             error = self.error_of(exc)
-            named = _NAMED_FIELD.match(exc.message) if exc.http_status == 400 else None
+            named = NAMED_FIELD.match(exc.message) if exc.http_status == 400 else None
             error.param = openai_param(openai_request, named[1]) if named else error.param
             raise error from None
         outcomes = [c.outcome for c in candidates if c.outcome is not None]
@@ -399,7 +358,7 @@ class OpenAIApi:
             item = await anext(messages)
             held.append(item)
             waiting.discard(item[0])
-        response = web.StreamResponse(headers={**_SSE_HEADERS, **(request.get(IGNORED_HEADERS) or {})})
+        response = web.StreamResponse(headers={**SSE_HEADERS, **(request.get(IGNORED_HEADERS) or {})})
         events = [event for index in range(len(plan.bodies)) for event in fmt.opening(index)]
         outcomes: list[Outcome | None] = [None] * len(plan.bodies)
 
