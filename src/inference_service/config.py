@@ -71,6 +71,7 @@ class Settings:
             ones as ``str`` (TorchServe's ``decode_input_request``).
         max_engine_requests: most engine requests one OpenAI request may become (prompts x
             ``max(n, best_of)``); each may generate ``max_tokens``.
+        responses_store_max_entries / _bytes / _age_s: bounds of the stored ``/v1/responses``.
     """
 
     inference_address: str = "127.0.0.1"
@@ -145,6 +146,9 @@ class Settings:
     http_management_status_codes: str = "default"
     decode_input_request: bool = True
     max_engine_requests: int = 64
+    responses_store_max_entries: int = 10_000
+    responses_store_max_bytes: int = 128 * 1024 * 1024
+    responses_store_max_age_s: float = 3600.0
 
     @property
     def instance_dir(self) -> Path:
@@ -339,11 +343,6 @@ def _models_json(value: str) -> dict[str, Any]:
     return models
 
 
-def _metrics_url(value: str) -> tuple[bool, str, int]:
-    """TorchServe's ``metrics_address`` (``http://host:port`` or ``https://``) as ``(tls, host, port)``."""
-    return parse_http_url(value)
-
-
 def _choice(*choices: str) -> Any:
     def parse(value: str) -> str:
         text = value.strip().lower()
@@ -402,7 +401,7 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "number_of_gpu": ("number_of_gpu", _int),
     "worker_restart_max_backoff_sec": ("max_backoff_s", float),
     "max_archive_size": ("max_archive_bytes", _int),
-    "metrics_address": ("metrics_url", _metrics_url),
+    "metrics_address": ("metrics_url", parse_http_url),
     "enable_metrics_api": ("enable_metrics_api", _bool),
     "metrics_mode": ("metrics_mode", _choice("log", "prometheus", "legacy")),
     "enable_access_log": ("access_log", _bool),
@@ -414,6 +413,9 @@ PROPERTY_KEYS: dict[str, tuple[str, Any]] = {
     "http_management_status_codes": ("http_management_status_codes", _choice("default", "torchserve")),
     "decode_input_request": ("decode_input_request", _exactly_true),
     "max_engine_requests": ("max_engine_requests", _positive_int),
+    "responses_store_max_entries": ("responses_store_max_entries", _positive_int),
+    "responses_store_max_bytes": ("responses_store_max_bytes", _positive_int),
+    "responses_store_max_age_sec": ("responses_store_max_age_s", _positive_float),
     "worker_omp_wait_policy": ("worker_omp_wait_policy", _choice("passive", "active", "bounded")),
 }
 
