@@ -56,6 +56,7 @@ from inference_service.frontends.openai.format import (
     piece_of,
     sse_event,
 )
+from inference_service.frontends.openai.responses import ResponsesApi
 from inference_service.frontends.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -122,6 +123,12 @@ class OpenAIApi:
         self.app.router.add_post("/chat/completions", self.chat_completions)
         self.app.router.add_post("/completions", self.completions)
         self.app.router.add_post("/embeddings", self.embeddings)
+        responses = ResponsesApi(self)  # POST /responses, GET and DELETE /responses/{response_id}
+        self.create_response, self.retrieve_response = responses.create, responses.retrieve
+        self.delete_response = responses.delete
+        self.app.router.add_post("/responses", responses.create)
+        self.app.router.add_get("/responses/{response_id}", responses.retrieve, allow_head=False)
+        self.app.router.add_delete("/responses/{response_id}", responses.delete)
 
     # ------------------------------------------------------------ errors
     def error_of(self, exc: InferenceError) -> OpenAIError:

@@ -26,6 +26,9 @@ ROUTES = (
     ("POST", "/chat/completions", "chat_completions"),
     ("POST", "/completions", "completions"),
     ("POST", "/embeddings", "embeddings"),
+    ("POST", "/responses", "create_response"),
+    ("GET", "/responses/{response_id}", "retrieve_response"),
+    ("DELETE", "/responses/{response_id}", "delete_response"),
 )
 #: ``(method, path, OpenAIApi method)`` of vLLM's routes beside ``/v1``, at the root as vLLM serves them.
 ROOT_ROUTES = (
@@ -44,7 +47,7 @@ def is_openai_path(path: str) -> bool:
 
 def _openai_api() -> Any:
     module = importlib.import_module("inference_service.frontends.openai.api")
-    for shapes in ("schemas", "logprobs", "tokenizer"):
+    for shapes in ("schemas", "logprobs", "tokenizer", "responses_schemas"):
         importlib.import_module(f"inference_service.frontends.openai.{shapes}").build_shapes()
     return module
 
