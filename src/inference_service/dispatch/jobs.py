@@ -162,6 +162,7 @@ class Job:
     group: str | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     priority: int = 0  # lower first, as vLLM's
+    timed_out: bool = False  # its deadline passed (:meth:`deadline_passed`): counted as a cancel
 
     @property
     def unit(self) -> str:
@@ -210,6 +211,7 @@ class Job:
         a running one is stopped in its worker; both answer DEADLINE_EXCEEDED (HTTP 504)."""
         if self.finished or self.cancelled:
             return
+        self.timed_out = True
         if self.worker is None:
             self.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
                                        reason="DEADLINE_IN_QUEUE"))

@@ -225,7 +225,7 @@ class InferenceCore:
             if not job.finished:
                 job.abort()
             if stats is not None:
-                stats.finish(job.enqueued, job.dispatched, ok, cancelled)
+                stats.finish(job.enqueued, job.dispatched, ok, cancelled or job.timed_out)
 
     def open_sequence(self, name: str, version: str, sequence_id: str) -> ModelVersion:
         """Start (or continue) a sequence on the model (StreamPredictions2)."""
