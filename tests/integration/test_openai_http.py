@@ -163,6 +163,7 @@ def test_models_list_and_retrieve(srv):
     models = client(srv).models.list()
     assert [m.id for m in models.data] == ["busy", "busy/1.0", "router", "router/1.0", "router/2.0"]
     assert all(m.object == "model" and m.owned_by == "inference-service" and m.created > 0 for m in models.data)
+    assert {getattr(m, "state", None) for m in models.data} == {"READY"}  # an addition: the sleep state
     assert client(srv).models.retrieve("router/2.0").id == "router/2.0"
     with pytest.raises(openai.NotFoundError):
         client(srv).models.retrieve("router/7.0")

@@ -28,6 +28,7 @@ from inference_service.observability.metrics import ServerMetrics, Telemetry
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.model_config import ModelConfig
 from inference_service.serving.registration import ModelEntry, newest_version, version_key
+from inference_service.serving.sleep import SleepState
 
 
 def test_batch_frame_roundtrip():
@@ -217,6 +218,7 @@ class _FakeVersion:
         self.slots: dict[int, Any] = {}
         self.queue: list[Job] = []
         self.restarts_total = 0
+        self.sleep = SimpleNamespace(state=SleepState.READY, wakes=0, wake_seconds=0.0, woken_requests=0)
 
     def submit(self, job: Job, max_request_size: int) -> None:
         self.jobs.append(job)

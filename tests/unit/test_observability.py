@@ -7,7 +7,6 @@ import logging
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from inference_service.cli import build_parser, settings_from_args
 from inference_service.config import ConfigError
 from inference_service.contracts import wire
+from inference_service.contracts.stats import VersionStats
 from inference_service.handler.metrics import Dimension, Metrics, MetricTypes
 from inference_service.observability.accesslog import JsonFormatter
 from inference_service.observability.metrics import ServerMetrics
@@ -129,7 +129,7 @@ def test_handler_metrics_that_cannot_be_exported_are_dropped(caplog):
 
 class _Source:
     def stats(self):
-        return 3, [SimpleNamespace(model_name="echo", model_version="1.0", queue_depth=2,
+        return 3, [VersionStats(model_name="echo", model_version="1.0", queue_depth=2,
                                    workers={"READY": 1, "BUSY": 0}, restarts=4, worker_pids=frozenset())]
 
 
@@ -164,7 +164,7 @@ class _LlmSource:
         self.pids = frozenset({11, 12})
 
     def stats(self):
-        return 0, [SimpleNamespace(model_name="llm", model_version="1.0", queue_depth=0,
+        return 0, [VersionStats(model_name="llm", model_version="1.0", queue_depth=0,
                                    workers={"READY": 2}, restarts=0, worker_pids=self.pids)]
 
 
@@ -230,10 +230,10 @@ def test_routing_gauges_under_the_names_the_endpoint_picker_reads():
 
     class Source:
         def stats(self):
-            return 0, [SimpleNamespace(model_name="llm", model_version=v, queue_depth=q, workers={"READY": 1},
+            return 0, [VersionStats(model_name="llm", model_version=v, queue_depth=q, workers={"READY": 1},
                                        restarts=0, worker_pids=frozenset({p}))
                        for v, q, p in (("1.0", 3, 11), ("2.0", 0, 12))] + [
-                SimpleNamespace(model_name="echo", model_version="1.0", queue_depth=9, workers={"READY": 1},
+                VersionStats(model_name="echo", model_version="1.0", queue_depth=9, workers={"READY": 1},
                                 restarts=0, worker_pids=frozenset({13}))]
 
     m.attach(Source())

@@ -96,7 +96,9 @@ def stat_values(stats: Any) -> list[tuple[StatSpec, float]]:
 class VersionStats:
     """One model version's serving state at one instant (``InferenceCore.stats()``, read at scrape
     time). ``workers`` counts every DescribeModel state (zeros too); ``restarts`` is monotonic across
-    scale-downs; ``worker_pids`` keys a worker's forwarded gauges (a gone worker's are left out)."""
+    scale-downs; ``worker_pids`` keys a worker's forwarded gauges (a gone worker's are left out);
+    ``state``: READY, SLEEPING or WAKING; ``wakes``, ``wake_seconds`` and ``woken_requests`` are
+    monotonic; ``rss_bytes`` and ``threads`` sum its worker processes and their descendants."""
 
     model_name: str
     model_version: str
@@ -104,3 +106,9 @@ class VersionStats:
     workers: Mapping[str, int]
     restarts: int
     worker_pids: frozenset[int] = frozenset()
+    state: str = "READY"
+    wakes: int = 0
+    wake_seconds: float = 0.0
+    woken_requests: int = 0
+    rss_bytes: int = 0
+    threads: int = 0

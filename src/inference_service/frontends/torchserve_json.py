@@ -9,16 +9,19 @@ import time
 from typing import Any
 
 from inference_service.dispatch.supervisor import WorkerSlot
+from inference_service.dispatch.usage import process_tree_usage
 from inference_service.serving.model_version import ModelVersion
 
 
 def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
     """A worker's entry of ``workers[]``: id, start time (local, second precision), status,
     resident memory in bytes (0 without a process), pid (-1 unless running), whether it is on a
-    GPU, ``gpuUsage`` (always ``"N/A"``), its restarts, and an LLM handler's ``engine``
+    GPU, ``gpuUsage`` (always ``"N/A"``), its restarts, ``threads`` and ``treeMemoryUsage`` (bytes)
+    of the process and its descendants, and an LLM handler's ``engine``
     (:class:`~inference_service.contracts.wire.EngineInfo`)."""
     process = slot.process
     alive = process is not None and process.alive
+    usage = process_tree_usage(process.pid if alive and process is not None else None)
     described: dict[str, Any] = {
         "id": str(slot.id),
         "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(slot.start_time)),
@@ -28,6 +31,8 @@ def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
         "gpu": slot.gpu is not None,
         "gpuUsage": "N/A",
         "restarts": slot.restarts,
+        "threads": usage.threads,
+        "treeMemoryUsage": usage.rss_bytes,
     }
     if process is not None and process.engine_info is not None:
         described["engine"] = process.engine_info.as_json()
@@ -37,7 +42,8 @@ def describe_worker(slot: WorkerSlot) -> dict[str, Any]:
 def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
     """DescribeModel's object for one version: every key TorchServe 0.12's ``DescribeModelResponse``
     sends, in its order and types (Gson leaves out the null ones: ``engine``, ``status``, ``metrics``,
-    ``deviceIds`` when unset), plus ``isDefault``, its workers and its job queue."""
+    ``deviceIds`` when unset), plus ``isDefault``, its workers, its job queue, and its sleep
+    (``state``, ``idleTimeoutSec``, ``wakes``, ``wakeSeconds``, ``wakeError`` when the latest failed)."""
     c = model.config
     yaml = model.archive.config
     parallel_type = str(yaml.get("parallelType") or "")
@@ -71,7 +77,13 @@ def describe_version(model: ModelVersion, is_default: bool) -> dict[str, Any]:
             "remainingCapacity": model.queue.remaining_capacity(),
             "pendingRequests": len(model.queue),
         },
+        "state": model.sleep.state.value,
+        "idleTimeoutSec": c.idle_timeout_s,
+        "wakes": model.sleep.wakes,
+        "wakeSeconds": round(model.sleep.wake_seconds, 3),
     })
+    if model.sleep.wake_error is not None:
+        described["wakeError"] = model.sleep.wake_error
     return described
 
 

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString
 
 from inference_service.contracts.stats import SERVING_PREFIX, STAT_TYPES, StatSpec, VersionStats, specs
+from inference_service.observability import model_metrics
 from inference_service.observability.handler_metrics import HandlerMetricsExporter, HandlerUpdate
 from inference_service.observability.llm_metrics import LLMMetrics
 from inference_service.observability.metrics_http import MetricsEndpoint
@@ -247,10 +248,10 @@ class _Collector:
         """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
         for name in ("inference_service_stream_messages", "inference_service_cancellations",
                      "inference_service_errors", "inference_service_worker_restarts",
-                     *self.metrics.llm.counter_names()):
+                     *self.metrics.llm.counter_names(), *model_metrics.COUNTERS):
             yield CounterMetricFamily(name, "")
         for name in ("inference_service_requests_in_flight", "inference_service_job_queue_depth",
-                     "inference_service_workers", *self.metrics.llm.gauge_names()):
+                     "inference_service_workers", *self.metrics.llm.gauge_names(), *model_metrics.GAUGES):
             yield GaugeMetricFamily(name, "")
 
     def collect(self) -> Iterator[Metric]:
@@ -295,6 +296,7 @@ class _Collector:
         yield depth
         yield workers
         yield restarts
+        yield from model_metrics.collect(version_stats)
         yield from m.llm.collect(version_stats)
 
 

@@ -396,7 +396,7 @@ class InferenceCore:
         if entry is None:
             return False
         model = entry.versions[entry.default_version]
-        return model.ready_workers > 0 and model.healthy
+        return model.serving
 
     async def shutdown(self) -> None:
         """Stop accepting, stop every worker, remove extracted archives."""

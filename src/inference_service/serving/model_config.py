@@ -40,6 +40,7 @@ class ModelConfig:
     async_communication: bool = False
     stream_pause_preempt_ms: int = 1000
     stream_pause_abort_ms: int = 60_000
+    idle_timeout_s: float = 0.0  # sleep after this long without requests (0: never; serving/sleep.py)
 
     # model-config.yaml key -> field
     YAML_KEYS = {
@@ -61,6 +62,7 @@ class ModelConfig:
         "asyncCommunication": "async_communication",
         "streamPausePreemptMSec": "stream_pause_preempt_ms",
         "streamPauseAbortMSec": "stream_pause_abort_ms",
+        "idleTimeoutSec": "idle_timeout_s",
     }
     LIMITS = {
         "batch_size": (1, 1024),
@@ -77,6 +79,7 @@ class ModelConfig:
         "sequence_timeout_ms": (0, 86_400_000),
         "stream_pause_preempt_ms": (0, 86_400_000),
         "stream_pause_abort_ms": (0, 86_400_000),
+        "idle_timeout_s": (0, 604_800),
     }
 
     @property

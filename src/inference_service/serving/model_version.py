@@ -29,6 +29,7 @@ from inference_service.errors import (
 from inference_service.serving.interpreter import InterpreterError, worker_python
 from inference_service.serving.model_config import ModelConfig, parallel_settings
 from inference_service.serving.sequences import SEQ_END, SEQ_ID, SEQ_START, SequenceBook, new_sequence_id
+from inference_service.serving.sleep import Slumber
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,11 @@ class ModelVersion:
         self.closed = False
         self.world_size, self.rank_threads, self.device_ids = parallel_settings(archive.config)
         self._stops: set[asyncio.Task[None]] = set()  # scale-downs left running (not synchronous)
+        self.sleep = Slumber(self)
 
     def on_change(self) -> None:
-        """Propagate a worker state change (health)."""
+        """Propagate a worker state change (the sleep state, then health)."""
+        self.sleep.worker_changed()
         self._on_change()
 
     def on_worker_failed(self) -> None:
@@ -88,8 +91,20 @@ class ModelVersion:
 
     @property
     def healthy(self) -> bool:
-        """At least ``min_workers`` workers are ready (TorchServe's Ping rule)."""
+        """At least ``min_workers`` workers are ready (TorchServe's Ping rule), or it sleeps and its
+        latest wake did not fail (a request wakes it: docs/operations.md)."""
+        if self.sleep.asleep:
+            return self.sleep.wake_error is None
         return self.ready_workers >= self.config.min_workers
+
+    @property
+    def serving(self) -> bool:
+        """Ready to take requests (a model's readiness): a ready worker, or asleep as :attr:`healthy` says."""
+        return (self.ready_workers > 0 or self.sleep.asleep) and self.healthy
+
+    def live_slots(self) -> list[WorkerSlot]:
+        """Its worker slots not being stopped."""
+        return [s for s in self.slots.values() if not s.stopping]
 
     def worker_spec(self, slot: WorkerSlot) -> wire.WorkerSpec:
         """The INIT message for a worker of this version."""
@@ -149,15 +164,18 @@ class ModelVersion:
         return env
 
     async def scale(self, min_workers: int, max_workers: int, synchronous: bool,
-                    timeout: float = 10.0, number_gpu: int | None = None) -> None:
+                    timeout: float = 10.0, number_gpu: int | None = None, *, waking: bool = False) -> list[WorkerSlot]:
         """Run ``min_workers`` workers (ScaleWorker / RegisterModel's initial_workers); ``timeout``: seconds
         a stopped worker may finish its batch; ``number_gpu``: how many go on GPUs (``None``: keep).
+        Returns the slots it started. A scale that is not the wake's own wakes a sleeping version.
 
         Raises:
             WorkerLoadError: synchronous, and a new worker failed to load (the handler's error).
         """
         if self.closed:
             raise FailedPrecondition(f"model {self.name} version {self.version} is being unregistered")
+        if not waking:
+            self.sleep.awake()
         self.config.min_workers = min_workers
         self.config.max_workers = max(max_workers, min_workers)
         if number_gpu is not None:
@@ -175,7 +193,7 @@ class ModelVersion:
         for slot in new:
             slot.start()
         removed = live[min_workers:] if len(live) > min_workers else []
-        stops = [self._remove(slot, timeout) for slot in removed]
+        stops = [self.remove_slot(slot, timeout) for slot in removed]
         self.on_change()
         if synchronous:
             await asyncio.gather(*stops)
@@ -188,6 +206,7 @@ class ModelVersion:
                 task = asyncio.create_task(coro, name=f"stop-{self.name}-{self.version}")
                 self._stops.add(task)
                 task.add_done_callback(self._stop_done)
+        return new
 
     def _stop_done(self, task: asyncio.Task[None]) -> None:
         """A scale-down left running ended: forget it, log its failure (nobody awaits it)."""
@@ -196,7 +215,7 @@ class ModelVersion:
             log.error("model %s version %s: stopping a worker failed: %r", self.name, self.version,
                       task.exception())
 
-    async def _remove(self, slot: WorkerSlot, timeout: float) -> None:
+    async def remove_slot(self, slot: WorkerSlot, timeout: float) -> None:
         await slot.stop(timeout)
         self.slots.pop(slot.id, None)
         for seq, wid in list(self.sequences.items()):
@@ -240,11 +259,12 @@ class ModelVersion:
                                     reason="REQUEST_TOO_LARGE")
         if self.closed:
             raise Unavailable(f"model {self.name} version {self.version} is being unregistered")
-        if not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
+        asleep = self.sleep.asleep  # its wake starts workers: the request waits for them in the queue
+        if not asleep and not any(s.state is not WorkerState.FAILED and not s.stopping for s in self.slots.values()):
             raise Unavailable(
                 f"model {self.name} version {self.version} has no worker; scale it with ScaleWorker",
                 reason="NO_WORKER", retry_after_s=5.0)
-        load_error = self.load_error()
+        load_error = None if asleep else self.load_error()
         if load_error is not None:
             raise Unavailable(f"model {self.name} version {self.version} cannot start a worker: {load_error}",
                               reason="MODEL_LOAD_FAILED", retry_after_s=5.0)
@@ -259,6 +279,7 @@ class ModelVersion:
     def submit(self, job: Job, max_request_size: int) -> None:
         """:meth:`admit` ``job`` (raising as it does), then queue it; it reaches a free worker within this call."""
         self.queue.put(job, self.admit(job, max_request_size))
+        self.sleep.arrived()
 
     def open_sequence(self, sequence_id: str) -> None:
         """Pin a new sequence to the least-loaded worker (StreamPredictions2).
@@ -339,8 +360,9 @@ class ModelVersion:
         """Stop every worker, fail queued jobs, remove the extracted archive; scale-downs still running
         are awaited too."""
         self.closed = True
+        self.sleep.close()
         self.queue.drain(Unavailable(f"model {self.name} version {self.version} was unregistered"))
-        await asyncio.gather(*(self._remove(s, 2.0) for s in list(self.slots.values())))
+        await asyncio.gather(*(self.remove_slot(s, 2.0) for s in list(self.slots.values())))
         if self._stops:
             await asyncio.wait(set(self._stops))
         self.archive.remove()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from inference_service.contracts.stats import VersionStats
 from inference_service.dispatch.supervisor import WorkerState
+from inference_service.dispatch.usage import Usage, process_tree_usage
 
 if TYPE_CHECKING:
     from inference_service.serving.model_version import ModelVersion
@@ -52,9 +53,14 @@ def version_stats(name: str, version: str, model: ModelVersion) -> VersionStats:
     reads over copies, so the metrics scrape thread may call it while the loop changes things)."""
     workers = dict.fromkeys((state.value for state in WorkerState), 0)
     pids = set()
+    usage = Usage()
     for slot in list(model.slots.values()):
         workers[slot.state.value] += 1
         process = slot.process
         if process is not None and process.pid is not None:
             pids.add(process.pid)
-    return VersionStats(name, version, len(model.queue), workers, model.restarts_total, frozenset(pids))
+            usage = usage + process_tree_usage(process.pid)
+    sleep = model.sleep
+    return VersionStats(name, version, len(model.queue), workers, model.restarts_total, frozenset(pids),
+                        sleep.state.value, sleep.wakes, sleep.wake_seconds, sleep.woken_requests,
+                        usage.rss_bytes, usage.threads)

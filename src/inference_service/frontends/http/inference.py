@@ -37,12 +37,13 @@ from inference_service.frontends.anthropic.mount import unauthorized_response as
 from inference_service.frontends.http.access import install_access_log
 from inference_service.frontends.http.connections import ConnectionGuard, GuardedSite
 from inference_service.frontends.http.limits import PartCounter, form_fields
+from inference_service.frontends.http.sleep import SLEEP_PATHS, add_sleep_routes
 from inference_service.frontends.http.streams import StreamFraming, passed_headers, usage_object, wants_ndjson
 from inference_service.frontends.oip.http import add_open_inference_routes
 from inference_service.frontends.openai.mount import add_openai_routes, is_openai_path, unauthorized_response
 from inference_service.frontends.request_ids import handler_headers
 from inference_service.observability.accesslog import AccessLog
-from inference_service.security.auth import INFERENCE, KeyStore, read_bearer
+from inference_service.security.auth import INFERENCE, MANAGEMENT, KeyStore, read_bearer
 from inference_service.security.exposure import warn_exposed_binds
 from inference_service.serving.core import InferenceCore
 from inference_service.serving.sequences import SEQ_END, SEQ_ID
@@ -202,6 +203,7 @@ class HttpInferenceApi:
         openai_api = add_openai_routes(self.app, core, http_status=http_status)  # /v1: OpenAI's API (mount.py)
         add_anthropic_routes(self.app, openai_api)  # /v1/messages: Anthropic's API (frontends/anthropic)
         add_open_inference_routes(self.app, core)  # /v2: KServe v2 (http_open_inference.py)
+        add_sleep_routes(self.app, core)  # vLLM's /sleep, /wake_up, /is_sleeping (management key)
         install_access_log(self.app, access_log,  # one line per request, /v1 and /v2 included
                            core.telemetry.http_response if core.telemetry is not None else None)
         self._runner: web.AppRunner | None = None
@@ -252,14 +254,15 @@ class HttpInferenceApi:
     @web.middleware
     async def _auth_middleware(self, request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        """Refuse requests without ``Authorization: Bearer <inference key>`` (401) when authorization is on."""
+        """Refuse requests without ``Authorization: Bearer <inference key>`` (401) when authorization is on;
+        the sleep routes need the management key."""
         if self.keys is None:
             return await handler(request)
         token = read_bearer(request.headers.items())
         anthropic = is_anthropic_path(request.path)
         if token is None and anthropic:  # Anthropic's clients send the key as x-api-key
             token = request.headers.get("x-api-key")
-        if not self.keys.verify(INFERENCE, token):
+        if not self.keys.verify(MANAGEMENT if request.path in SLEEP_PATHS else INFERENCE, token):
             log.info("rejected HTTP %s %s: %s token", request.method, request.path,
                      "missing" if token is None else "invalid")
             if anthropic:

@@ -35,6 +35,7 @@ from inference_service.frontends.http.inference import (
     serve_app,
     tls_context,
 )
+from inference_service.frontends.http.sleep import add_sleep_routes
 from inference_service.frontends.limits import off_loop, parse_json
 from inference_service.frontends.torchserve_json import (
     PROCESSING,
@@ -164,6 +165,7 @@ class HttpManagementApi:
                 router.add_put(path + slash, self.scale)
                 router.add_delete(path + slash, self.unregister)
             router.add_put("/models/{model_name}/{model_version}/set-default" + slash, self.set_default)
+        add_sleep_routes(self.app, core)  # vLLM's /sleep, /wake_up, /is_sleeping
         if auth is not None:
             router.add_route("*", "/token", self.token)
         install_access_log(self.app, access_log, core.telemetry.http_response if core.telemetry is not None else None)
@@ -247,10 +249,16 @@ class HttpManagementApi:
         return json_response(describe_json(self.core.versions(name, version)))
 
     async def scale(self, request: web.Request) -> web.Response:
-        """``PUT /models/{name}[/{version}]``: ScaleWorker (``model_version`` may also be a parameter)."""
+        """``PUT /models/{name}[/{version}]``: ScaleWorker (``model_version`` may also be a parameter);
+        ``idle_timeout`` (seconds, 0: never) sets ``idleTimeoutSec``, alone or with a scale."""
         name, version = _model(request)
         query = request.query
         version = version or query.get("model_version", "")
+        if "idle_timeout" in query:
+            model = self.core.get(name, version)
+            model.sleep.set_idle_timeout(_idle_timeout(query["idle_timeout"]))
+            if "min_worker" not in query and "max_worker" not in query:
+                return status_response(f"Idle timeout set to {model.config.idle_timeout_s:g} s for model: {name}")
         min_worker = integer(query, "min_worker", 1)
         max_worker = integer(query, "max_worker", min_worker)
         synchronous = boolean(query, "synchronous", False)
@@ -319,6 +327,16 @@ async def _answer_errors(request: web.Request,
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "Internal server error")
+
+
+def _idle_timeout(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 604_800:  # NaN too
+        raise InvalidArgument(f"idle_timeout must be 0 (never) to 604800 seconds, got {text[:40]!r}")
+    return seconds
 
 
 def _model(request: web.Request) -> tuple[str, str]:

@@ -299,8 +299,8 @@ def server_ready(core: InferenceCore) -> bool:
 
 
 def model_ready(core: InferenceCore, name: str, version: str) -> bool:
-    """The version (default: the default one) has its minimum workers ready and the server is not
-    shutting down (health's ``model/<name>`` rule).
+    """The version (default: the default one) has its minimum workers ready, or sleeps (a request
+    wakes it), and the server is not shutting down (health's ``model/<name>`` rule).
 
     Raises:
         InvalidArgument: no name. NotFound: unknown model or version (as TorchServe).
@@ -308,7 +308,7 @@ def model_ready(core: InferenceCore, name: str, version: str) -> bool:
     if not name:
         raise InvalidArgument("name is required", reason="MODEL_NAME_REQUIRED")
     model = core.get(name, version)
-    return core.accepting and model.ready_workers > 0 and model.healthy
+    return core.accepting and model.serving
 
 
 def model_metadata(core: InferenceCore, name: str, version: str) -> dict[str, Any]:

@@ -195,7 +195,8 @@ class OpenAIApi:
         name, version = self._resolve(model_id)
         entry = self.core.models[name]
         model = entry.versions.get(version or entry.default_version)
-        return ModelCard(id=model_id, created=self.started, chat_template=model.chat_template if model else None)
+        return ModelCard(id=model_id, created=self.started, chat_template=model.chat_template if model else None,
+                         state=model.sleep.state.value if model else None)
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: the models whose handler takes the LLM request (``created``: server start)."""

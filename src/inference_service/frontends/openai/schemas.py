@@ -417,6 +417,7 @@ class ModelCard(_Response):
     created: int  # Unix seconds: when the server started
     owned_by: str = "inference-service"
     chat_template: str | None = None  # an addition: the chat template the model renders messages with
+    state: str | None = None  # an addition: READY, SLEEPING or WAKING (serving/sleep.py)
 
 
 class ModelList(_Response):
