@@ -26,7 +26,8 @@ def srv(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     config = work / "sleepy.yaml"
     config.write_text("idleTimeoutSec: 1\nminWorkers: 1\nmaxWorkers: 1\n")
     build_mar(store, "sleepy", "echo_handler.py", config=str(config))
-    server = ServerProcess(work, store, ["--enable-model-api", "--models", "sleepy=sleepy.mar", "echo=echo.mar"])
+    server = ServerProcess(work, store, ["--enable-model-api", "--workers-per-model", "1",
+                                         "--models", "sleepy=sleepy.mar", "echo=echo.mar"])
     try:
         server.wait_workers("echo", 1, timeout=60)
         yield server
@@ -179,3 +180,18 @@ def test_failed_wake_answers_the_waiting_request_with_the_load_error(srv: Server
         assert health(srv, "model/flaky") == health_pb2.HealthCheckResponse.SERVING
     finally:
         srv.unregister("flaky")
+
+
+def test_unregister_while_asleep_or_waking(srv: ServerProcess):
+    for when in ("asleep", "waking"):
+        srv.register("echo.mar", model_name="nap")
+        assert http(srv, "POST", "/sleep?model=nap")[1]["state"] == "SLEEPING"
+        if when == "waking":  # a request that gives up at once leaves its wake running
+            with pytest.raises(grpc.RpcError):
+                srv.predict("nap", "hi", timeout=0.01)
+            assert srv.describe("nap")[0]["state"] in ("WAKING", "READY")
+        srv.unregister("nap")
+        with pytest.raises(grpc.RpcError) as err:
+            srv.describe("nap")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "Traceback" not in srv.log() and "never retrieved" not in srv.log()

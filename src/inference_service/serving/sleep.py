@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from inference_service.dispatch.jobs import JobQueue
 from inference_service.dispatch.supervisor import WorkerSlot, WorkerState
-from inference_service.errors import Unavailable
+from inference_service.errors import FailedPrecondition, Unavailable
 from inference_service.serving.model_config import ModelConfig
 
 log = logging.getLogger("inference_service.model")
@@ -161,6 +161,8 @@ class Slumber:
         try:
             new = await model.scale(model.config.min_workers, model.config.max_workers, False, waking=True)
             outcomes = await asyncio.gather(*(slot.first_outcome for slot in new))
+        except FailedPrecondition:
+            return  # unregistered meanwhile: close() failed the waiting requests
         finally:
             self._change = None
         if self.state is not SleepState.WAKING:
