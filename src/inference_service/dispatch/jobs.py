@@ -212,10 +212,9 @@ class Job:
         if self.finished or self.cancelled:
             return
         self.timed_out = True
-        if self.worker is None:
-            self.fail(DeadlineExceeded("deadline passed while the request waited in the job queue",
-                                       reason="DEADLINE_IN_QUEUE"))
-            self.cancelled = True  # the queue drops it when it comes up
+        if self.worker is None:  # the queue drops it when it comes up
+            self.fail(DeadlineExceeded("deadline passed while queued in the job queue", reason="DEADLINE_IN_QUEUE"))
+            self.cancelled = True
         else:
             self.end(DeadlineExceeded("the request ran past its deadline and was stopped", reason="DEADLINE_RUNNING"))
 
