@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_concurrency import _parallel
 
 from conftest import build_mar, read_key, wait_for
 
@@ -80,25 +81,6 @@ def _run_sequence(srv, model: str, numbers: list[int], seq: str | None = None) -
         answers.append(b"".join(chunks).decode())
     assert seq is not None
     return " ".join(answers), seq
-
-
-def _parallel(fn, args_list):
-    results: list = [None] * len(args_list)
-    errors: list = []
-
-    def run(i, args):
-        try:
-            results[i] = fn(*args)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i, a)) for i, a in enumerate(args_list)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return results
 
 
 def test_client_named_sequences_keep_their_sums_in_batch_mode(models):
