@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_metrics import scrape, value
 
 from conftest import build_mar, read_key, wait_for
 from inference_service._proto import inference_pb2
@@ -102,3 +103,24 @@ def test_bad_service_level_headers_are_400_naming_them(srv):
         srv.inference.Predictions(inference_pb2.PredictionsRequest(model_name="one", input={"data": b"x"}),
                                   metadata=[("x-request-priority", "high")], timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-request-priority" in err.value.details()
+
+
+def test_goodput_counts_the_streams_that_met_the_models_slos(srv, store: Path):
+    (store / "slo.yaml").write_text(CONFIG + "sloTtftMSec: 1000\nsloTpotMSec: 150\n")
+    build_mar(store, "slo", "echo_handler.py", config=str(store / "slo.yaml"))
+    srv.register("slo.mar")
+    try:
+        labels = {"model_name": "slo", "model_version": "1.0"}
+        for body in ("stream:3:0", "stream:3:0.4", "stream:2:0"):  # the second's messages come 0.4 s apart
+            conn = http.client.HTTPConnection("127.0.0.1", srv.status["http_port"], timeout=60)
+            conn.request("POST", "/predictions/slo", body=body.encode(), headers={
+                "Authorization": f"Bearer {read_key(srv.key_file, 'inference')}", "Content-Type": "text/plain"})
+            assert conn.getresponse().read().endswith(b"end")
+            conn.close()
+        counted = wait_for(lambda: (value(scrape(srv), "inference_service_slo_requests_total", **labels) == 3
+                                    and scrape(srv)), timeout=10, what="3 streams counted")
+        assert value(counted, "inference_service_goodput_requests_total", **labels) == 2
+        # a model without SLOs exports neither counter
+        assert value(counted, "inference_service_slo_requests_total", model_name="one") == 0
+    finally:
+        srv.unregister("slo")

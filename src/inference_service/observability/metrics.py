@@ -57,7 +57,8 @@ class ModelStats:
     microseconds (TorchServe's two latency counters).
     """
 
-    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "llm", "_ttfr", "_gap")
+    __slots__ = ("requests", "latency_us", "queue_us", "messages", "cancellations", "llm", "_ttfr", "_gap",
+                 "slo_requests", "goodput")
 
     def __init__(self, ttfr: Any, gap: Any) -> None:
         self.requests = 0
@@ -65,6 +66,8 @@ class ModelStats:
         self.queue_us = 0.0
         self.messages = 0
         self.cancellations = 0
+        self.slo_requests = 0  # streams of a model with SLOs that ended well
+        self.goodput = 0  # those that met them
         #: the LLM histograms' children ``(ttft, itl, e2e)`` once the model is known as an LLM
         self.llm: tuple[Any, Any, Any] | None = None
         self._ttfr = ttfr
@@ -89,7 +92,8 @@ class ModelStats:
         self.messages += 1
         return now
 
-    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False,
+               met_slo: bool | None = None) -> None:
         """A request ended: queue latency if a worker took it, latency if ``ok``, the cancel count.
 
         ``enqueued`` / ``dispatched``: ``time.monotonic()`` values (``dispatched`` 0.0: no worker took it).
@@ -103,6 +107,9 @@ class ModelStats:
                 self.llm[2].observe(elapsed)
         if cancelled:
             self.cancellations += 1
+        if met_slo is not None:
+            self.slo_requests += 1
+            self.goodput += met_slo
 
 
 def _escape(value: str) -> str:
@@ -247,6 +254,7 @@ class _Collector:
     def describe(self) -> Iterator[Metric]:
         """The families :meth:`collect` yields, without samples (names for the registry's filter)."""
         for name in ("inference_service_stream_messages", "inference_service_cancellations",
+                     "inference_service_slo_requests", "inference_service_goodput_requests",
                      "inference_service_errors", "inference_service_worker_restarts",
                      *self.metrics.llm.counter_names(), *model_metrics.COUNTERS):
             yield CounterMetricFamily(name, "")
@@ -263,12 +271,18 @@ class _Collector:
         cancels = CounterMetricFamily("inference_service_cancellations",
                                       "Requests the client cancelled (or whose deadline passed) while "
                                       "queued or running.", labels=labels)
+        slo = CounterMetricFamily("inference_service_slo_requests", "Streams of a model with SLOs "
+                                  "(sloTtftMSec, sloTpotMSec) that ended well.", labels=labels)
+        goodput = CounterMetricFamily("inference_service_goodput_requests",
+                                      "Of those, the streams that met the SLOs (goodput).", labels=labels)
         for name, versions in list(m._models.items()):
             for version, stats in list(versions.items()):
                 messages.add_metric([name, version], stats.messages)
                 cancels.add_metric([name, version], stats.cancellations)
-        yield messages
-        yield cancels
+                if stats.slo_requests:
+                    slo.add_metric([name, version], stats.slo_requests)
+                    goodput.add_metric([name, version], stats.goodput)
+        yield from (messages, cancels, slo, goodput)
         errors = CounterMetricFamily("inference_service_errors", "RPCs that ended with an error status.",
                                      labels=["method", "code", "reason"])
         for (method, code, reason), count in list(m._errors.items()):

@@ -191,7 +191,8 @@ class InferenceCore:
             time_remaining, job.deadline_passed)
         parts: list[bytes] = []
         ok = cancelled = False
-        last = 0.0  # monotonic time of the previous stream message (metrics)
+        last = first = 0.0  # monotonic times of the previous and the first stream message (metrics)
+        messages = 0
         try:
             while True:
                 kind, payload = await job.mailbox.get()
@@ -202,6 +203,7 @@ class InferenceCore:
                     data = self._check_response(payload)
                     if stats is not None:
                         last = stats.message(job.enqueued, last, final)
+                        first, messages = first or last, messages + 1
                 elif final:
                     parts.append(payload)
                     data = self._check_response(payload if len(parts) == 1 else b"".join(parts))
@@ -225,7 +227,8 @@ class InferenceCore:
             if not job.finished:
                 job.abort()
             if stats is not None:
-                stats.finish(job.enqueued, job.dispatched, ok, cancelled or job.timed_out)
+                slo = model.config.met_slo(job.enqueued, first, last, messages) if ok else None
+                stats.finish(job.enqueued, job.dispatched, ok, cancelled or job.timed_out, slo)
 
     def open_sequence(self, name: str, version: str, sequence_id: str) -> ModelVersion:
         """Start (or continue) a sequence on the model (StreamPredictions2)."""

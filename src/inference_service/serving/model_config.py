@@ -41,6 +41,8 @@ class ModelConfig:
     stream_pause_preempt_ms: int = 1000
     stream_pause_abort_ms: int = 60_000
     idle_timeout_s: float = 0.0  # sleep after this long without requests (0: never; serving/sleep.py)
+    slo_ttft_ms: int = 0  # goodput: a stream's time to first message at most this (0: no bound)
+    slo_tpot_ms: int = 0  # goodput: its mean time per message after the first at most this (0: no bound)
 
     # model-config.yaml key -> field
     YAML_KEYS = {
@@ -63,6 +65,8 @@ class ModelConfig:
         "streamPausePreemptMSec": "stream_pause_preempt_ms",
         "streamPauseAbortMSec": "stream_pause_abort_ms",
         "idleTimeoutSec": "idle_timeout_s",
+        "sloTtftMSec": "slo_ttft_ms",
+        "sloTpotMSec": "slo_tpot_ms",
     }
     LIMITS = {
         "batch_size": (1, 1024),
@@ -80,7 +84,18 @@ class ModelConfig:
         "stream_pause_preempt_ms": (0, 86_400_000),
         "stream_pause_abort_ms": (0, 86_400_000),
         "idle_timeout_s": (0, 604_800),
+        "slo_ttft_ms": (0, 86_400_000),
+        "slo_tpot_ms": (0, 86_400_000),
     }
+
+    def met_slo(self, enqueued: float, first: float, last: float, messages: int) -> bool | None:
+        """Whether a stream met the model's SLOs (``time.monotonic()`` values of its receipt, first
+        and last message), ``None`` when the model sets none: goodput, as ``vllm bench serve``'s."""
+        if not (self.slo_ttft_ms or self.slo_tpot_ms) or not messages:
+            return None
+        tpot = (last - first) / (messages - 1) if messages > 1 else 0.0
+        return ((not self.slo_ttft_ms or (first - enqueued) * 1000 <= self.slo_ttft_ms)
+                and (not self.slo_tpot_ms or tpot * 1000 <= self.slo_tpot_ms))
 
     @property
     def worker_mode(self) -> str:

@@ -28,8 +28,10 @@ class RequestStats(Protocol):
         stream's last message); returns the new ``last``."""
         ...
 
-    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False) -> None:
-        """The request ended (``dispatched`` 0.0: no worker took it)."""
+    def finish(self, enqueued: float, dispatched: float, ok: bool, cancelled: bool = False,
+               met_slo: bool | None = None) -> None:
+        """The request ended (``dispatched`` 0.0: no worker took it; ``met_slo``: whether a stream
+        met its model's SLOs, ``None`` when it sets none)."""
         ...
 
 
