@@ -309,3 +309,37 @@ def test_a_preempted_seeded_stream_gives_the_text_of_the_stream_alone(smol_serve
         channel.close()
     assert got[1]["usage"]["completion_tokens"] == LONG
     assert got == alone
+
+
+def test_an_earlier_priority_is_served_at_once_and_the_yielded_stream_keeps_its_text(sched_server):
+    """Both places of "whole" (batch 2) hold long greedy streams; a request of priority -1 takes one
+    of their places (the stream is preempted, recomputed later) and answers long before they end."""
+    bodies = [_body("A long story", LONG), _body("Another long story", LONG)]
+    want = [_text(sched_server.stream("whole", json.dumps(b), timeout=300))[0] for b in bodies]
+    got: dict[int, str] = {}
+    started: list[int] = []
+
+    def long(i: int) -> None:
+        req = inference_pb2.PredictionsRequest(model_name="whole", input={"data": json.dumps(bodies[i]).encode()})
+        messages = []
+        for response in sched_server.inference.StreamPredictions(req, timeout=300):
+            if not messages:
+                started.append(i)
+            messages.append(response.prediction)
+        got[i] = _text(messages)[0]
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(long, i) for i in range(2)]
+        wait_for(lambda: len(started) == 2, timeout=120, what="both long streams running")
+        begun = time.monotonic()
+        req = inference_pb2.PredictionsRequest(model_name="whole",
+                                               input={"data": json.dumps(_body("Urgent", 4)).encode()})
+        urgent = list(sched_server.inference.StreamPredictions(req, metadata=[("x-request-priority", "-1")],
+                                                               timeout=300))
+        urgent_s = time.monotonic() - begun
+        for future in futures:
+            future.result(timeout=300)
+        long_s = time.monotonic() - begun
+    assert json.loads(urgent[-1].prediction)["usage"]["completion_tokens"] == 4
+    assert urgent_s < long_s / 2, (urgent_s, long_s)  # served while the long streams still ran
+    assert [got[0], got[1]] == want  # the yielded stream, recomputed, gave the text it gives alone

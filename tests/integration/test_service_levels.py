@@ -124,3 +124,61 @@ def test_goodput_counts_the_streams_that_met_the_models_slos(srv, store: Path):
         assert value(counted, "inference_service_slo_requests_total", model_name="one") == 0
     finally:
         srv.unregister("slo")
+
+
+@pytest.fixture(scope="module")
+def cb2(srv, store: Path):
+    """A continuous batch of 2 places (tests/handlers/cb_handler.py)."""
+    (store / "cb2.yaml").write_text("continuousBatching: true\nbatchSize: 2\nmaxBatchDelay: 0\nminWorkers: 1\n"
+                                    "maxWorkers: 1\n")
+    build_mar(store, "cb2", "cb_handler.py", config=str(store / "cb2.yaml"))
+    srv.register("cb2.mar")
+    yield srv
+    srv.unregister("cb2")
+
+
+def _steps(srv, body: dict, priority: int | None, out: dict, key: str, started: list | None = None) -> None:
+    """Stream ``body`` on cb2: ``out[key]`` = (seconds to the first message, the steps received);
+    ``key`` joins ``started`` at the first message."""
+    start = time.monotonic()
+    metadata = [("x-request-priority", str(priority))] if priority is not None else []
+    request = inference_pb2.PredictionsRequest(model_name="cb2", input={"data": json.dumps(body).encode()})
+    first, steps = None, []
+    for message in srv.inference.StreamPredictions(request, metadata=metadata, timeout=60):
+        if first is None:
+            first = time.monotonic() - start
+            if started is not None:
+                started.append(key)
+        steps.append(json.loads(message.prediction)["step"])
+    out[key] = (first, steps)
+
+
+def _two_long_streams(srv, out: dict) -> list[threading.Thread]:
+    """Two 2-second streams holding both places of cb2's worker, running when this returns."""
+    started: list[str] = []
+    threads = [threading.Thread(target=_steps, args=(srv, {"steps": 40, "delay": 0.05}, None, out, f"long{i}",
+                                                     started)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(started) == 2, timeout=10, what="both long streams running")
+    return threads
+
+
+def test_an_earlier_priority_takes_the_place_of_a_running_request_which_then_finishes(cb2):
+    out: dict = {}
+    threads = _two_long_streams(cb2, out)
+    _steps(cb2, {"steps": 3, "delay": 0.05}, -1, out, "urgent")
+    for thread in threads:
+        thread.join(60)
+    urgent_first, urgent_steps = out["urgent"]
+    assert urgent_steps == [0, 1, 2]
+    assert urgent_first < 1.0, out  # not after a long stream's 2 s: one of them gave its place
+    for key in ("long0", "long1"):
+        assert out[key][1] == list(range(40)), (key, out[key])  # the yielded one resumed where it was
+    # a request of the default priority takes no running request's place: it waits for one to end
+    out.clear()
+    threads = _two_long_streams(cb2, out)
+    _steps(cb2, {"steps": 1, "delay": 0}, None, out, "plain")
+    for thread in threads:
+        thread.join(60)
+    assert out["plain"][0] > 1.0, out

@@ -20,6 +20,9 @@ BATCH = 2
 CANCEL = 3
 STOP = 4
 CREDIT = 5
+#: continuous batching: give the request's (body: its id) place to a waiting request of an earlier
+#: priority; it is preempted and runs again at the first free place its priority earns.
+YIELD = 6
 # worker -> frontend
 READY = 10
 LOAD_FAILED = 11

@@ -1,12 +1,9 @@
 """Frontend side of one worker process: spawn, load, run requests, route responses, stop.
 
-One routing callback per worker connection (:class:`FrameChannel`, an asyncio protocol: no task,
-no await) parses the IPC frames as they arrive and hands every response to its job's mailbox by
-request id; nothing else reads the socket. When the worker has room for more requests (its batch
-is done, or in ``continuous``/``async`` mode one of its requests ended), :attr:`WorkerProcess.on_free`
-runs right there (the slot offers the worker to the job queue again). It also hands the handler
-metrics a worker forwards (``METRIC`` frames, decoded) to :attr:`WorkerProcess.metrics_sink`, and
-the response headers a handler set (``HEADERS``) to the job."""
+One routing callback per worker connection (:class:`FrameChannel`, an asyncio protocol: no task, no
+await) parses the IPC frames as they arrive and hands every response (and the headers a handler set)
+to its job by request id. When the worker has room for more requests, :attr:`WorkerProcess.on_free`
+runs right there; handler metrics (``METRIC`` frames) go to :attr:`WorkerProcess.metrics_sink`."""
 
 from __future__ import annotations
 
@@ -94,8 +91,7 @@ class WorkerProcess:
         self._timer: asyncio.TimerHandle | None = None
         self._batch_running = False
         self.failure: str | None = None  # why the process is being replaced
-        self.died_busy = False
-        self.timed_out = False  # killed for response_timeout
+        self.died_busy = self.timed_out = False  # timed_out: killed for response_timeout
         self._tasks: list[asyncio.Task[Any]] = []
         self._log = logging.getLogger(log_name)
         self.exit_code: int | None = None
@@ -259,7 +255,7 @@ class WorkerProcess:
             rid = body.decode()
             if kind == wire.RESUMED:
                 self._preempted.discard(rid)
-            elif rid in self._jobs:
+            elif rid in self._jobs and rid not in self._preempted:  # (a yield's place was counted at once)
                 self._preempted.add(rid)
                 self._request_ended()  # its place is free: the dispatcher may send another request
         elif kind == wire.METRIC and (sink := self.metrics_sink) is not None and channel.answers:
@@ -314,22 +310,13 @@ class WorkerProcess:
             job.fail(error)
 
     def send_batch(self, jobs: list[Job], response_timeout: float) -> bool:
-        """Send ``jobs`` to the worker (never blocks): one batch, or in ``continuous``/``async``
-        mode requests that join those it runs (at most :attr:`room`).
-
-        Each job's responses reach its mailbox as they arrive; :attr:`on_free` runs when the
-        worker has room again. If no response comes for ``response_timeout`` seconds while
-        the worker has requests (the clock restarts at every response, so a stream that
-        makes progress is never cut), its jobs fail with DEADLINE_EXCEEDED, :attr:`failure`
-        says why and the process is killed. If the process dies, its jobs fail with
-        UNAVAILABLE.
-
-        Returns:
-            False (nothing sent) when the process is already gone.
-
-        Raises:
-            ValueError, struct.error: a request does not fit the IPC framing (nothing sent).
-        """
+        """Send ``jobs`` to the worker (never blocks): one batch, or in ``continuous``/``async`` mode
+        requests that join those it runs (at most :attr:`room`); False (nothing sent) when the
+        process is gone. Responses reach each job's mailbox as they arrive; :attr:`on_free` runs when
+        the worker has room again. No response for ``response_timeout`` s while the worker has
+        requests (the clock restarts at every response): its jobs fail with DEADLINE_EXCEEDED and
+        the process is killed; if it dies, with UNAVAILABLE. ValueError, struct.error: a request does
+        not fit the IPC framing (nothing sent)."""
         if self._closed:
             return False
         frame = wire.encode_batch(
@@ -402,6 +389,19 @@ class WorkerProcess:
         """Let the worker send ``count`` more intermediate responses of ``request_id`` (flow control)."""
         if self.spec.stream_window and request_id in self._jobs:
             self._send(wire.encode_credit(request_id, count))
+
+    def displace(self, priority: int) -> bool:
+        """Free a place for a request of ``priority``: the running request of the latest later priority
+        (then the latest dispatched) yields its place (YIELD); False when none runs."""
+        jobs = [j for j in self._jobs.values() if j.priority > priority and j.request_id not in self._preempted
+                and not j.cancelled] if self.concurrent else []
+        if not jobs:
+            return False
+        victim = max(jobs, key=lambda j: (j.priority, j.dispatched)).request_id
+        self._preempted.add(victim)  # its place counts as free now: its PREEMPTED then changes nothing
+        self._send(wire.frame(wire.YIELD, victim.encode()))
+        self._request_ended()
+        return True
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker that the client of ``request_id`` went away."""

@@ -205,6 +205,10 @@ class WorkerSlot:
         """Whether a request of ``unit`` runs on this slot's worker (the job queue's fairness)."""
         return self.process is not None and self.process.runs(unit)
 
+    def displace(self, priority: int) -> bool:
+        """Whether a running request of a later priority gives a request of ``priority`` its place."""
+        return self.process is not None and self.process.displace(priority)
+
     def _worker_free(self, process: WorkerProcess) -> None:
         """``process`` has room again (a batch or a request ended): offer it again, or, when the
         slot stops and nothing runs on it, end :meth:`_serve`."""

@@ -277,8 +277,13 @@ class ModelVersion:
         return self.sequences.get(job.sequence_id) if job.sequence_id is not None else None
 
     def submit(self, job: Job, max_request_size: int) -> None:
-        """:meth:`admit` ``job`` (raising as it does), then queue it; it reaches a free worker within this call."""
+        """:meth:`admit` ``job`` (raising as it does), then queue it; it reaches a free worker within this call,
+        or one running a request of a later priority gives it that request's place (continuous batching)."""
         self.queue.put(job, self.admit(job, max_request_size))
+        if job.worker is None and self.queue.concurrent and job.sequence_id is None:
+            for slot in list(self.slots.values()):
+                if slot.displace(job.priority):
+                    break
         self.sleep.arrived()
 
     def open_sequence(self, sequence_id: str) -> None:

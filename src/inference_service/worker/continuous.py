@@ -37,6 +37,14 @@ def _ms_setting(config: dict[str, Any], key: str, default: int) -> float | None:
     return ms / 1000 if ms > 0 else None
 
 
+def _priority(headers: dict[str, str]) -> int:
+    """The request's ``x-request-priority`` (checked by the server; 0 when absent)."""
+    for key, value in headers.items():
+        if len(key) == 18 and key.lower() == "x-request-priority":
+            return int(value)
+    return 0
+
+
 @dataclass(eq=False)
 class _Running:
     """A request on this worker: its headers and, until its first call, its inputs."""
@@ -46,6 +54,9 @@ class _Running:
     headers: dict[str, Any]
     inputs: dict[str, Any] | None = field(default=None)
     resumed: bool = False  # preempted earlier: its flow-control credit is kept, not reset
+    priority: int = 0  # x-request-priority: lower first
+    yielded: bool = False  # preempted for a request of an earlier priority (YIELD)
+    arrival: int = 0
 
 
 class ContinuousRunner:
@@ -59,6 +70,8 @@ class ContinuousRunner:
         self.running: dict[str, _Running] = {}
         self.preempted: dict[str, _Running] = {}  # paused too long: no place until its client reads
         self._blocked_since: dict[str, float] = {}  # request -> time.monotonic() it ran out of credit
+        self._to_yield: set[str] = set()
+        self._arrivals = 0
         config = worker.spec.model_yaml_config or {}
         self.preempt_after_s = _ms_setting(config, "streamPausePreemptMSec", 1000)
         self.abort_after_s = _ms_setting(config, "streamPauseAbortMSec", 60_000)
@@ -76,17 +89,46 @@ class ContinuousRunner:
                 if not self._take(item):
                     return
             self._drop_cancelled()
+            self._yield()
             timeout = self._check_paused(time.monotonic())
-            while self.waiting and len(self.running) < self.max_running:
-                request = self.waiting.popleft()
-                self.running[request.request_id] = request
-                if not request.resumed:
-                    channel.begin([request.request_id])
+            self._admit()
             active = [r for r in self.running.values() if channel.has_credit(r.request_id)]
             if active:
                 self._step(active)
             elif self.running or self.preempted:
                 channel.wait_input(timeout)  # every request waits for its client: wait for a frame
+
+    def _admit(self) -> None:
+        """Fill the free places: the waiting requests and those that yielded theirs, by priority,
+        a yielded one first among equals, then arrival."""
+        channel = self.channel
+        while len(self.running) < self.max_running:
+            yielded = [r for r in self.preempted.values() if r.yielded and channel.has_credit(r.request_id)]
+            if not self.waiting and not yielded:
+                return
+            request = min([*yielded, *self.waiting], key=lambda r: (r.priority, not r.yielded, r.arrival))
+            if request.yielded:
+                del self.preempted[request.request_id]
+                request.yielded = False
+                channel.send(wire.frame(wire.RESUMED, request.request_id.encode()))
+            else:
+                self.waiting.remove(request)
+            self.running[request.request_id] = request
+            if not request.resumed:
+                channel.begin([request.request_id])
+
+    def _yield(self) -> None:
+        """Preempt the running requests the server asked to give their place up (YIELD)."""
+        rids = [rid for rid in self._to_yield if rid in self.running]
+        self._to_yield.clear()
+        if not rids:
+            return
+        for rid in rids:
+            request = self.preempted[rid] = self.running.pop(rid)
+            request.yielded = request.resumed = True
+        self._call_handler("preempt_requests", rids)
+        self.channel.send(b"".join([wire.frame(wire.PREEMPTED, rid.encode()) for rid in rids]
+                                   + self.channel.pending_metrics()))
 
     def _check_paused(self, now: float) -> float | None:
         """Preempt or end the requests out of credit for too long, queue again the preempted
@@ -114,7 +156,7 @@ class ContinuousRunner:
                     if left > 0:
                         due = left if due is None else min(due, left)
         notes = []
-        for rid in [rid for rid in self.preempted if channel.has_credit(rid)]:
+        for rid in [rid for rid, r in self.preempted.items() if channel.has_credit(rid) and not r.yielded]:
             request = self.preempted.pop(rid)
             request.resumed = True
             self.waiting.appendleft(request)  # ahead of the new requests, as vLLM's preempted
@@ -149,9 +191,13 @@ class ContinuousRunner:
             decode = self.worker.spec.decode_input_request
             for request in wire.decode_batch(body):
                 headers, inputs = handler_request(request, decode)
-                self.waiting.append(_Running(request.request_id, request.sequence_id, headers, inputs))
+                self._arrivals += 1
+                self.waiting.append(_Running(request.request_id, request.sequence_id, headers, inputs,
+                                             priority=_priority(request.headers), arrival=self._arrivals))
         elif kind == wire.CANCEL:
             self.channel.cancelled.add(body.decode())
+        elif kind == wire.YIELD:
+            self._to_yield.add(body.decode())
         elif kind == wire.STOP or kind == 0:
             return False
         return True
