@@ -78,30 +78,36 @@ _PARAMETERS = "inference_service.parameters"  # a request's key: RegisterModel's
 _REGISTER_FIELDS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout")
 
 
-def integer(params: Mapping[str, str], key: str, default: int = 0) -> int:
+def integer(params: Mapping[str, str], key: str, default: int = 0, lenient: bool = False) -> int:
     """The integer query parameter ``key`` (``default`` when absent).
 
     Raises:
-        InvalidArgument: not a 32-bit integer (TorchServe silently takes the default instead).
+        InvalidArgument: not a 32-bit integer, unless ``lenient`` (TorchServe's codes): then the
+            default, as TorchServe's ``NettyUtils.getIntParameter`` takes it.
     """
     value = params.get(key)
     if value is None or not value.strip():  # an empty value (a form's unset field) is absent, as on TorchServe
         return default
     if _INTEGER.fullmatch(value.strip()) is None or int(value) not in _INT32:
+        if lenient:
+            return default
         raise InvalidArgument(f"parameter {key} must be an integer, got {value!r}")
     return int(value)
 
 
-def boolean(params: Mapping[str, str], key: str, default: bool) -> bool:
+def boolean(params: Mapping[str, str], key: str, default: bool, lenient: bool = False) -> bool:
     """The boolean query parameter ``key``: ``true`` or ``false`` in any case (``default`` when absent).
 
     Raises:
-        InvalidArgument: anything else (TorchServe's ``Boolean.parseBoolean`` reads it as false).
+        InvalidArgument: anything else, unless ``lenient`` (TorchServe's codes): then false, as
+            TorchServe's ``Boolean.parseBoolean`` reads it.
     """
     value = params.get(key)
     if value is None:
         return default
     if value.strip().lower() not in ("true", "false"):
+        if lenient:
+            return False
         raise InvalidArgument(f"parameter {key} must be true or false, got {value!r}")
     return value.strip().lower() == "true"
 
@@ -225,12 +231,13 @@ class HttpManagementApi:
             return refusal
         params, synchronous_default = await _register_params(request)
         request[_PARAMETERS] = params
-        synchronous = boolean(params, "synchronous", synchronous_default)
+        lenient = self.torchserve_codes and synchronous_default  # the query form; a JSON body keeps types
+        synchronous = boolean(params, "synchronous", synchronous_default, lenient)
         req = RegisterRequest(url=params.get("url", ""), model_name=params.get("model_name", ""),
                               handler=params.get("handler", ""), runtime=params.get("runtime", ""),
                               synchronous=synchronous)
         for key in _REGISTER_FIELDS:
-            setattr(req, key, integer(params, key))
+            setattr(req, key, integer(params, key, lenient=lenient))
         req.startup_timeout_zero = req.startup_timeout == 0 and bool(params.get("startup_timeout", "").strip())
         model = await self.core.register(req)
         status = register_status(model, synchronous)
@@ -238,13 +245,15 @@ class HttpManagementApi:
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /models?limit=&next_page_token=``: ListModels' JSON, names sorted."""
-        page = self.core.list_models(integer(request.query, "limit"), integer(request.query, "next_page_token"))
+        query, lenient = request.query, self.torchserve_codes
+        page = self.core.list_models(integer(query, "limit", lenient=lenient),
+                                     integer(query, "next_page_token", lenient=lenient))
         return json_response(json.dumps(page, indent=2))
 
     async def describe(self, request: web.Request) -> web.Response:
         """``GET /models/{name}[/{version}|/all]``: DescribeModel's JSON array; ``customized=true`` gets
         the same (the handler's customized metadata is not asked for)."""
-        boolean(request.query, "customized", False)
+        boolean(request.query, "customized", False, self.torchserve_codes)
         name, version = _model(request)
         return json_response(describe_json(self.core.versions(name, version)))
 
@@ -259,13 +268,15 @@ class HttpManagementApi:
             model.sleep.set_idle_timeout(_idle_timeout(query["idle_timeout"]))
             if "min_worker" not in query and "max_worker" not in query:
                 return status_response(f"Idle timeout set to {model.config.idle_timeout_s:g} s for model: {name}")
-        min_worker = integer(query, "min_worker", 1)
-        max_worker = integer(query, "max_worker", min_worker)
-        synchronous = boolean(query, "synchronous", False)
+        lenient = self.torchserve_codes
+        min_worker = integer(query, "min_worker", 1, lenient)
+        max_worker = integer(query, "max_worker", min_worker, lenient)
+        synchronous = boolean(query, "synchronous", False, lenient)
         if self.torchserve_codes and min_worker <= max_worker < 0:
             self.core.get(name, version)  # TorchServe finds the model before its count fails (404 first)
         model = await self.core.scale(name, version, min_worker, max_worker,
-                                      synchronous, integer(query, "timeout"), integer(query, "number_gpu"))
+                                      synchronous, integer(query, "timeout", lenient=lenient),
+                                      integer(query, "number_gpu", lenient=lenient))
         status = scale_status(model, version, synchronous)
         return status_response(status, 202 if status == PROCESSING else 200)
 
