@@ -32,7 +32,7 @@ TOKEN_FAILED = "Token Authorization failed. Token either incorrect, expired, or 
 
 
 class _ArchiveHost(http.server.BaseHTTPRequestHandler):
-    """``/ok/echo.mar``: the archive; ``/err/...``: 500; anything else: 404."""
+    """``/ok/echo.mar`` and ``/ok/remote.mar``: the archive; ``/err/...``: 500; anything else: 404."""
 
     archive = b""
 
@@ -40,7 +40,7 @@ class _ArchiveHost(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/err/"):
             self.send_error(500)
             return
-        if self.path != "/ok/echo.mar":
+        if self.path not in ("/ok/echo.mar", "/ok/remote.mar"):
             self.send_error(404)
             return
         self.send_response(200)
@@ -131,7 +131,7 @@ ROWS: list[tuple[str, str, Any, tuple[int, str], tuple[int, str]]] = [
      (404, "ModelNotFoundException")),
     ("POST", "/models?url={host}/ok/missing.mar", None, (404, "ModelNotFoundException"),
      (400, "DownloadArchiveException")),
-    ("POST", "/models?url={host}/err/echo.mar", None, (503, "ServiceUnavailableException"),
+    ("POST", "/models?url={host}/err/other.mar", None, (503, "ServiceUnavailableException"),
      (400, "DownloadArchiveException")),
     ("PUT", "/models/echo?min_worker=-1", None, (400, "BadRequestException"), (500, "IndexOutOfBoundsException")),
     ("PUT", "/models/echo?min_worker=-2&max_worker=-1", None, (400, "BadRequestException"),
@@ -166,7 +166,7 @@ def test_refusals_answer_the_chosen_statuses(codes: str, request: pytest.Fixture
         got = refusal(srv, method, path, body=body)
         assert got == (theirs if torchserve else default), (codes, method, path, body, got)
     # a retryable download failure says Retry-After with this server's 503 only
-    headers = call(srv, "POST", "/models?url={host}/err/echo.mar")[1]
+    headers = call(srv, "POST", "/models?url={host}/err/other.mar")[1]
     assert ("Retry-After" in headers) is not torchserve, headers
     # nothing above changed a model: echo keeps its READY worker, nothing else was registered
     wait_for(lambda: [w["status"] for w in call(srv, "GET", "/models/echo")[2][0]["workers"]] == ["READY"],
@@ -177,7 +177,8 @@ def test_refusals_answer_the_chosen_statuses(codes: str, request: pytest.Fixture
 @pytest.mark.parametrize("codes", ["ours", "ts"])
 def test_registering_a_remote_version_again(codes: str, request: pytest.FixtureRequest) -> None:
     srv: ServerProcess = request.getfixturevalue(codes)
-    path = "/models?url={host}/ok/echo.mar&model_name=remote"
+    # remote.mar, not echo.mar: TorchServe refuses a URL whose file is in its model store (500)
+    path = "/models?url={host}/ok/remote.mar&model_name=remote"
     assert call(srv, "POST", path)[::2] == (
         200, {"status": 'Model "remote" Version: 1.0 registered with 0 initial workers. '
                         "Use scale workers API to add workers for the model."})
@@ -185,10 +186,23 @@ def test_registering_a_remote_version_again(codes: str, request: pytest.FixtureR
         # TorchServe finds the downloaded file in its model store: 500 (this server: the version's 409)
         expected = (500, "InternalServerException") if codes == "ts" else (409, "ConflictStatusException")
         assert refusal(srv, "POST", path) == expected
-        assert refusal(srv, "POST", path.replace("remote", "remote&initial_workers=1")) == expected
+        assert refusal(srv, "POST", path + "&initial_workers=1") == expected
         assert [d["modelVersion"] for d in call(srv, "GET", "/models/remote/all")[2]] == ["1.0"]
     finally:
         assert call(srv, "DELETE", "/models/remote")[0] == 200
+
+
+@pytest.mark.parametrize("codes", ["ours", "ts"])
+def test_a_remote_url_whose_file_is_in_the_store(codes: str, request: pytest.FixtureRequest) -> None:
+    """TorchServe looks for the URL's file name in its model store before downloading: 500."""
+    srv: ServerProcess = request.getfixturevalue(codes)
+    path = "/models?url={host}/ok/echo.mar&model_name=stored"
+    if codes == "ts":
+        assert refusal(srv, "POST", path) == (500, "InternalServerException")
+        assert call(srv, "GET", "/models/stored")[0] == 404
+        return
+    assert call(srv, "POST", path)[0] == 200  # downloaded and registered
+    assert call(srv, "DELETE", "/models/stored")[0] == 200
 
 
 @pytest.mark.parametrize("codes", ["ours", "ts"])

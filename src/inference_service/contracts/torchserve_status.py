@@ -162,6 +162,8 @@ def torchserve_http_status(error: InferenceError, params: Mapping[str, str]) -> 
         return 404, "ModelNotFoundException"
     if reason == "DOWNLOAD_FAILED":  # a 404, an unreachable host, a cut download: DownloadArchiveException
         return 400, "DownloadArchiveException"
+    if reason == "MODEL_FILE_EXISTS":  # ArchiveUtils.downloadArchive, before downloading
+        return 500, "InternalServerException"
     if reason == "VERSION_REGISTERED" and (url or "").lower().startswith(("http://", "https://")):
         return 500, "InternalServerException"  # ApiUtils.handleRegister: "Model file already exists"
     if reason == "WORKER_COUNT":

@@ -18,6 +18,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -233,6 +234,8 @@ class HttpManagementApi:
         request[_PARAMETERS] = params
         lenient = self.torchserve_codes and synchronous_default  # the query form; a JSON body keeps types
         synchronous = boolean(params, "synchronous", synchronous_default, lenient)
+        if self.torchserve_codes:
+            _refuse_stored_download(self.core.settings, params.get("url", ""))
         req = RegisterRequest(url=params.get("url", ""), model_name=params.get("model_name", ""),
                               handler=params.get("handler", ""), runtime=params.get("runtime", ""),
                               synchronous=synchronous)
@@ -348,6 +351,22 @@ def _idle_timeout(text: str) -> float:
     if not 0 <= seconds <= 604_800:  # NaN too
         raise InvalidArgument(f"idle_timeout must be 0 (never) to 604800 seconds, got {text[:40]!r}")
     return seconds
+
+
+def _refuse_stored_download(settings: Settings, url: str) -> None:
+    """TorchServe's refusal of an allowed ``http(s)://`` URL whose file name is in the model store,
+    made before it downloads anything (``ArchiveUtils.downloadArchive``): 500, "Model file already
+    exists" (``MODEL_FILE_EXISTS``).
+
+    Raises:
+        InferenceError: that file is in the store (and the policy's refusals for a URL it refuses).
+    """
+    if settings.model_store is None or not url.lower().startswith(("http://", "https://")):
+        return
+    settings.url_policy.check(url)
+    filename = urlsplit(url).path.rsplit("/", 1)[-1]
+    if filename and (settings.model_store / filename).exists():
+        raise InferenceError(f"Model file already exists {filename}", reason="MODEL_FILE_EXISTS")
 
 
 def _model(request: web.Request) -> tuple[str, str]:
