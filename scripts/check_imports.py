@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "compat": LOW | {"handler"},
     "llm": LOW | {"handler"},
     "embeddings": LOW | {"handler", "llm"},
+    "rerank": LOW | {"handler", "llm", "embeddings"},
     "worker": LOW | {"handler"},
     "dispatch": LOW,
     "serving": LOW | {"archive", "config", "dispatch"},
