@@ -57,6 +57,7 @@ from inference_service.frontends.openai.format import (
     sse_event,
 )
 from inference_service.frontends.openai.responses import ResponsesApi
+from inference_service.frontends.openai.rerank import rerank_route
 from inference_service.frontends.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -129,6 +130,8 @@ class OpenAIApi:
         self.app.router.add_post("/responses", responses.create)
         self.app.router.add_get("/responses/{response_id}", responses.retrieve, allow_head=False)
         self.app.router.add_delete("/responses/{response_id}", responses.delete)
+        self.app.router.add_post("/rerank", self.rerank)
+        self.app.router.add_post("/score", self.score)
 
     # ------------------------------------------------------------ errors
     def error_of(self, exc: InferenceError) -> OpenAIError:
@@ -285,6 +288,14 @@ class OpenAIApi:
             error.param = handler_refusal_param(exc) or error.param
             raise error from None
         return web.Response(body=payload, content_type="application/json")
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """``POST /v1/rerank`` (also ``/rerank``, ``/v2/rerank``): answers and errors in docs/rerank.md."""
+        return await rerank_route(self, request, "rerank", OpenAIError)
+
+    async def score(self, request: web.Request) -> web.Response:
+        """``POST /v1/score``, vLLM's: answers and errors in docs/rerank.md."""
+        return await rerank_route(self, request, "score", OpenAIError)
 
     async def _parse(self, request: web.Request, schema: type[_R]) -> _R:
         """The validated request body; OpenAIError 400 (``param`` names the field) if invalid."""

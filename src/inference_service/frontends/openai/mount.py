@@ -29,11 +29,15 @@ ROUTES = (
     ("POST", "/responses", "create_response"),
     ("GET", "/responses/{response_id}", "retrieve_response"),
     ("DELETE", "/responses/{response_id}", "delete_response"),
+    ("POST", "/rerank", "rerank"),
+    ("POST", "/score", "score"),
 )
 #: ``(method, path, OpenAIApi method)`` of vLLM's routes beside ``/v1``, at the root as vLLM serves them.
 ROOT_ROUTES = (
     ("POST", "/tokenize", "tokenize"),
     ("POST", "/detokenize", "detokenize"),
+    ("POST", "/rerank", "rerank"),
+    ("POST", "/v2/rerank", "rerank"),
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
