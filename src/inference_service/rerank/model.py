@@ -72,11 +72,10 @@ def settings_of(model_dir: Path, config: Mapping[str, Any]) -> RerankSettings:
     path = (read_json(model_dir / "config_sentence_transformers.json").get("activation_fn")
             or (model_config.get("sentence_transformers") or {}).get("activation_fn")
             or model_config.get("sbert_ce_default_activation_function"))
-    found = ACTIVATIONS.get(str(path)) if path else "sigmoid"
-    if found is None:
+    activation = config.get("activation", ACTIVATIONS.get(str(path)) if path else "sigmoid")
+    if activation is None:
         raise ValueError(f"{model_dir}: activation {path!r} is neither Sigmoid nor Identity; set the handler "
                          "config's 'activation' to sigmoid or identity")
-    activation = config.get("activation", found)
     if activation not in ACTIVATIONS.values():
         raise ValueError(f"handler config: 'activation' must be sigmoid or identity, got {activation!r}")
     positions = model_config.get("max_position_embeddings")
