@@ -42,10 +42,9 @@ class PairEncoder:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
+        pad = (self.tokenizer.padding or {}).get("pad_id")
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length, strategy="longest_first")
-        padding = self.tokenizer.padding or {}
-        pad = padding.get("pad_id") if padding else None
         for token in ("[PAD]", "<pad>"):
             pad = pad if pad is not None else self.tokenizer.token_to_id(token)
         self.pad_id = pad if pad is not None else 0
