@@ -56,8 +56,8 @@ from inference_service.frontends.openai.format import (
     piece_of,
     sse_event,
 )
-from inference_service.frontends.openai.responses import ResponsesApi
 from inference_service.frontends.openai.rerank import rerank_route
+from inference_service.frontends.openai.responses import ResponsesApi
 from inference_service.frontends.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
