@@ -45,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "llm": LOW | {"handler"},
     "embeddings": LOW | {"handler", "llm"},
     "rerank": LOW | {"handler", "llm", "embeddings"},
+    "speech": LOW | {"handler", "llm"},
     "worker": LOW | {"handler"},
     "dispatch": LOW,
     "serving": LOW | {"archive", "config", "dispatch"},
