@@ -30,6 +30,7 @@ from inference_service.contracts.embeddings import InvalidEmbeddingRequest
 from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
 from inference_service.frontends.limits import check_json_nodes, off_loop, refuse_form
+from inference_service.frontends.openai.audio import AudioApi
 from inference_service.frontends.openai.choices import (
     Candidate,
     ChoiceError,
@@ -124,6 +125,10 @@ class OpenAIApi:
         self.app.router.add_post("/chat/completions", self.chat_completions)
         self.app.router.add_post("/completions", self.completions)
         self.app.router.add_post("/embeddings", self.embeddings)
+        audio = AudioApi(self)  # POST /audio/transcriptions and /audio/translations
+        self.audio_transcriptions, self.audio_translations = audio.transcriptions, audio.translations
+        self.app.router.add_post("/audio/transcriptions", audio.transcriptions)
+        self.app.router.add_post("/audio/translations", audio.translations)
         responses = ResponsesApi(self)  # POST /responses, GET and DELETE /responses/{response_id}
         self.create_response, self.retrieve_response = responses.create, responses.retrieve
         self.delete_response = responses.delete

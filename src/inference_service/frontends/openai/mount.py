@@ -26,6 +26,8 @@ ROUTES = (
     ("POST", "/chat/completions", "chat_completions"),
     ("POST", "/completions", "completions"),
     ("POST", "/embeddings", "embeddings"),
+    ("POST", "/audio/transcriptions", "audio_transcriptions"),
+    ("POST", "/audio/translations", "audio_translations"),
     ("POST", "/responses", "create_response"),
     ("GET", "/responses/{response_id}", "retrieve_response"),
     ("DELETE", "/responses/{response_id}", "delete_response"),
