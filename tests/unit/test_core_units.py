@@ -219,6 +219,7 @@ class _FakeVersion:
         self.queue: list[Job] = []
         self.restarts_total = 0
         self.sleep = SimpleNamespace(state=SleepState.READY, wakes=0, wake_seconds=0.0, woken_requests=0)
+        self.config = ModelConfig()  # no SLOs: goodput is not counted
 
     def submit(self, job: Job, max_request_size: int) -> None:
         self.jobs.append(job)

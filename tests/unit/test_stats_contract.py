@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 
 from inference_service.contracts import wire
-from inference_service.contracts.stats import STAT_TYPES, IterationStats, SchedulerStats, specs, stat
+from inference_service.contracts.stats import STAT_TYPES, IterationStats, SchedulerStats, VersionStats, specs, stat
 from inference_service.handler.metrics import Metrics
 from inference_service.observability.metrics import ServerMetrics
 
@@ -27,8 +26,8 @@ class WithDraftTokens(SchedulerStats):
 
 class _Source:
     def stats(self):
-        return 0, [SimpleNamespace(model_name="llm", model_version="1.0", queue_depth=0, workers={"READY": 1},
-                                   restarts=0, worker_pids=frozenset({4242}))]
+        return 0, [VersionStats(model_name="llm", model_version="1.0", queue_depth=0, workers={"READY": 1},
+                                restarts=0, worker_pids=frozenset({4242}))]
 
 
 def _through_the_wire(worker: Metrics) -> list:
