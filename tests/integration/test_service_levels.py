@@ -59,8 +59,9 @@ def test_waiting_requests_are_served_by_priority_then_arrival(srv):
     threads = []
     for name, priority in (("late", "5"), ("first", "-1"), ("plain", None), ("second", "-1")):
         headers = {"x-request-priority": priority} if priority is not None else {}
+        # each runs 0.25 s, so the answers come apart in the order the worker took the requests
         thread = threading.Thread(target=lambda n=name, h=headers: done.append(
-            n if _post(srv, n, h) == (200, n.encode()) else f"failed {n}"))
+            n if _post(srv, "sleep:0.25", h) == (200, b"slept") else f"failed {n}"))
         threads.append(thread)
         thread.start()
         wait_for(lambda k=len(threads): _queued(srv) >= k, timeout=10, what=f"{len(threads)} queued")
