@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inference_service.contracts.request_error import FieldRefusal
+from inference_service.contracts.request_error import refused_field as _refused_field
+
 #: Most inputs one request may hold (OpenAI's limit).
 MAX_INPUTS = 2048
 #: ``encoding_format`` values: a list of floats, or the float32 little-endian bytes in base64 (OpenAI's).
@@ -26,21 +29,14 @@ REQUEST_FIELDS = ("input", "model", "encoding_format", "dimensions")
 _FIELD = re.compile(r"(input(?:\[\d+\]){0,2}|encoding_format|dimensions|model): ")
 
 
-class InvalidEmbeddingRequest(ValueError):
+class InvalidEmbeddingRequest(FieldRefusal):
     """A bad embedding request; ``field`` is the request field at fault (``input[3]``), ``status``
     the HTTP status to answer (400; 413 for an answer that would pass ``max_response_size``)."""
-
-    def __init__(self, field: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-        self.status = status
 
 
 def refused_field(message: str) -> str | None:
     """The field a refusal's message names (``"input[3]: ..."`` -> ``input[3]``), else ``None``."""
-    match = _FIELD.match(message)
-    return match[1] if match else None
+    return _refused_field(_FIELD, message)
 
 
 #: One input: a text, or token ids of the model's tokenizer.

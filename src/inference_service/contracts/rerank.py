@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inference_service.contracts.request_error import FieldRefusal
+from inference_service.contracts.request_error import refused_field as _refused_field
+
 #: Most documents of one rerank request, and most pairs of one score request (Cohere's limit).
 MAX_DOCUMENTS = 1000
 #: What a request asks for: ``rerank`` (results sorted by score) or ``score`` (scores in order).
@@ -25,21 +28,14 @@ KINDS = ("rerank", "score")
 _FIELD = re.compile(r"((?:query|documents|text_1|text_2)(?:\[\d+\])?(?:\.text)?|top_n|return_documents|model): ")
 
 
-class InvalidRerankRequest(ValueError):
+class InvalidRerankRequest(FieldRefusal):
     """A bad rerank or score request; ``field`` is the request field at fault (``documents[3]``),
     ``status`` the HTTP status to answer (400; 413 for an answer that would pass ``max_response_size``)."""
-
-    def __init__(self, field: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-        self.status = status
 
 
 def refused_field(message: str) -> str | None:
     """The field a refusal's message names (``"documents[3]: ..."`` -> ``documents[3]``), else ``None``."""
-    match = _FIELD.match(message)
-    return match[1] if match else None
+    return _refused_field(_FIELD, message)
 
 
 @dataclass(frozen=True, slots=True)

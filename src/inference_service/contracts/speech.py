@@ -12,6 +12,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from inference_service.contracts.request_error import FieldRefusal
+from inference_service.contracts.request_error import refused_field as _refused_field
+
 TASKS = ("transcribe", "translate")
 #: OpenAI's ``response_format`` values served.
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -25,21 +28,14 @@ _FIELDS = {"task", "model", "language", "prompt", "temperature", "response_forma
            "stream"}
 
 
-class InvalidSpeechRequest(ValueError):
+class InvalidSpeechRequest(FieldRefusal):
     """A bad speech request: ``field`` is the form field at fault, ``status`` the HTTP status
     (400; 413 for audio over a size limit). The message starts ``"<field>: "``."""
 
-    def __init__(self, field: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-        self.status = status
-
 
 def refused_field(message: str) -> str | None:
-    """The form field a handler's refusal names (``"file: the audio lasts ..."`` -> ``file``), else ``None``."""
-    match = _FIELD.match(message)
-    return match[1] if match else None
+    """The field a refusal's message names (``"file: ..."`` -> ``file``), else ``None``."""
+    return _refused_field(_FIELD, message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,12 +56,7 @@ class EmbeddingHandler(BaseHandler):
             ValueError: a bad config value (the message names the key).
             inference_service.llm.model.ModelPreparationError: the model cannot be found or converted.
         """
-        self.context = context
-        self.manifest = context.manifest
-        self.model_yaml_config = context.model_yaml_config or {}
-        properties = context.system_properties or {}
-        self.model_dir = properties.get("model_dir", "")
-        config = self.model_yaml_config.get("handler") or {}
+        config, properties = self.adopt(context)
         gpu_id = properties.get("gpu_id")
         name = engine_name(config, gpu_id is not None)
         self.device = f"cuda:{gpu_id}" if gpu_id is not None and name == "torch" else "cpu"

@@ -63,16 +63,23 @@ class BaseHandler:
         self.explain = False
         self.target = 0
 
+    def adopt(self, context: Context) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Keep ``context`` and what TorchServe's handlers read of it (``manifest``,
+        ``model_yaml_config``, ``model_dir``); returns ``(the handler section of model-config.yaml,
+        the system properties)``."""
+        self.context = context
+        self.manifest = context.manifest
+        self.model_yaml_config = context.model_yaml_config or {}
+        properties = context.system_properties or {}
+        self.model_dir = properties.get("model_dir", "")
+        return self.model_yaml_config.get("handler") or {}, properties
+
     def initialize(self, context: Context) -> None:
         """Load the manifest's model onto the worker's device; ModelLoadError for a missing or invalid
         file or malformed ``handler`` options."""
         import torch
 
-        self.context = context
-        self.manifest = context.manifest
-        self.model_yaml_config = context.model_yaml_config or {}
-        properties = context.system_properties
-        self.model_dir = properties.get("model_dir", "")
+        _, properties = self.adopt(context)
         gpu_id = properties.get("gpu_id")
         if gpu_id is not None and torch.cuda.is_available():
             self.map_location = "cuda"

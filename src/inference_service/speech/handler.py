@@ -58,10 +58,7 @@ class SpeechHandler(BaseHandler):
         """
         import openvino_genai
 
-        self.context = context
-        self.manifest = context.manifest
-        self.model_yaml_config = context.model_yaml_config or {}
-        config = self.model_yaml_config.get("handler") or {}
+        config, _ = self.adopt(context)
         self.max_audio_seconds = _positive(config, "max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
         self.word_timestamps = config.get("word_timestamps", True)
         if not isinstance(self.word_timestamps, bool):
