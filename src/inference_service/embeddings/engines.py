@@ -138,6 +138,16 @@ class TorchEmbedder:
             return pooled.float().cpu().numpy()
 
 
+def set_torch_threads(config: Mapping[str, Any]) -> None:
+    """torch's intra-op threads from the handler config's ``torch_threads`` (a positive integer; else
+    left as the worker set them)."""
+    threads = config.get("torch_threads")
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def build_engine(name: str, model_dir: Path, settings: EmbeddingSettings, config: Mapping[str, Any], *,
                  device: str, pad_id: int) -> Embedder:
     """The engine ``name`` for ``model_dir``; ``openvino`` converts the model once to IR in
@@ -148,11 +158,7 @@ def build_engine(name: str, model_dir: Path, settings: EmbeddingSettings, config
     """
     start = time.perf_counter()
     if name == "torch":
-        threads = config.get("torch_threads")
-        if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
-            import torch
-
-            torch.set_num_threads(threads)
+        set_torch_threads(config)
         torch_engine = TorchEmbedder(model_dir, settings, device, pad_id)
         log.info("loaded %s (torch, %s) in %.1f s", model_dir, device, time.perf_counter() - start)
         return torch_engine

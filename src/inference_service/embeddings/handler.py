@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from inference_service.contracts.cpu import positive_int
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
+from inference_service.contracts.request_error import FieldRefusal
 from inference_service.embeddings.engines import Embedder, Encoded, build_engine, engine_name
 from inference_service.embeddings.formats import Job, answer, answer_bound, read_row
 from inference_service.embeddings.model import EmbeddingSettings, model_dir_of, settings_of
 from inference_service.embeddings.tokens import InputEncoder
 from inference_service.handler import BaseHandler, Context
+
+R = TypeVar("R")
+E = TypeVar("E")
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +88,14 @@ class EmbeddingHandler(BaseHandler):
             raise RuntimeError("EmbeddingHandler.initialize was not called")
         self.context = context
         start = time.perf_counter()
-        results: list[Any] = [None] * len(data)
-        jobs: dict[int, tuple[Job, list[Encoded]]] = {}
-        for idx, row in enumerate(data):
-            try:
-                job = read_row(row)
-                self._check_dimensions(job)
-                self._check_answer_size(job)
-                jobs[idx] = (job, encoder.encode(job.request.inputs, job.fields))
-            except InvalidEmbeddingRequest as exc:
-                context.set_response_status(exc.status, str(exc), idx)
-                results[idx] = str(exc)
-            except Exception as exc:  # a tokenizer's error fails its request alone
-                log.error("request %d of the batch failed while being tokenized", idx, exc_info=exc)
-                context.set_response_status(500, f"tokenization failed: {exc}", idx)
-                results[idx] = f"tokenization failed: {exc}"
+
+        def prepare(row: Any) -> tuple[Job, list[Encoded]]:
+            job = read_row(row)
+            self._check_dimensions(job)
+            self._check_answer_size(job)
+            return job, encoder.encode(job.request.inputs, job.fields)
+
+        results, jobs = prepare_rows(data, context, prepare)
         vectors = self._embed([item for _, items in jobs.values() for item in items])
         offset = 0
         for idx, (job, items) in jobs.items():
@@ -124,7 +122,7 @@ class EmbeddingHandler(BaseHandler):
         """Refuse (413) a job whose answer could pass the server's ``max_response_size``, before
         any work: the limit and the most inputs that fit are named."""
         assert self.settings is not None
-        limit = int((self.context.system_properties or {}).get("max_response_size") or 0) if self.context else 0
+        limit = response_limit(self.context)
         dimension = job.request.dimensions or self.settings.dimension
         bound = answer_bound(job, dimension)
         if not limit or bound <= limit:
@@ -157,6 +155,31 @@ class EmbeddingHandler(BaseHandler):
             return cut
         norms = np.linalg.norm(cut, axis=1, keepdims=True)
         return cut / np.maximum(norms, 1e-12)
+
+
+def prepare_rows(data: list[Any], context: Context,
+                 prepare: Callable[[Any], tuple[R, list[E]]]) -> tuple[list[Any], dict[int, tuple[R, list[E]]]]:
+    """``(answers, jobs)`` of a batch's rows: ``prepare(row)`` gives a row's request and its encoded
+    items; a row it refuses (a :class:`FieldRefusal`: its status and message) or whose tokenizer
+    fails (500) fails alone, its answer the message."""
+    results: list[Any] = [None] * len(data)
+    jobs: dict[int, tuple[R, list[E]]] = {}
+    for idx, row in enumerate(data):
+        try:
+            jobs[idx] = prepare(row)
+        except FieldRefusal as exc:
+            context.set_response_status(exc.status, str(exc), idx)
+            results[idx] = str(exc)
+        except Exception as exc:  # a tokenizer's error fails its request alone
+            log.error("request %d of the batch failed while being tokenized", idx, exc_info=exc)
+            context.set_response_status(500, f"tokenization failed: {exc}", idx)
+            results[idx] = f"tokenization failed: {exc}"
+    return results, jobs
+
+
+def response_limit(context: Context | None) -> int:
+    """The server's ``max_response_size`` in bytes as the worker got it (0: none given)."""
+    return int((context.system_properties or {}).get("max_response_size") or 0) if context else 0
 
 
 def length_groups(lengths: list[int], max_inputs: int) -> list[list[int]]:

@@ -125,9 +125,10 @@ def settings_of(model_dir: Path, config: Mapping[str, Any]) -> EmbeddingSettings
 
 
 def prepare_ir(model_dir: Path, weight_format: str, cache_dir: str | os.PathLike[str] | None = None,
-               ) -> tuple[Path, float | None]:
-    """``(IR directory, conversion seconds or None when cached)``, exported once with the
-    ``feature-extraction`` task; ModelPreparationError for a bad weight format or a failed conversion."""
+               task: str = EXPORT_TASK) -> tuple[Path, float | None]:
+    """``(IR directory, conversion seconds or None when cached)``, exported once with ``task``
+    (optimum's; a cross-encoder's is ``text-classification``); ModelPreparationError for a bad
+    weight format or a failed conversion."""
     from inference_service.llm.openvino_ir import is_ir_dir
     from inference_service.llm.openvino_ir import prepare_ir as prepare
 
@@ -136,4 +137,4 @@ def prepare_ir(model_dir: Path, weight_format: str, cache_dir: str | os.PathLike
                                     f"got {weight_format!r}")
     if is_ir_dir(model_dir):
         return model_dir, None
-    return prepare(model_dir, weight_format, cache_dir, task=EXPORT_TASK)
+    return prepare(model_dir, weight_format, cache_dir, task=task)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inference_service.embeddings.engines import worker_threads
+from inference_service.embeddings.engines import set_torch_threads, worker_threads
 from inference_service.rerank.model import DEFAULT_WEIGHT_FORMAT, prepare_ir
 
 log = logging.getLogger(__name__)
@@ -117,11 +117,7 @@ def build_engine(name: str, model_dir: Path, config: Mapping[str, Any], *, devic
     """
     start = time.perf_counter()
     if name == "torch":
-        threads = config.get("torch_threads")
-        if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
-            import torch
-
-            torch.set_num_threads(threads)
+        set_torch_threads(config)
         engine: Scorer = TorchScorer(model_dir, device, pad_id)
         log.info("loaded %s (torch, %s) in %.1f s", model_dir, device, time.perf_counter() - start)
         return engine

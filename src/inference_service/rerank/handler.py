@@ -19,7 +19,7 @@ from inference_service.contracts.cpu import positive_int
 from inference_service.contracts.rerank import InvalidRerankRequest, RerankRequest, parse_body
 from inference_service.contracts.text import lone_surrogate, lone_surrogate_message
 from inference_service.embeddings.engines import engine_name
-from inference_service.embeddings.handler import length_groups
+from inference_service.embeddings.handler import length_groups, prepare_rows, response_limit
 from inference_service.handler import BaseHandler, Context
 from inference_service.rerank.engines import Pair, Scorer, build_engine
 from inference_service.rerank.model import RerankSettings, model_dir_of, settings_of
@@ -110,20 +110,13 @@ class RerankHandler(BaseHandler):
             raise RuntimeError("RerankHandler.initialize was not called")
         self.context = context
         start = time.perf_counter()
-        results: list[Any] = [None] * len(data)
-        jobs: dict[int, tuple[RerankRequest, list[Pair]]] = {}
-        for idx, row in enumerate(data):
-            try:
-                request = read_row(row)
-                self._check_answer_size(request)
-                jobs[idx] = (request, encoder.encode(request))
-            except InvalidRerankRequest as exc:
-                context.set_response_status(exc.status, str(exc), idx)
-                results[idx] = str(exc)
-            except Exception as exc:  # a tokenizer's error fails its request alone
-                log.error("request %d of the batch failed while being tokenized", idx, exc_info=exc)
-                context.set_response_status(500, f"tokenization failed: {exc}", idx)
-                results[idx] = f"tokenization failed: {exc}"
+
+        def prepare(row: Any) -> tuple[RerankRequest, list[Pair]]:
+            request = read_row(row)
+            self._check_answer_size(request)
+            return request, encoder.encode(request)
+
+        results, jobs = prepare_rows(data, context, prepare)
         scores = self._scores([pair for _, pairs in jobs.values() for pair in pairs])
         offset = 0
         for idx, (request, pairs) in jobs.items():
@@ -148,7 +141,7 @@ class RerankHandler(BaseHandler):
     def _check_answer_size(self, request: RerankRequest) -> None:
         """Refuse (413) a request whose answer could pass the server's ``max_response_size``, before
         any work, naming the limit."""
-        limit = int((self.context.system_properties or {}).get("max_response_size") or 0) if self.context else 0
+        limit = response_limit(self.context)
         bound = answer_bound(request)
         if limit and bound > limit:
             field = "documents" if request.kind == "rerank" else "text_2"

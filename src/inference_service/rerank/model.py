@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_service.embeddings.model import prepare_ir as embedding_ir
 from inference_service.embeddings.model import read_json
 from inference_service.llm.model import ModelPreparationError
 
@@ -19,7 +20,6 @@ EXPORT_TASK = "text-classification"
 #: How a logit becomes a score: sentence-transformers' ``CrossEncoder`` default for one label is
 #: ``Sigmoid``; a model saved with ``Identity`` answers its raw logit.
 ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
-WEIGHT_FORMATS = ("fp32", "int8")
 DEFAULT_WEIGHT_FORMAT = "fp32"
 #: The example model: all-MiniLM-L6-v2's encoder under a classification head drawn from this
 #: seed (normal, std 0.5): the size of ms-marco-MiniLM-L-6-v2, its scores are not relevance.
@@ -94,17 +94,9 @@ def settings_of(model_dir: Path, config: Mapping[str, Any]) -> RerankSettings:
 
 def prepare_ir(model_dir: Path, weight_format: str, cache_dir: str | os.PathLike[str] | None = None,
                ) -> tuple[Path, float | None]:
-    """``(IR directory, conversion seconds or None when cached)``, exported once with the
-    ``text-classification`` task; ModelPreparationError for a bad weight format or a failed conversion."""
-    from inference_service.llm.openvino_ir import is_ir_dir
-    from inference_service.llm.openvino_ir import prepare_ir as prepare
-
-    if weight_format not in WEIGHT_FORMATS:
-        raise ModelPreparationError(f"handler config: 'weight_format' must be one of {', '.join(WEIGHT_FORMATS)}, "
-                                    f"got {weight_format!r}")
-    if is_ir_dir(model_dir):
-        return model_dir, None
-    return prepare(model_dir, weight_format, cache_dir, task=EXPORT_TASK)
+    """The embedding models' :func:`~inference_service.embeddings.model.prepare_ir` with the
+    ``text-classification`` task."""
+    return embedding_ir(model_dir, weight_format, cache_dir, task=EXPORT_TASK)
 
 
 def example_model(cache_root: Path) -> Path:
