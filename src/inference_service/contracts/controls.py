@@ -20,16 +20,17 @@ PRIORITY_HEADER = "x-request-priority"
 #: The largest timeout taken (a week, in seconds) and the priority range (vLLM takes any integer).
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+_LENGTHS = frozenset((len(TIMEOUT_HEADER), len(PRIORITY_HEADER)))
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is not None:
-        return value
-    for key, item in headers.items():  # a client may send any case
-        if len(key) == len(name) and key.lower() == name:
-            return item
-    return None
+def header_values(headers: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    """The headers named (lower case) in ``names`` that ``headers`` holds, in one pass (a client may
+    send any case)."""
+    found = {}
+    for key, value in headers.items():
+        if len(key) in _LENGTHS and (low := key.lower()) in names:
+            found[low] = value
+    return found
 
 
 def request_controls(headers: Mapping[str, str]) -> tuple[float | None, int]:
@@ -40,7 +41,8 @@ def request_controls(headers: Mapping[str, str]) -> tuple[float | None, int]:
             (BAD_REQUEST_TIMEOUT), a priority that is not an integer (BAD_PRIORITY).
     """
     timeout = None
-    raw = _header(headers, TIMEOUT_HEADER)
+    values = header_values(headers, (TIMEOUT_HEADER, PRIORITY_HEADER))
+    raw = values.get(TIMEOUT_HEADER)
     if raw is not None:
         try:
             timeout = float(raw)
@@ -50,7 +52,7 @@ def request_controls(headers: Mapping[str, str]) -> tuple[float | None, int]:
             raise InvalidArgument(f"{TIMEOUT_HEADER} must be a number of seconds above 0 and at most "
                                   f"{MAX_TIMEOUT_S:g}, got {raw[:40]!r}", reason="BAD_REQUEST_TIMEOUT")
     priority = 0
-    raw = _header(headers, PRIORITY_HEADER)
+    raw = values.get(PRIORITY_HEADER)
     if raw is not None:
         try:
             priority = int(raw)

@@ -15,6 +15,7 @@ from typing import Any
 
 import inference_service
 from inference_service.config import Settings
+from inference_service.contracts.controls import request_controls
 from inference_service.dispatch.gpu import GpuAllocator
 from inference_service.dispatch.jobs import Job, Kind
 from inference_service.dispatch.worker_options import WorkerOptions
@@ -28,7 +29,6 @@ from inference_service.errors import (
     WorkerLoadError,
     shorten,
 )
-from inference_service.serving.controls import request_controls
 from inference_service.serving.cpu_budget import CpuBudget
 from inference_service.serving.model_version import ModelVersion
 from inference_service.serving.registration import (

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inference_service.contracts import wire
+from inference_service.contracts.controls import PRIORITY_HEADER, header_values
 from inference_service.handler.encoding import encode_response
 from inference_service.handler.streaming import RequestCancelled
 from inference_service.worker import answers
@@ -39,10 +40,7 @@ def _ms_setting(config: dict[str, Any], key: str, default: int) -> float | None:
 
 def _priority(headers: dict[str, str]) -> int:
     """The request's ``x-request-priority`` (checked by the server; 0 when absent)."""
-    for key, value in headers.items():
-        if len(key) == 18 and key.lower() == "x-request-priority":
-            return int(value)
-    return 0
+    return int(header_values(headers, (PRIORITY_HEADER,)).get(PRIORITY_HEADER, 0))
 
 
 @dataclass(eq=False)

@@ -26,6 +26,7 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from inference_service.contracts.controls import PRIORITY_HEADER
 from inference_service.contracts.embeddings import InvalidEmbeddingRequest
 from inference_service.contracts.sampling import GenerationRequest, InvalidRequest
 from inference_service.errors import InferenceError, InvalidArgument
@@ -70,7 +71,6 @@ from inference_service.frontends.openai.tokenizer import DetokenizeBody, Tokeniz
 from inference_service.frontends.openai.tool_calls import ToolChatFormat
 from inference_service.frontends.openai.tools import constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
-from inference_service.serving.controls import PRIORITY_HEADER
 from inference_service.serving.core import InferenceCore
 
 log = logging.getLogger("inference_service.openai")

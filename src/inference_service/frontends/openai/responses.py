@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from inference_service.contracts.controls import PRIORITY_HEADER
 from inference_service.contracts.request_error import InvalidRequest
 from inference_service.errors import InferenceError
 from inference_service.frontends.limits import off_loop
@@ -34,7 +35,6 @@ from inference_service.frontends.openai.schemas import ChatCompletionRequest, va
 from inference_service.frontends.openai.tool_calls import reader_of
 from inference_service.frontends.openai.tools import ToolPlan, constraint_param
 from inference_service.frontends.request_ids import ACCESS_MODEL, handler_headers, request_id
-from inference_service.serving.controls import PRIORITY_HEADER
 from inference_service.serving.core import InferenceCore
 
 log = logging.getLogger("inference_service.openai")

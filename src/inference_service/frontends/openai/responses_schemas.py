@@ -124,7 +124,7 @@ class ResponsesRequest(OpenAIRequest):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     metadata: dict[str, str] | None = None
-    priority: int | None = None  # vLLM's: lower first in the job queue (serving/controls.py)
+    priority: int | None = None  # vLLM's: lower first in the job queue (contracts/controls.py)
     # refused unless neutral (:meth:`refusal`)
     background: bool | None = None
     reasoning: dict[str, Any] | None = None

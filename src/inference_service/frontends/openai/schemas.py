@@ -175,7 +175,7 @@ class _SamplingRequest(_Request):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     cache_salt: str | None = None  # vLLM's: requests share cached prompt prefixes only with the same salt
-    priority: int | None = None  # vLLM's: lower first in the job queue (serving/controls.py)
+    priority: int | None = None  # vLLM's: lower first in the job queue (contracts/controls.py)
     response_format: dict[str, Any] | None = None  # OpenAI's; checked by the LLM request
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension
     # accepted only at its neutral value
